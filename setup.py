@@ -1,0 +1,25 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="verl_ext",
+    version="0.1.0",
+    description="verl plugin guaranteeing that training tokens == inference tokens in multi-turn rollouts",
+    license="Apache-2.0",
+    packages=find_packages(include=["verl_ext*"]),
+    python_requires=">=3.10",
+    install_requires=[
+        "transformers>=5.5.3,<5.11,!=5.6.0",
+        "jinja2>=3.1",
+        "verl==0.9.1",
+        "cachetools",
+        "TransferQueue>=0.1.10",
+        "fastapi",
+        "uvicorn",
+        "matplotlib",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff"],
+        "sglang": ["sglang==0.5.12"],
+    },
+    entry_points={"console_scripts": ["verl-ext = verl_ext.cli.main:main"]},
+)

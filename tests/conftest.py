@@ -1,0 +1,60 @@
+"""Shared fixtures: the real tokenizers shipped as tests/fixtures/tokenizers/*.tar.xz, loaded offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = REPO_ROOT / "tests" / "fixtures"
+
+
+def _load_unpack_module() -> Any:
+    path = REPO_ROOT / "scripts" / "unpack_tokenizers.py"
+    spec = importlib.util.spec_from_file_location("_verl_ext_unpack_tokenizers", path)
+    assert spec is not None and spec.loader is not None, path
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dirs() -> dict[str, Path]:
+    """name -> unpacked tokenizer folder (qwen3, qwen2.5, gpt-oss, mistral-7b-v0.3)."""
+    return _load_unpack_module().ensure_unpacked()
+
+
+@pytest.fixture(scope="session")
+def load_tokenizer(tokenizer_dirs: dict[str, Path]) -> Callable[[str], Any]:
+    """Returns ``load(name)``: the AutoTokenizer for a fixture tokenizer, loaded once per session."""
+    cache: dict[str, Any] = {}
+
+    def load(name: str) -> Any:
+        if name not in cache:
+            from transformers import AutoTokenizer
+
+            os.environ["HF_HUB_OFFLINE"] = "1"
+            cache[name] = AutoTokenizer.from_pretrained(str(tokenizer_dirs[name]))
+        return cache[name]
+
+    return load
+
+
+@pytest.fixture(scope="session")
+def templates_dir() -> Path:
+    """Folder of verbatim chat templates without a tokenizer (see its SOURCE.md)."""
+    return FIXTURES / "templates"
+
+
+@pytest.fixture(scope="session")
+def qwen3_extra_templates(tokenizer_dirs: dict[str, Path]) -> list[Path]:
+    """The Qwen3-family alternative chat templates shipped with the qwen3 tokenizer."""
+    return sorted((tokenizer_dirs["qwen3"] / "extra_templates").glob("*.jinja"))

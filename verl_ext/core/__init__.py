@@ -1,0 +1,27 @@
+"""The token core: template-derived turn boundaries and the append-only token trajectory.
+
+Nothing here imports verl, Ray or torch: only a Hugging Face tokenizer and its chat template.
+"""
+
+from verl_ext.core.errors import TemplateError, TrajectoryError
+from verl_ext.core.invariants import InvariantReport, check_invariants
+from verl_ext.core.probe import TemplateProfile, Verdict, probe_template
+from verl_ext.core.rendering import ChatRenderer, Escape, load_renderer
+from verl_ext.core.trajectory import FinishReason, RepairKind, TokenKind, TokenTrajectory
+
+__all__ = [
+    "ChatRenderer",
+    "Escape",
+    "FinishReason",
+    "InvariantReport",
+    "RepairKind",
+    "TemplateError",
+    "TemplateProfile",
+    "TokenKind",
+    "TokenTrajectory",
+    "TrajectoryError",
+    "Verdict",
+    "check_invariants",
+    "load_renderer",
+    "probe_template",
+]

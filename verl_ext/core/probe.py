@@ -1,0 +1,437 @@
+"""Derive a chat template's turn boundaries by rendering probe conversations.
+
+Nothing here branches on a model's name: every fact comes from rendering small conversations whose
+message texts are unique markers, and reading the tokens around those markers. The result, a
+``TemplateProfile``, is what the token trajectory needs to keep engine ids across turns and what
+``verl-ext check-template`` prints before training.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from verl_ext.core.errors import TemplateError
+from verl_ext.core.rendering import ChatRenderer, Message
+
+APPEND_ROLES: tuple[str, ...] = ("tool", "user", "system")
+END = "end"  # pseudo-role: the assistant turn is the last message of the conversation
+
+# Token names that mark the end of a document or turn in most vocabularies. Engines stop on them
+# even when the chat template never renders them (Qwen3 `<|endoftext|>`, GPT-OSS `<|endoftext|>`).
+_END_OF_TEXT_NAME = re.compile(r"(?i)end_?of_?(text|turn|sentence)|endoftext|^</s>$|^<eos>$|eot")
+
+PROBE_TOOL_NAME = "probe_tool"
+PROBE_TOOLS: tuple[dict[str, Any], ...] = (
+    {
+        "type": "function",
+        "function": {
+            "name": PROBE_TOOL_NAME,
+            "description": "A tool used to probe the chat template.",
+            "parameters": {
+                "type": "object",
+                "properties": {"query": {"type": "string", "description": "what to look up"}},
+                "required": ["query"],
+            },
+        },
+    },
+)
+
+
+class Verdict(StrEnum):
+    OK = "ok"  # the template needs no repair: engine tokens and the template agree at every boundary
+    REPAIRABLE = "repairable"  # verl_ext repairs what differs; the reasons list each repair
+    UNSUPPORTED = "unsupported"  # a rollout cannot keep engine tokens with this template
+
+
+class Severity(StrEnum):
+    NOTE = "note"  # worth knowing; nothing to repair
+    REPAIR = "repair"  # verl_ext restores or tolerates it by design
+    UNSUPPORTED = "unsupported"
+
+
+@dataclass(frozen=True)
+class Reason:
+    severity: Severity
+    text: str
+
+
+@dataclass(frozen=True)
+class Boundary:
+    """What the template renders where an assistant turn ends and a message of ``next_role`` starts.
+
+    ``close_ids`` ends the assistant turn (the engine samples it when the turn ends normally);
+    ``trailer_ids`` follow the close and are never generated (Qwen's "\\n"): they are restored as
+    repair. ``delta_ids`` is the rest for the probe's own messages, ending with the generation prompt.
+    """
+
+    next_role: str
+    close_ids: tuple[int, ...]
+    trailer_ids: tuple[int, ...]
+    delta_ids: tuple[int, ...]
+    prefix_preserving: bool
+    divergence: str = ""  # where the template re-renders the earlier turn, when not prefix-preserving
+
+    @property
+    def boundary_id(self) -> int | None:
+        """The first token after the assistant's body: its close, or the next message's opener."""
+        if self.close_ids:
+            return self.close_ids[0]
+        return self.delta_ids[0] if self.delta_ids else None
+
+
+@dataclass(frozen=True)
+class StopId:
+    id: int
+    text: str
+    sources: tuple[str, ...]  # "template close", "eos_token", "generation_config", "end-of-text name", "user"
+
+
+@dataclass(frozen=True)
+class TemplateProfile:
+    """Everything the probe derived about one (tokenizer, template, template kwargs)."""
+
+    fingerprint: str
+    tokenizer_name: str
+    template_kwargs: Mapping[str, Any]
+    boundaries: tuple[Boundary, ...]
+    unsupported_roles: Mapping[str, str]  # append role -> why the template cannot append it
+    stop_ids: tuple[StopId, ...]
+    generation_prompt_ids: tuple[int, ...]
+    strips_reasoning: bool | None  # None: the template never renders reasoning
+    tool_call_arguments: str  # "verbatim" | "re-serialized" | "not rendered"
+    consecutive_tool_results_grouped: bool | None
+    verdict: Verdict
+    reasons: tuple[Reason, ...]
+    rendered_examples: Mapping[str, str] = field(default_factory=dict)
+
+    def boundary(self, next_role: str) -> Boundary:
+        for b in self.boundaries:
+            if b.next_role == next_role:
+                return b
+        why = self.unsupported_roles.get(next_role, "the probe did not derive it")
+        raise TemplateError(
+            f"cannot append a {next_role!r} message after an assistant turn with this template: {why}. "
+            f"Appendable roles: {[b.next_role for b in self.boundaries if b.next_role != END]}"
+        )
+
+    @property
+    def stop_id_set(self) -> frozenset[int]:
+        return frozenset(s.id for s in self.stop_ids)
+
+    @property
+    def close_id_set(self) -> frozenset[int]:
+        return frozenset(i for b in self.boundaries for i in b.close_ids)
+
+    @property
+    def alias_stop_ids(self) -> tuple[StopId, ...]:
+        """Stop ids the template never renders as a turn close (a turn ending on one gets a synthetic close)."""
+        closes = self.close_id_set
+        return tuple(s for s in self.stop_ids if s.id not in closes)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["verdict"] = self.verdict.value
+        data["alias_stop_ids"] = [s.id for s in self.alias_stop_ids]
+        return data
+
+
+_PROFILE_CACHE: dict[tuple[str, tuple[int, ...]], TemplateProfile] = {}
+
+
+def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -> TemplateProfile:
+    """Probe ``renderer``'s template; cached per (tokenizer, template, template kwargs, stop ids)."""
+    key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))))
+    if key not in _PROFILE_CACHE:
+        _PROFILE_CACHE[key] = _Prober(renderer, key[1]).run()
+    return _PROFILE_CACHE[key]
+
+
+# ------------------------------------------------------------------------------------------------
+# Probe conversations. Every text is a unique marker so it can be found in the rendered output.
+_SYSTEM = {"role": "system", "content": "QXSYSTEM"}
+_USER = {"role": "user", "content": "QXUSERA"}
+_REASONING = "QXREASON"
+
+
+def _tool_call(n: int, arguments: Any = None) -> dict[str, Any]:
+    return {
+        "id": f"call{n:05d}",  # 9 alphanumeric characters: Mistral's templates require exactly that
+        "type": "function",
+        "function": {"name": PROBE_TOOL_NAME, "arguments": arguments or {"query": f"QXARG{n}"}},
+    }
+
+
+def _assistant_text() -> dict[str, Any]:
+    return {"role": "assistant", "content": "QXASSISTANT", "reasoning_content": _REASONING, "thinking": _REASONING}
+
+
+def _assistant_tools(n_calls: int) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": "",
+        "reasoning_content": _REASONING,
+        "thinking": _REASONING,
+        "tool_calls": [_tool_call(i + 1) for i in range(n_calls)],
+    }
+
+
+def _tool(n: int) -> dict[str, Any]:
+    return {"role": "tool", "content": f"QXTOOL{n}", "tool_call_id": f"call{n:05d}", "name": PROBE_TOOL_NAME}
+
+
+_ASSISTANT_MARKERS = ("QXASSISTANT", "QXARG")
+
+
+class _Prober:
+    def __init__(self, renderer: ChatRenderer, extra_stop_ids: tuple[int, ...]) -> None:
+        self.r = renderer
+        self.extra_stop_ids = extra_stop_ids
+        self.reasons: list[Reason] = []
+        self.examples: dict[str, str] = {}
+        self.head: list[Message] = [_SYSTEM, _USER]
+
+    def note(self, severity: Severity, text: str) -> None:
+        self.reasons.append(Reason(severity, text))
+
+    def render(self, messages: Sequence[Message], gen: bool) -> tuple[str, tuple[int, ...]]:
+        text = self.r.render_text(messages, PROBE_TOOLS, add_generation_prompt=gen)
+        return text, tuple(self.r.encode(text))
+
+    def run(self) -> TemplateProfile:
+        try:
+            _, gen_ids = self.render(self.head, gen=True)
+            _, last_ids = self.render([*self.head, _assistant_text()], gen=False)
+            if last_ids[: len(gen_ids)] != gen_ids:
+                self.note(
+                    Severity.REPAIR,
+                    "moves the leading system message when the assistant replies "
+                    f"({self.divergence(gen_ids, last_ids, 'the generation prompt')}); the rollout keeps the "
+                    "prompt the engine saw, so the final re-render differs there",
+                )
+                raise TemplateError("system message moves")
+        except TemplateError:
+            # Probe the turn boundaries without a leading system message.
+            self.head = [_USER]
+            _, gen_ids = self.render(self.head, gen=True)
+        _, head_ids = self.render(self.head, gen=False)
+        gen_prompt = gen_ids[len(head_ids) :] if gen_ids[: len(head_ids)] == head_ids else ()
+
+        boundaries: list[Boundary] = []
+        unsupported: dict[str, str] = {}
+        cases: dict[str, tuple[Message, list[Message]]] = {
+            END: (_assistant_text(), []),
+            "tool": (_assistant_tools(1), [_tool(1)]),
+            "user": (_assistant_text(), [{"role": "user", "content": "QXUSERB"}]),
+            "system": (_assistant_text(), [{"role": "system", "content": "QXSYSTEMB"}]),
+        }
+        for role, (assistant, appended) in cases.items():
+            try:
+                boundaries.append(self.boundary(role, gen_ids, assistant, appended))
+            except TemplateError as exc:
+                unsupported[role] = str(exc)
+
+        grouped = self.tool_grouping() if "tool" not in unsupported else None
+        profile_boundaries = tuple(boundaries)
+        stop_ids = self.stop_ids(profile_boundaries)
+        strips = self.reasoning_stripping()
+        args = self.tool_call_arguments()
+        self.judge(profile_boundaries, unsupported, stop_ids, strips, args)
+        severities = {r.severity for r in self.reasons}
+        verdict = (
+            Verdict.UNSUPPORTED
+            if Severity.UNSUPPORTED in severities
+            else Verdict.REPAIRABLE
+            if Severity.REPAIR in severities
+            else Verdict.OK
+        )
+        return TemplateProfile(
+            fingerprint=self.r.fingerprint,
+            tokenizer_name=self.r.name,
+            template_kwargs=dict(self.r.template_kwargs),
+            boundaries=profile_boundaries,
+            unsupported_roles=unsupported,
+            stop_ids=stop_ids,
+            generation_prompt_ids=gen_prompt,
+            strips_reasoning=strips,
+            tool_call_arguments=args,
+            consecutive_tool_results_grouped=grouped,
+            verdict=verdict,
+            reasons=tuple(self.reasons),
+            rendered_examples=self.examples,
+        )
+
+    # -- boundaries -------------------------------------------------------------------------------
+    def boundary(self, role: str, gen_ids: tuple[int, ...], assistant: Message, appended: list[Message]) -> Boundary:
+        last_text, last_ids = self.render([*self.head, assistant], gen=False)
+        last_close = self.close_index(last_text, last_ids)
+        placed = last_ids[: len(gen_ids)] == gen_ids
+        # What the engine saw and sampled when the turn ended normally: prompt + output up to its close.
+        engine_view = last_ids[: last_close + 1] if last_close is not None else last_ids
+        if role == END:
+            close = (last_ids[last_close],) if last_close is not None else ()
+            self.examples[END] = self.r.decode(last_ids[len(gen_ids) :] if placed else last_ids)
+            divergence = "" if placed else self.divergence(gen_ids, last_ids, "the generation prompt")
+            return Boundary(END, close, self.trailer(last_ids, len(engine_view)), (), placed, divergence)
+
+        text, ids = self.render([*self.head, assistant, *appended], gen=True)
+        marker = str(appended[0]["content"])
+        if marker not in text:
+            raise TemplateError(f"the template drops the content of an appended {role!r} message")
+        close_at = self.close_index(text, ids)
+        if close_at is None:
+            raise TemplateError(f"no special token follows the assistant turn when a {role!r} message comes next")
+        close = (ids[close_at],)
+        trailer = self.trailer(ids, close_at + 1)
+        delta = ids[close_at + 1 + len(trailer) :]
+        # Prefix preservation: once a message follows the turn, does the template render the tokens
+        # the engine saw? (Without a close of its own, the turn's boundary is the next opener.)
+        template_view = ids[: close_at + 1] if last_close is not None else ids[:close_at]
+        preserving = placed and template_view == engine_view
+        divergence = "" if preserving else self.divergence(engine_view, template_view, "the engine saw")
+        self.examples[role] = self.r.decode(ids[close_at:])
+        return Boundary(role, close, trailer, delta, preserving, divergence)
+
+    def close_index(self, text: str, ids: tuple[int, ...]) -> int | None:
+        """Index of the first special token after the assistant's last marker (its close)."""
+        marker_end = max((text.rfind(m) + len(m) for m in _ASSISTANT_MARKERS if m in text), default=-1)
+        if marker_end < 0:
+            raise TemplateError("the template does not render the assistant's content or tool call")
+        offsets = self.offsets(text)
+        if len(offsets) != len(ids):
+            raise TemplateError("token offsets do not line up with the rendered ids")
+        for i in range(len(ids)):
+            if offsets[i][0] >= marker_end and ids[i] in self.r.special_ids:
+                return i
+        return None
+
+    def offsets(self, text: str) -> list[tuple[int, int]]:
+        enc = self.r.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [tuple(o) for o in enc["offset_mapping"]]  # type: ignore[misc]
+
+    def trailer(self, ids: tuple[int, ...], start: int) -> tuple[int, ...]:
+        """Whitespace-only text tokens right after a close: rendered by the template, never sampled."""
+        end = start
+        while end < len(ids) and ids[end] not in self.r.added_ids and not self.r.decode([ids[end]]).strip():
+            end += 1
+        return ids[start:end]
+
+    def divergence(self, engine_view: Sequence[int], template_view: Sequence[int], label: str) -> str:
+        k = next((i for i, (a, b) in enumerate(zip(engine_view, template_view, strict=False)) if a != b), None)
+        if k is None:
+            k = min(len(engine_view), len(template_view))
+        lo = max(0, k - 4)
+        return (
+            f"at token {k}: {label} {self.r.decode(engine_view[lo : k + 8])!r}, "
+            f"template re-renders {self.r.decode(template_view[lo : k + 8])!r}"
+        )
+
+    def tool_grouping(self) -> bool | None:
+        try:
+            text, ids = self.render([*self.head, _assistant_tools(2), _tool(1), _tool(2)], gen=True)
+        except TemplateError as exc:
+            self.note(Severity.NOTE, f"two consecutive tool results cannot be rendered: {exc}")
+            return None
+        first, second = text.find("QXTOOL1"), text.find("QXTOOL2")
+        between = text[first:second]
+        self.examples["tool x2"] = text[text.find("QXARG2") :]
+        closes_between = sum(between.count(self.r.decode([s])) for s in self.r.special_ids if s in ids)
+        return closes_between == 0
+
+    # -- stop ids ---------------------------------------------------------------------------------
+    def stop_ids(self, boundaries: Sequence[Boundary]) -> tuple[StopId, ...]:
+        sources: dict[int, list[str]] = {}
+
+        def add(token_id: int | None, source: str) -> None:
+            if token_id is not None and source not in sources.setdefault(int(token_id), []):
+                sources[int(token_id)].append(source)
+
+        for b in boundaries:
+            for i in b.close_ids:
+                add(i, "template close")
+        add(self.r.tokenizer.eos_token_id, "eos_token")
+        for i in _generation_config_eos(self.r.name):
+            add(i, "generation_config")
+        for i in self.r.special_ids:
+            if _END_OF_TEXT_NAME.search(self.r.decode([i])):
+                add(i, "end-of-text name")
+        for i in self.extra_stop_ids:
+            add(i, "user")
+        return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
+
+    # -- template habits --------------------------------------------------------------------------
+    def reasoning_stripping(self) -> bool | None:
+        last, _ = self.render([*self.head, _assistant_text()], gen=False)
+        if _REASONING not in last:
+            return None
+        later, _ = self.render([*self.head, _assistant_text(), {"role": "user", "content": "QXUSERB"}], gen=True)
+        return _REASONING not in later
+
+    def tool_call_arguments(self) -> str:
+        spaced = '{"query":   "QXARG1" }'
+        call = {**_assistant_tools(1), "tool_calls": [_tool_call(1, arguments=spaced)]}
+        try:
+            text, _ = self.render([*self.head, call], gen=False)
+        except TemplateError:
+            return "re-serialized"  # the template only accepts parsed (mapping) arguments
+        if spaced in text:
+            return "verbatim"
+        return "re-serialized" if "QXARG1" in text else "not rendered"
+
+    def judge(
+        self,
+        boundaries: Sequence[Boundary],
+        unsupported: Mapping[str, str],
+        stop_ids: Sequence[StopId],
+        strips: bool | None,
+        args: str,
+    ) -> None:
+        for role in ("tool", "user"):
+            if role in unsupported:
+                self.note(Severity.UNSUPPORTED, f"cannot append a {role} message: {unsupported[role]}")
+        if END in unsupported:
+            self.note(Severity.UNSUPPORTED, f"cannot place the engine's output: {unsupported[END]}")
+        if "system" in unsupported:
+            self.note(Severity.NOTE, f"system messages cannot be appended mid-conversation: {unsupported['system']}")
+        for b in boundaries:
+            after = "at the end of the conversation" if b.next_role == END else f"before a {b.next_role} message"
+            close = self.r.decode(b.close_ids) if b.close_ids else "(no close token)"
+            if b.trailer_ids:
+                self.note(
+                    Severity.REPAIR,
+                    f"renders {self.r.decode(b.trailer_ids)!r} after {close} {after}; the engine never "
+                    "generates it: restored as repair (mask 0)",
+                )
+            if not b.prefix_preserving:
+                self.note(Severity.REPAIR, f"re-renders the assistant turn {after} ({b.divergence}); kept as sampled")
+        closes = {b.next_role: self.r.decode(b.close_ids) for b in boundaries if b.close_ids}
+        if len(set(closes.values())) > 1:
+            listing = ", ".join(f"{role}: {text}" for role, text in closes.items())
+            self.note(Severity.REPAIR, f"the turn close depends on what follows ({listing})")
+        aliases = [s for s in stop_ids if s.id not in {i for b in boundaries for i in b.close_ids}]
+        if aliases:
+            listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in aliases)
+            self.note(
+                Severity.REPAIR,
+                f"stop ids the template never renders as a close: {listing}; a turn "
+                "ending on one gets the template's close as a synthetic repair",
+            )
+        if strips:
+            self.note(Severity.REPAIR, "strips reasoning from earlier assistant turns; the rollout keeps it as sampled")
+        if args == "re-serialized":
+            self.note(Severity.REPAIR, "re-serializes tool-call arguments; the rollout keeps the sampled text")
+
+
+def _generation_config_eos(tokenizer_dir: str) -> list[int]:
+    path = Path(tokenizer_dir) / "generation_config.json"
+    if not path.is_file():
+        return []
+    eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(i) for i in eos]

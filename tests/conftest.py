@@ -58,3 +58,21 @@ def templates_dir() -> Path:
 def qwen3_extra_templates(tokenizer_dirs: dict[str, Path]) -> list[Path]:
     """The Qwen3-family alternative chat templates shipped with the qwen3 tokenizer."""
     return sorted((tokenizer_dirs["qwen3"] / "extra_templates").glob("*.jinja"))
+
+
+FAMILIES = ("qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3")
+
+
+@pytest.fixture(scope="session")
+def renderer_for(load_tokenizer: Callable[[str], Any]) -> Callable[[str], Any]:
+    """Returns ``renderer(name)``: a ChatRenderer over a fixture tokenizer, built once per session."""
+    from verl_ext.core.rendering import ChatRenderer
+
+    cache: dict[str, Any] = {}
+
+    def renderer(name: str) -> Any:
+        if name not in cache:
+            cache[name] = ChatRenderer(load_tokenizer(name))
+        return cache[name]
+
+    return renderer

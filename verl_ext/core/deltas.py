@@ -6,6 +6,7 @@ the real tool calls), so the real history is never re-rendered and never re-toke
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,7 +66,10 @@ def render_context_delta(
     close = rest[: len(boundary.close_ids)]
     rest = rest[len(close) :]
     trailer = boundary.trailer_ids if rest[: len(boundary.trailer_ids)] == boundary.trailer_ids else ()
-    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), full.escapes)
+    # Number escapes by their position among the appended messages, not the synthetic history.
+    offset = len(head) + 1
+    escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
+    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes)
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

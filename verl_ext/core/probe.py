@@ -401,7 +401,7 @@ class _Prober:
         for b in boundaries:
             after = "at the end of the conversation" if b.next_role == END else f"before a {b.next_role} message"
             close = self.r.decode(b.close_ids) if b.close_ids else "(no close token)"
-            if b.trailer_ids:
+            if b.trailer_ids and b.next_role != END:
                 self.note(
                     Severity.REPAIR,
                     f"renders {self.r.decode(b.trailer_ids)!r} after {close} {after}; the engine never "

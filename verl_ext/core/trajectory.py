@@ -198,7 +198,7 @@ class TokenTrajectory:
         self._close_turn(turn, delta.close_ids, delta.trailer_ids)
         start = len(self.input_ids)
         self._push(delta.context_ids, TokenKind.CONTEXT, turn + 1)
-        self._log_escapes(delta.escapes, turn + 1, start)
+        self._log_escapes(delta.escapes, turn + 1, start, first_message=len(self.messages))
         self.messages.extend(dict(m) for m in messages)
         self._state = _State.AWAITING_SAMPLE
         return self.prompt_ids()
@@ -281,7 +281,8 @@ class TokenTrajectory:
         self.turn_of.extend([turn] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    def _log_escapes(self, escapes: Sequence[Escape], turn: int, position: int) -> None:
+    def _log_escapes(self, escapes: Sequence[Escape], turn: int, position: int, first_message: int = 0) -> None:
+        """Log escaped special-token text; ``position`` is where the message's context starts."""
         for e in escapes:
             self.edits.append(
                 Edit(
@@ -289,7 +290,7 @@ class TokenTrajectory:
                     turn,
                     position,
                     tuple(self.renderer.encode_as_text(e.text)),
-                    f"{e.role} message {e.message_index}: {e.text!r} kept as text, not a special token",
+                    f"{e.role} message {first_message + e.message_index}: {e.text!r} kept as text, not a special token",
                 )
             )
 

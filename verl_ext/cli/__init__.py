@@ -1,0 +1,1 @@
+"""The ``verl-ext`` command line: thin formatting over the token core."""

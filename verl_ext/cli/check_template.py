@@ -1,0 +1,60 @@
+"""``verl-ext check-template``: the probe's findings in words, and a verdict."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
+from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
+from verl_ext.core.rendering import ChatRenderer
+
+
+def run_check_template(args: argparse.Namespace) -> int:
+    renderer = renderer_from_args(args.tokenizer_dir, args)
+    profile = probe_template(renderer, stop_ids_from_args(renderer, args.stop))
+    if args.json:
+        print(json.dumps(profile.to_dict(), indent=2, default=str))
+    else:
+        print(format_profile(renderer, profile, source=args.chat_template or args.tokenizer_dir))
+    return 1 if profile.verdict is Verdict.UNSUPPORTED else 0
+
+
+def _tok(renderer: ChatRenderer, ids: tuple[int, ...]) -> str:
+    return repr(renderer.decode(ids)) if ids else "(nothing)"
+
+
+def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str) -> str:
+    lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}", ""]
+    lines.append("stop ids an engine may end a turn on:")
+    aliases = {s.id for s in p.alias_stop_ids}
+    for s in p.stop_ids:
+        role = "alias: gets a synthetic close" if s.id in aliases else "closes a turn"
+        lines.append(f"  {s.text:<16} {s.id:>7}  {role:<30} ({', '.join(s.sources)})")
+    lines.append(f"generation prompt: {_tok(renderer, p.generation_prompt_ids)}")
+    lines.append("")
+    lines.append("after an assistant turn the template renders:")
+    for b in p.boundaries:
+        where = "at the end" if b.next_role == END else f"before {b.next_role}"
+        delta = renderer.decode(b.delta_ids)
+        if len(delta) > 70:
+            delta = delta[:40] + " ... " + delta[-25:]
+        lines.append(
+            f"  {where:<14} close {_tok(renderer, b.close_ids):<14} repair {_tok(renderer, b.trailer_ids):<10} "
+            f"prefix-preserving: {'yes' if b.prefix_preserving else 'no'}"
+        )
+        if b.delta_ids:
+            lines.append(f"  {'':<14} then {delta!r}")
+    for role, why in p.unsupported_roles.items():
+        lines.append(f"  before {role:<7} cannot append: {why}")
+    grouped = {True: "grouped into one turn", False: "one turn each", None: "not renderable"}
+    lines.append(f"consecutive tool results: {grouped[p.consecutive_tool_results_grouped]}")
+    reasoning = {True: "stripped from earlier turns", False: "kept in history", None: "never rendered"}
+    lines.append(f"reasoning: {reasoning[p.strips_reasoning]}")
+    lines.append(f"tool-call arguments: {p.tool_call_arguments}")
+    if p.template_kwargs:
+        lines.append(f"template kwargs: {json.dumps(dict(p.template_kwargs))}")
+    lines.append("")
+    lines.append("reasons:" if p.reasons else "reasons: none")
+    lines += [f"  [{r.severity.value}] {r.text}" for r in p.reasons]
+    return "\n".join(lines)

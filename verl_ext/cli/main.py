@@ -1,0 +1,57 @@
+"""``verl-ext``: audit a chat template before training, replay recorded rollouts token by token."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from verl_ext.core.errors import TemplateError, TrajectoryError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-ext", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    check = sub.add_parser("check-template", help="derive a template's turn boundaries and give a verdict")
+    check.add_argument("tokenizer_dir", help="folder with tokenizer.json and tokenizer_config.json")
+    _add_template_options(check)
+    check.add_argument("--json", action="store_true", help="print one JSON object (key 'verdict' and the findings)")
+
+    rep = sub.add_parser("replay", help="rebuild recorded conversations as a rollout would and check invariants")
+    rep.add_argument("file", help="JSONL file, one record per line (see docs/replay-format.md)")
+    rep.add_argument("--tokenizer", required=True, help="tokenizer folder")
+    _add_template_options(rep)
+    rep.add_argument("--json", action="store_true", help="print a JSON array, one object per record")
+    rep.add_argument("--tokens", action="store_true", help="print every token, not one line per segment")
+    return parser
+
+
+def _add_template_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--chat-template", metavar="FILE", help="a .jinja chat template to use instead of the tokenizer's")
+    p.add_argument(
+        "--stop",
+        action="append",
+        default=[],
+        metavar="TOKEN",
+        help="an extra stop token the engine is configured with (a token string such as '</tool_call>', or an id)",
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "check-template":
+            from verl_ext.cli.check_template import run_check_template
+
+            return run_check_template(args)
+        from verl_ext.cli.replay import run_replay
+
+        return run_replay(args)
+    except (TemplateError, TrajectoryError, FileNotFoundError, ValueError) as exc:
+        print(f"verl-ext {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -69,7 +69,7 @@ def test_user_stop_ids_join_the_stop_set(renderer_for):
     tool_call_end = r.encode("</tool_call>")[0]
     p = probe_template(r, [tool_call_end])
     assert tool_call_end in {s.id for s in p.alias_stop_ids}
-    assert ("user",) == next(s.sources for s in p.stop_ids if s.id == tool_call_end)
+    assert next(s.sources for s in p.stop_ids if s.id == tool_call_end) == ("user",)
 
 
 def test_probe_is_cached_per_template_and_kwargs(renderer_for):
@@ -90,8 +90,11 @@ def test_probe_has_no_branch_on_model_names():
         if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef) and ast.get_docstring(node)
     }
     words = [n.id for n in ast.walk(tree) if isinstance(n, ast.Name)]
-    words += [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
-              and id(n) not in docstrings]
+    words += [
+        n.value
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in docstrings
+    ]
     for family in ("qwen", "gpt-oss", "gpt_oss", "mistral", "llama", "glm", "harmony"):
         assert not [w for w in words if family in w.lower()], family
 

@@ -26,9 +26,53 @@ TOOL_RESULT = {"role": "tool", "content": "2", "tool_call_id": "call00001", "nam
 
 # FC-A5: a whitespace-heavy tool call the model sampled as 47 ids; decode + re-encode gives 41.
 SAMPLED_47 = [
-    151657, 198, 4913, 77, 373, 788, 330, 5416, 20022, 497, 220, 256, 330, 858, 2831, 788, 220, 4913, 327, 4011,
-    788, 256, 11993, 16, 17, 488, 220, 18, 15, 8, 353, 220, 22, 497, 220, 330, 3843, 788, 330, 6697, 497, 330,
-    60770, 788, 17, 11248, 151658,
+    151657,
+    198,
+    4913,
+    77,
+    373,
+    788,
+    330,
+    5416,
+    20022,
+    497,
+    220,
+    256,
+    330,
+    858,
+    2831,
+    788,
+    220,
+    4913,
+    327,
+    4011,
+    788,
+    256,
+    11993,
+    16,
+    17,
+    488,
+    220,
+    18,
+    15,
+    8,
+    353,
+    220,
+    22,
+    497,
+    220,
+    330,
+    3843,
+    788,
+    330,
+    6697,
+    497,
+    330,
+    60770,
+    788,
+    17,
+    11248,
+    151658,
 ]
 
 
@@ -131,23 +175,33 @@ def test_fc_i3_tool_result_with_im_end_stays_text(renderer_for):
     # Only the template's own markers are special: user opener, tool turn close, assistant opener.
     assert [i for i in context if i in (IM_START, IM_END)] == [IM_START, IM_END, IM_START]
     escaped = [e for e in t.edits if e.kind is RepairKind.ESCAPED]
-    assert [e.detail.split(": ")[1] for e in escaped] == ["'<|im_end|>' kept as text, not a special token",
-                                                          "'<|im_start|>' kept as text, not a special token"]
+    assert [e.detail.split(": ")[1] for e in escaped] == [
+        "'<|im_end|>' kept as text, not a special token",
+        "'<|im_start|>' kept as text, not a special token",
+    ]
     # Turned off, the same text becomes a real turn boundary (what verl_ext prevents by default).
     plain = ChatRenderer(t.renderer.tokenizer, escape_special_tokens=False)
     u = TokenTrajectory(plain)
     u.start(PROMPT, TOOLS)
     u.add_sampled([*SAMPLED_47, IM_END], None)
     u.append_messages([evil])
-    assert [i for i in u.input_ids[end + 1 :] if i in (IM_START, IM_END)] == [IM_START, IM_END, IM_START, IM_END, IM_START]
+    assert [i for i in u.input_ids[end + 1 :] if i in (IM_START, IM_END)] == [
+        IM_START,
+        IM_END,
+        IM_START,
+        IM_END,
+        IM_START,
+    ]
 
 
 def test_gpt_oss_call_return_and_end(renderer_for):
     r = renderer_for("gpt-oss")
     t = TokenTrajectory(r)
     t.start(PROMPT, TOOLS)
-    call = r.encode('<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant to=functions.calculator'
-                    '<|channel|>commentary json<|message|>{"expression": "1+1"}<|call|>')
+    call = r.encode(
+        "<|channel|>analysis<|message|>Use the tool.<|end|><|start|>assistant to=functions.calculator"
+        '<|channel|>commentary json<|message|>{"expression": "1+1"}<|call|>'
+    )
     t.add_sampled(call, None, message={"role": "assistant", "content": "", "tool_calls": [CALL]})
     t.append_messages([TOOL_RESULT])
     assert t.edits == []  # <|call|> is the close the template renders before a tool result

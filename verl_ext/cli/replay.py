@@ -75,9 +75,7 @@ def format_trajectory(renderer: ChatRenderer, t: TokenTrajectory, title: str, pe
                 if len(text) > 80:
                     text = text[:50] + " ... " + text[-25:]
                 kind = t.kinds[start]
-                lines.append(
-                    f"{start:>5}-{i - 1:<5} {kind.value:<8} {t.turn_of[start]:>4} {mask[start]:>4}  {text!r}"
-                )
+                lines.append(f"{start:>5}-{i - 1:<5} {kind.value:<8} {t.turn_of[start]:>4} {mask[start]:>4}  {text!r}")
                 start = i
     lines.append("repairs:" if t.edits else "repairs: none")
     for e in t.edits:

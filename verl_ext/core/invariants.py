@@ -62,7 +62,10 @@ def check_invariants(t: TokenTrajectory) -> InvariantReport:
         if -1 in ranks or ranks != sorted(ranks):
             fail.append(f"turn {turn.index}: between prompts the stream is not sampled + repairs + context")
         owners = t.turn_of[turn.prompt_length : bounds[turn.index + 1]]
-        if any(o != (turn.index + 1 if k is TokenKind.CONTEXT else turn.index) for o, k in zip(owners, segment, strict=False)):
+        if any(
+            o != (turn.index + 1 if k is TokenKind.CONTEXT else turn.index)
+            for o, k in zip(owners, segment, strict=False)
+        ):
             fail.append(f"turn {turn.index}: tokens after its output are attributed to the wrong turn")
 
     logged = [False] * n

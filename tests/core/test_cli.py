@@ -1,0 +1,56 @@
+"""The command line: verdicts, JSON shapes and errors that name the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from verl_ext.cli.main import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "replay" / "qwen3_tool_call.jsonl"
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3"])
+def test_check_template_json(tokenizer_dirs, capsys, family):
+    assert main(["check-template", str(tokenizer_dirs[family]), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["verdict"] == "repairable"
+    assert data["boundaries"] and data["stop_ids"]
+
+
+def test_check_template_words_and_extra_templates(tokenizer_dirs, qwen3_extra_templates, capsys):
+    assert main(["check-template", str(tokenizer_dirs["qwen3"]), "--stop", "</tool_call>"]) == 0
+    out = capsys.readouterr().out
+    assert "verdict: repairable" in out and "'\\n'" in out and "</tool_call>" in out
+    for template in qwen3_extra_templates:
+        code = main(["check-template", str(tokenizer_dirs["qwen3"]), "--chat-template", str(template), "--json"])
+        verdict = json.loads(capsys.readouterr().out)["verdict"]
+        assert verdict in {"ok", "repairable", "unsupported"}
+        assert code == (1 if verdict == "unsupported" else 0)
+
+
+def test_replay_json(tokenizer_dirs, capsys):
+    assert main(["replay", str(EXAMPLE), "--tokenizer", str(tokenizer_dirs["qwen3"]), "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert len(records) == 2
+    for rec in records:
+        assert len(rec["input_ids"]) == len(rec["loss_mask"]) == len(rec["logprobs"])
+        assert rec["ok"] is True and rec["repairs"]
+    assert [r["kind"] for r in records[1]["repairs"]] == ["boundary", "escaped_special", "escaped_special"]
+
+
+def test_replay_text_and_bad_input(tokenizer_dirs, tmp_path, capsys):
+    assert main(["replay", str(EXAMPLE), "--tokenizer", str(tokenizer_dirs["qwen3"]), "--tokens"]) == 0
+    assert "invariants: all hold" in capsys.readouterr().out
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}], "sampled": {"0": [1]}}\n')
+    assert main(["replay", str(bad), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 2
+    assert "does not point at an assistant message" in capsys.readouterr().err
+    bad.write_text("not json\n")
+    assert main(["replay", str(bad), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 2
+    assert "bad.jsonl:1: not valid JSON" in capsys.readouterr().err
+    assert main(["check-template", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err

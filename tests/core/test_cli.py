@@ -54,3 +54,14 @@ def test_replay_text_and_bad_input(tokenizer_dirs, tmp_path, capsys):
     assert "bad.jsonl:1: not valid JSON" in capsys.readouterr().err
     assert main(["check-template", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_docs_example_replays_as_documented(tokenizer_dirs, tmp_path, capsys):
+    doc = (REPO / "docs" / "replay-format.md").read_text()
+    block = doc[doc.index("```json") + len("```json") : doc.index("```", doc.index("```json") + 7)]
+    record = tmp_path / "doc.jsonl"
+    record.write_text(json.dumps(json.loads(block)) + "\n")
+    assert main(["replay", str(record), "--tokenizer", str(tokenizer_dirs["qwen3"]), "--json"]) == 0
+    (rec,) = json.loads(capsys.readouterr().out)
+    assert [(r["kind"], r["text"]) for r in rec["repairs"]] == [("boundary", "\n"), ("synthetic_close", "<|im_end|>")]
+    assert rec["input_ids"][-2:] == [151643, 151645] and rec["loss_mask"][-2:] == [1, 0]

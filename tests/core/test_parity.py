@@ -4,21 +4,11 @@ except exactly where the probe says the template is not prefix-preserving."""
 from __future__ import annotations
 
 import pytest
+from conversations import CALL, TOOLS
 
 from verl_ext.core.probe import END, probe_template
 from verl_ext.core.replay import ReplayRecord, replay
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
-        },
-    }
-]
-CALL = {"id": "call00001", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}
 TOOL_LOOP = [
     {"role": "user", "content": "What is 1+1?"},
     {"role": "assistant", "content": "", "reasoning_content": "Use the tool.", "tool_calls": [CALL]},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conversations import CALL, TOOLS
 
 from verl_ext.core.invariants import check_invariants
 from verl_ext.core.probe import probe_template
@@ -10,17 +11,6 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory, TrajectoryError
 
 IM_START, IM_END, ENDOFTEXT, NL = 151644, 151645, 151643, 198
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
-        },
-    }
-]
-CALL = {"id": "call00001", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}
 PROMPT = [{"role": "user", "content": "What is 1+1?"}]
 TOOL_RESULT = {"role": "tool", "content": "2", "tool_call_id": "call00001", "name": "calculator"}
 

@@ -6,22 +6,12 @@ turns have no close, and a tool result opens with the token the model stops on.
 
 from __future__ import annotations
 
+from synthetic_templates import ASSISTANT, GLM_SHAPED, OBSERVATION
+
 from verl_ext.core.invariants import check_invariants
 from verl_ext.core.probe import END, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory
-
-USER, ASSISTANT, OBSERVATION = "<|im_start|>", "<|object_ref_start|>", "<|im_end|>"
-GLM_SHAPED = (
-    "{%- for m in messages -%}"
-    "{%- if m.role == 'user' -%}" + USER + "\n{{ m.content }}"
-    "{%- elif m.role == 'assistant' -%}" + ASSISTANT + "\n{{ m.content }}"
-    "{%- for c in m.tool_calls or [] -%}<tool_call>{{ c.function.name }}{{ c.function.arguments | tojson }}"
-    "</tool_call>{%- endfor -%}"
-    "{%- elif m.role == 'tool' -%}" + OBSERVATION + "\n{{ m.content }}"
-    "{%- endif -%}{%- endfor -%}"
-    "{%- if add_generation_prompt -%}" + ASSISTANT + "{%- endif -%}"
-)
 
 
 def test_sampled_ambiguous_stop_is_kept_once(load_tokenizer):

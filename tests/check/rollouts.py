@@ -1,0 +1,76 @@
+"""Build rollouts with the token core and record what the engine saw, as a real rollout would."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.trajectory import TokenTrajectory
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
+        },
+    }
+]
+PROMPT = [{"role": "user", "content": "What is 1+1? Use the calculator."}]
+
+
+def call(expression: str = "1+1", n: int = 1) -> dict[str, Any]:
+    function = {"name": "calculator", "arguments": {"expression": expression}}
+    return {"id": f"call{n:05d}", "type": "function", "function": function}
+
+
+def tool_result(content: str = "2", n: int = 1) -> dict[str, Any]:
+    return {"role": "tool", "content": content, "tool_call_id": f"call{n:05d}", "name": "calculator"}
+
+
+@dataclass
+class Turn:
+    output_ids: Sequence[int]
+    message: Mapping[str, Any]
+    followup: Sequence[Mapping[str, Any]] = ()  # tool/user messages appended after this turn
+    finish: str = "stop"
+    logprobs: Sequence[float] | None = None  # default: a distinct value per token
+
+
+@dataclass
+class Rollout:
+    trajectory: TokenTrajectory
+    calls: list[EngineCall] = field(default_factory=list)
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.trajectory.messages
+
+    def sample(self, response_length: int | None = None) -> TrainerSample:
+        return trainer_sample_from_trajectory(self.trajectory, response_length)
+
+
+def run(
+    renderer: ChatRenderer,
+    turns: Sequence[Turn],
+    prompt: Sequence[Mapping[str, Any]] = PROMPT,
+    tools: Sequence[Mapping[str, Any]] | None = TOOLS,
+) -> Rollout:
+    """Drive a TokenTrajectory turn by turn, recording each engine call's prompt as returned to the engine."""
+    t = TokenTrajectory(renderer)
+    rollout = Rollout(t)
+    prompt_ids = t.start(list(prompt), tools)
+    for k, turn in enumerate(turns):
+        out = list(turn.output_ids)
+        distinct = [-0.01 * (k + 1) - 0.001 * i for i in range(len(out))]
+        lps = list(turn.logprobs) if turn.logprobs is not None else distinct
+        rollout.calls.append(EngineCall.of(prompt_ids, out, lps, turn.finish))
+        t.add_sampled(out, lps, turn.finish, message=dict(turn.message))
+        if turn.followup:
+            prompt_ids = t.append_messages(list(turn.followup))
+    t.finish()
+    return rollout

@@ -1,0 +1,80 @@
+"""Run the check on one rollout: engine view always, turn-end findings always, template view at a rate."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from verl_ext.check.engine_view import check_engine_view
+from verl_ext.check.findings import CheckResult, FailureKind
+from verl_ext.check.inputs import EngineCall, TrainerSample
+from verl_ext.check.locate import Locator
+from verl_ext.check.policy import CheckPolicy
+from verl_ext.check.template_view import template_findings
+from verl_ext.check.turn_boundaries import turn_end_findings
+from verl_ext.core.probe import TemplateProfile, probe_template
+from verl_ext.core.rendering import ChatRenderer
+
+# When the stream itself is not the engine's, findings would describe the wrong tokens.
+_BREAKS_ALIGNMENT = {FailureKind.LENGTH, FailureKind.RECORD, FailureKind.PREFIX, FailureKind.STREAM}
+
+
+class ConsistencyChecker:
+    """Checks rollouts against their engine record and the chat template.
+
+    ``renderer`` must carry the chat-template kwargs the rollout used (``with_template_kwargs``).
+    """
+
+    def __init__(
+        self,
+        renderer: ChatRenderer,
+        profile: TemplateProfile | None = None,
+        policy: CheckPolicy | None = None,
+        seed: int = 0,
+    ) -> None:
+        self.renderer = renderer
+        self.profile = profile or probe_template(renderer)
+        self.policy = policy or CheckPolicy()
+        self._rng = random.Random(seed)
+
+    def check(
+        self,
+        calls: Sequence[EngineCall],
+        sample: TrainerSample,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        repairs: Mapping[str, int] | None = None,
+        template_view: bool | None = None,
+    ) -> CheckResult:
+        """``template_view`` forces the template view on or off; by default it runs at the policy's rate."""
+        started = time.perf_counter()
+        ev = check_engine_view(calls, sample, self.policy.logprob_atol)
+        findings = []
+        ran_template = False
+        if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
+            stream = sample.stream if len(sample.stream) >= len(ev.engine_stream) else ev.engine_stream
+            loc = Locator.build(calls, messages, stream, self.renderer)
+            findings = turn_end_findings(loc, self.profile, stream, self.policy.allows)
+            if template_view is None:
+                rate = self.policy.template_view_rate
+                template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
+            if template_view:
+                explained = {i for f in findings for i in range(f.stream.start, f.stream.end)}
+                findings += template_findings(
+                    loc, self.profile, self.renderer, messages, tools, explained, self.policy.allows
+                )
+                ran_template = True
+        return CheckResult(
+            engine_failures=ev.failures,
+            findings=tuple(sorted(findings, key=lambda f: (f.stream.start, f.cause.value))),
+            template_view=ran_template,
+            truncated=ev.truncated,
+            lost_sampled_tokens=ev.lost_sampled_tokens,
+            num_turns=len(calls),
+            num_sampled=sum(len(c.output_ids) for c in calls),
+            repairs=Counter(repairs or {}),
+            seconds=time.perf_counter() - started,
+        )

@@ -1,0 +1,144 @@
+"""Engine view: hard invariants between the engine's record and the trainer's sample.
+
+A failure here means the trainer trains on tokens (or logprobs) the engine did not produce: a bug,
+never something to allow. A response cut at the trainer's response length is not a failure: it is
+reported as truncation, with the number of sampled tokens lost.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from verl_ext.check.findings import EngineFailure, FailureKind
+from verl_ext.check.inputs import EngineCall, TrainerSample
+
+
+@dataclass(frozen=True)
+class EngineViewResult:
+    failures: tuple[EngineFailure, ...]
+    truncated: bool
+    lost_sampled_tokens: int
+    engine_stream: tuple[int, ...]  # the engine's final prompt + final output
+    sampled: tuple[bool, ...]  # per engine-stream position: sampled by the engine
+
+
+def turn_at(calls: Sequence[EngineCall], position: int) -> int:
+    """The engine call a stream position belongs to: the last call whose prompt ends at or before it."""
+    turn = 0
+    for k, call in enumerate(calls):
+        if call.output_start <= position:
+            turn = k
+    return turn
+
+
+def check_engine_view(calls: Sequence[EngineCall], sample: TrainerSample, logprob_atol: float) -> EngineViewResult:
+    fail: list[EngineFailure] = []
+
+    def failure(kind: FailureKind, position: int | None, detail: str) -> None:
+        fail.append(EngineFailure(kind, None if position is None else turn_at(calls, position), position, detail))
+
+    n_resp = len(sample.response_ids)
+    lengths = {"response_ids": n_resp, "response_mask": len(sample.response_mask)}
+    if sample.response_logprobs is not None:
+        lengths["response_logprobs"] = len(sample.response_logprobs)
+    if len(set(lengths.values())) != 1:
+        failure(FailureKind.LENGTH, None, f"trainer sample has unequal lengths: {lengths}")
+        return EngineViewResult(tuple(fail), False, 0, (), ())
+    if not calls:
+        failure(FailureKind.RECORD, None, "no engine call was recorded for this rollout")
+        return EngineViewResult(tuple(fail), False, 0, (), ())
+    for k, call in enumerate(calls):
+        if call.logprobs is not None and len(call.logprobs) != len(call.output_ids):
+            fail.append(
+                EngineFailure(
+                    FailureKind.RECORD,
+                    k,
+                    None,
+                    f"engine call {k} returned {len(call.output_ids)} ids but {len(call.logprobs)} logprobs",
+                )
+            )
+
+    last = calls[-1]
+    engine = last.prompt_ids + last.output_ids
+    sampled = [False] * len(engine)
+    engine_logprob: dict[int, float] = {}
+    for k, call in enumerate(calls):
+        # Each output must reach the next prompt unchanged: a re-tokenized turn fails here.
+        if engine[call.output_start : call.output_end] != call.output_ids or engine[: call.output_start] != (
+            call.prompt_ids
+        ):
+            pos = _first_difference(engine, call.prompt_ids + call.output_ids)
+            fail.append(
+                EngineFailure(
+                    FailureKind.PREFIX,
+                    k,
+                    pos,
+                    f"engine call {k}'s prompt + output is not a prefix of the final engine prompt "
+                    f"(first difference at position {pos}): a turn was changed after the engine returned it",
+                )
+            )
+            continue
+        for i in range(call.output_start, call.output_end):
+            sampled[i] = True
+            if call.logprobs is not None:
+                engine_logprob[i] = call.logprobs[i - call.output_start]
+
+    first_prompt = calls[0].prompt_ids
+    if sample.prompt_ids != first_prompt:
+        pos = _first_difference(sample.prompt_ids, first_prompt)
+        failure(
+            FailureKind.PREFIX,
+            pos,
+            f"the trainer's prompt ({len(sample.prompt_ids)} ids) is not the first prompt the engine received "
+            f"({len(first_prompt)} ids); first difference at position {pos}",
+        )
+
+    stream = sample.stream
+    common = min(len(stream), len(engine))
+    pos = _first_difference(stream[:common], engine[:common])
+    if pos is not None:
+        failure(
+            FailureKind.STREAM,
+            pos,
+            f"training stream differs from the engine's final prompt + output at position {pos}: "
+            f"trainer id {stream[pos]}, engine id {engine[pos]}",
+        )
+
+    truncated = len(stream) < len(engine)
+    lost = sum(sampled[len(stream) :]) if truncated else 0
+    start = len(sample.prompt_ids)
+    mask_bad = [
+        i for i in range(start, len(stream)) if sample.response_mask[i - start] != int(i < len(engine) and sampled[i])
+    ]
+    if mask_bad:
+        i = mask_bad[0]
+        failure(
+            FailureKind.MASK,
+            i,
+            f"loss mask is {sample.response_mask[i - start]} at position {i}, where the token was "
+            f"{'sampled' if i < len(engine) and sampled[i] else 'not sampled'} by the engine "
+            f"({len(mask_bad)} positions wrong)",
+        )
+    if sample.response_logprobs is not None:
+        lp_bad = [
+            i
+            for i in range(start, min(len(stream), len(engine)))
+            if i in engine_logprob and abs(sample.response_logprobs[i - start] - engine_logprob[i]) > logprob_atol
+        ]
+        if lp_bad:
+            i = lp_bad[0]
+            failure(
+                FailureKind.LOGPROB,
+                i,
+                f"logprob at position {i} is {sample.response_logprobs[i - start]:.6g}, the engine's is "
+                f"{engine_logprob[i]:.6g} ({len(lp_bad)} positions beyond atol {logprob_atol:g})",
+            )
+    return EngineViewResult(tuple(fail), truncated, lost, engine, tuple(sampled))
+
+
+def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))

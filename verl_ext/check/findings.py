@@ -1,0 +1,174 @@
+"""The check's result as plain data: frozen dataclasses, JSON-serialisable through ``to_dict``.
+
+Two kinds of result:
+- ``EngineFailure``: the trainer's tokens are not the engine's. Always a bug, never allowed.
+- ``Finding``: the training stream differs from the chat template's rendering of the final messages
+  (or holds a token the engine never sampled where the model would have). Each has a ``Cause``; a
+  cause is either allowed by design (verl_ext keeps the engine's tokens on purpose) or a defect.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class Cause(StrEnum):
+    """Why the training stream differs from the template's rendering (or from pure engine output)."""
+
+    BPE_REMERGE = "bpe_remerge"  # same text, different token split: re-encoding would change the ids
+    TOOL_CALL_RESERIALIZED = "tool_call_reserialized"  # the template re-serializes tool-call JSON
+    REASONING_STRIPPED = "reasoning_stripped"  # the template drops earlier turns' thinking
+    REASONING_INSERTED = "reasoning_inserted"  # the template renders a (often empty) thinking block never sampled
+    EOS_ALIAS = "eos_alias"  # the turn stopped on a stop id the template never renders (kept as sampled)
+    SYNTHETIC_CLOSE = "synthetic_close"  # a close the engine did not sample, inserted (mask 0)
+    SPECIAL_TOKEN_ESCAPED = "special_token_escaped"  # special-token text in content kept as text
+    AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
+    BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
+    CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
+    AMBIGUOUS_STOP_DUPLICATED = "ambiguous_stop_duplicated"  # the ambiguous stop appears twice
+    SPECIAL_TOKEN_INJECTED = "special_token_injected"  # special-token text in content became a real token
+    UNKNOWN = "unknown"  # a divergence no rule explains
+
+
+ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
+    {
+        Cause.BPE_REMERGE,
+        Cause.TOOL_CALL_RESERIALIZED,
+        Cause.REASONING_STRIPPED,
+        Cause.REASONING_INSERTED,
+        Cause.EOS_ALIAS,
+        Cause.SYNTHETIC_CLOSE,
+        Cause.SPECIAL_TOKEN_ESCAPED,
+        Cause.AMBIGUOUS_STOP_KEPT,
+    }
+)
+
+
+class FailureKind(StrEnum):
+    LENGTH = "length"  # response ids, mask and logprobs differ in length
+    PREFIX = "prefix"  # a prompt the engine received is not a prefix of the training stream
+    STREAM = "stream"  # the stream is not the engine's final prompt + final output
+    MASK = "mask"  # loss mask is not 1 exactly on engine-sampled tokens
+    LOGPROB = "logprob"  # a logprob differs from the engine's
+    RECORD = "record"  # the engine record itself is inconsistent (e.g. logprob count != output count)
+
+
+@dataclass(frozen=True)
+class EngineFailure:
+    kind: FailureKind
+    turn: int | None
+    position: int | None  # stream index (prompt + response) of the first offending token
+    detail: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "turn": self.turn, "position": self.position, "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class Span:
+    start: int
+    end: int  # exclusive
+
+    def __len__(self) -> int:
+        return self.end - self.start
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One divergence, located on both sides and explained."""
+
+    cause: Cause
+    allowed: bool
+    turn: int  # engine call (assistant turn) index the divergence belongs to
+    boundary: str  # e.g. "assistant→tool" when at a turn boundary, "" inside a turn
+    region: str  # "prompt" | "sampled" | "boundary" | "context": where it is in the stream
+    stream: Span  # token positions in the training stream
+    rendered: Span  # token positions in the template's rendering ("" span when not compared)
+    stream_ids: tuple[int, ...]
+    rendered_ids: tuple[int, ...]
+    stream_text: str
+    rendered_text: str
+    context_before: str  # a few decoded tokens before, on the stream side
+    context_after: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "cause": self.cause.value,
+            "allowed": self.allowed,
+            "turn": self.turn,
+            "boundary": self.boundary,
+            "region": self.region,
+            "stream": [self.stream.start, self.stream.end],
+            "rendered": [self.rendered.start, self.rendered.end],
+            "stream_ids": list(self.stream_ids),
+            "rendered_ids": list(self.rendered_ids),
+            "stream_text": self.stream_text,
+            "rendered_text": self.rendered_text,
+            "context_before": self.context_before,
+            "context_after": self.context_after,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """The verdict on one rollout."""
+
+    engine_failures: tuple[EngineFailure, ...]
+    findings: tuple[Finding, ...]
+    template_view: bool  # whether the template view ran on this rollout
+    truncated: bool  # the trainer's response was cut at its response length
+    lost_sampled_tokens: int  # engine-sampled tokens beyond the cut
+    num_turns: int
+    num_sampled: int
+    repairs: Counter[str] = field(default_factory=Counter)  # edit-log kind -> count, when known
+    seconds: float = 0.0
+
+    @property
+    def engine_ok(self) -> bool:
+        return not self.engine_failures
+
+    @property
+    def defects(self) -> tuple[Finding, ...]:
+        return tuple(f for f in self.findings if not f.allowed)
+
+    @property
+    def ok(self) -> bool:
+        """Engine view passed and no finding is a defect."""
+        return self.engine_ok and not self.defects
+
+    def cause_counts(self) -> Counter[str]:
+        return Counter(f.cause.value for f in self.findings)
+
+    def summary(self) -> str:
+        if self.ok:
+            head = "ok"
+        elif not self.engine_ok:
+            head = f"ENGINE VIEW FAILED ({len(self.engine_failures)} failures)"
+        else:
+            head = f"{len(self.defects)} defect(s)"
+        parts = [head, f"{self.num_turns} turns", f"{self.num_sampled} sampled tokens"]
+        if self.findings:
+            parts.append(", ".join(f"{c}×{n}" for c, n in sorted(self.cause_counts().items())))
+        if self.truncated:
+            parts.append(f"truncated ({self.lost_sampled_tokens} sampled tokens lost)")
+        return "; ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "engine_ok": self.engine_ok,
+            "engine_failures": [f.to_dict() for f in self.engine_failures],
+            "findings": [f.to_dict() for f in self.findings],
+            "template_view": self.template_view,
+            "truncated": self.truncated,
+            "lost_sampled_tokens": self.lost_sampled_tokens,
+            "num_turns": self.num_turns,
+            "num_sampled": self.num_sampled,
+            "repairs": dict(self.repairs),
+            "seconds": round(self.seconds, 6),
+        }

@@ -1,0 +1,89 @@
+"""What the check compares: the engine's record of a rollout and the trainer's view of it.
+
+Both are plain ids, independent of how the rollout built its tokens, so the same check audits
+verl_ext's own agent loop and any other (verl's stock ``tool_agent`` included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from verl_ext.core.trajectory import TokenTrajectory
+
+
+@dataclass(frozen=True)
+class EngineCall:
+    """One generate call as the engine saw it: what it received and what it returned."""
+
+    prompt_ids: tuple[int, ...]
+    output_ids: tuple[int, ...]  # stop token included when the engine stopped on one
+    logprobs: tuple[float, ...] | None  # one per output id; None when the engine did not return them
+    finish_reason: str = "stop"  # "stop" | "length" | anything else the engine reports
+
+    @classmethod
+    def of(
+        cls,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        finish_reason: str = "stop",
+    ) -> EngineCall:
+        return cls(
+            tuple(int(i) for i in prompt_ids),
+            tuple(int(i) for i in output_ids),
+            None if logprobs is None else tuple(float(x) for x in logprobs),
+            str(finish_reason),
+        )
+
+    @property
+    def output_start(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def output_end(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+
+@dataclass(frozen=True)
+class TrainerSample:
+    """One rollout as the trainer receives it: prompt ids, then response ids with their mask and logprobs."""
+
+    prompt_ids: tuple[int, ...]
+    response_ids: tuple[int, ...]
+    response_mask: tuple[int, ...]
+    response_logprobs: tuple[float, ...] | None = None
+
+    @classmethod
+    def of(
+        cls,
+        prompt_ids: Sequence[int],
+        response_ids: Sequence[int],
+        response_mask: Sequence[int],
+        response_logprobs: Sequence[float] | None = None,
+    ) -> TrainerSample:
+        return cls(
+            tuple(int(i) for i in prompt_ids),
+            tuple(int(i) for i in response_ids),
+            tuple(int(m) for m in response_mask),
+            None if response_logprobs is None else tuple(float(x) for x in response_logprobs),
+        )
+
+    @property
+    def stream(self) -> tuple[int, ...]:
+        return self.prompt_ids + self.response_ids
+
+
+def trainer_sample_from_trajectory(t: TokenTrajectory, response_length: int | None = None) -> TrainerSample:
+    """The trainer's view of a token-core trajectory: the first prompt, then everything after it as the
+    response, cut at ``response_length`` when given (as verl cuts it)."""
+    if not t.turns:
+        raise ValueError("the trajectory has no engine call yet; a trainer sample needs at least one turn")
+    p = t.turns[0].prompt_length
+    end = len(t.input_ids) if response_length is None else min(len(t.input_ids), p + response_length)
+    return TrainerSample.of(
+        t.input_ids[:p],
+        t.input_ids[p:end],
+        t.loss_mask[p:end],
+        t.logprobs[p:end] if t.has_logprobs else None,
+    )

@@ -1,0 +1,84 @@
+"""Where a stream position is: which turn, which region, which boundary; and how to show it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.check.engine_view import turn_at
+from verl_ext.check.findings import Cause, Finding, Span
+from verl_ext.check.inputs import EngineCall
+from verl_ext.core.rendering import ChatRenderer
+
+CONTEXT_TOKENS = 4  # decoded tokens shown on each side of a divergence
+
+
+@dataclass(frozen=True)
+class Locator:
+    calls: tuple[EngineCall, ...]
+    next_roles: tuple[str, ...]  # per turn: the role of the message after that assistant turn, or "end"
+    stream: tuple[int, ...]
+    renderer: ChatRenderer
+
+    @classmethod
+    def build(
+        cls, calls: Sequence[EngineCall], messages: Sequence[dict[str, Any]], stream: Sequence[int], r: ChatRenderer
+    ) -> Locator:
+        roles = [str(m.get("role")) for m in messages]
+        assistants = [i for i, role in enumerate(roles) if role == "assistant"]
+        nxt = [roles[i + 1] if i + 1 < len(roles) else "end" for i in assistants]
+        nxt += ["end"] * (len(calls) - len(nxt))
+        return cls(tuple(calls), tuple(nxt), tuple(stream), r)
+
+    def turn(self, position: int) -> int:
+        return turn_at(self.calls, position)
+
+    def region(self, position: int) -> str:
+        if not self.calls or position < self.calls[0].output_start:
+            return "prompt"
+        call = self.calls[self.turn(position)]
+        if call.output_start <= position < call.output_end:
+            return "sampled"
+        return "boundary" if position - call.output_end < 3 else "context"
+
+    def boundary(self, turn: int, region: str, span: Span) -> str:
+        """ "assistant→tool" when the span is at the end of a turn or in what follows it; "" inside a turn."""
+        if region == "prompt" or not self.calls:
+            return ""
+        if region == "sampled" and span.end < self.calls[turn].output_end:
+            return ""
+        return f"assistant→{self.next_roles[turn] if turn < len(self.next_roles) else 'end'}"
+
+    def finding(
+        self,
+        cause: Cause,
+        allowed: bool,
+        stream: Span,
+        rendered: Span,
+        rendered_ids: Sequence[int],
+        detail: str = "",
+        turn: int | None = None,
+        region: str | None = None,
+    ) -> Finding:
+        s = self.stream
+        at = stream.start if stream.start < len(s) else max(len(s) - 1, 0)
+        region = region or self.region(at)
+        turn = self.turn(stream.start) if turn is None else turn
+        d = self.renderer.decode
+        return Finding(
+            cause=cause,
+            allowed=allowed,
+            turn=turn,
+            boundary=self.boundary(turn, region, stream),
+            region=region,
+            stream=stream,
+            rendered=rendered,
+            stream_ids=s[stream.start : stream.end],
+            rendered_ids=tuple(rendered_ids),
+            stream_text=d(s[stream.start : stream.end]),
+            rendered_text=d(rendered_ids),
+            context_before=d(s[max(0, stream.start - CONTEXT_TOKENS) : stream.start]),
+            context_after=d(s[stream.end : stream.end + CONTEXT_TOKENS]),
+            detail=detail,
+        )

@@ -1,0 +1,148 @@
+"""What to do with a check result: the policy (from config) and its enforcement."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, CheckResult
+
+log = logging.getLogger("verl_ext.check")
+
+
+class CheckMode(StrEnum):
+    STRICT = "strict"  # raise ConsistencyError on an engine-view failure or a defect
+    WARN = "warn"  # log once per cause per step
+    OFF = "off"  # do not check
+
+
+class ConsistencyError(RuntimeError):
+    """The trainer's tokens are not the engine's, or a divergence is a defect; ``result`` has the details."""
+
+    def __init__(self, message: str, result: CheckResult) -> None:
+        super().__init__(message)
+        self.result = result
+
+
+@dataclass(frozen=True)
+class CheckPolicy:
+    mode: CheckMode = CheckMode.WARN
+    allowed_causes: frozenset[Cause] = ALLOWED_BY_DESIGN
+    template_view_rate: float = 1.0  # fraction of rollouts that also get the (full-render) template view
+    logprob_atol: float = 1e-5
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.template_view_rate <= 1.0 or math.isnan(self.template_view_rate):
+            raise ValueError(f"template_view_rate must be in [0, 1], got {self.template_view_rate}")
+        if not self.logprob_atol >= 0.0:
+            raise ValueError(f"logprob_atol must be >= 0, got {self.logprob_atol}")
+
+    def allows(self, cause: Cause) -> bool:
+        return cause in self.allowed_causes
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> CheckPolicy:
+        """Build from config keys ``mode``, ``allowed_causes``, ``template_view_rate``, ``logprob_atol``.
+        An unknown key or a bad value raises ValueError naming it and what is accepted."""
+        known = {"mode", "allowed_causes", "template_view_rate", "logprob_atol"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(f"unknown check option(s) {unknown}; known: {sorted(known)}")
+        kwargs: dict[str, Any] = {}
+        if "mode" in options:
+            kwargs["mode"] = _parse_enum(CheckMode, options["mode"], "mode")
+        if "allowed_causes" in options:
+            kwargs["allowed_causes"] = parse_causes(options["allowed_causes"])
+        for key in ("template_view_rate", "logprob_atol"):
+            if key in options:
+                try:
+                    kwargs[key] = float(options[key])
+                except (TypeError, ValueError):
+                    raise ValueError(f"check option {key!r} must be a number, got {options[key]!r}") from None
+        return cls(**kwargs)
+
+
+def parse_causes(value: Any) -> frozenset[Cause]:
+    """``"default"`` (the allowed-by-design set), a list of cause names, or a list starting with ``default``."""
+    if value in ("default", None):
+        return ALLOWED_BY_DESIGN
+    if isinstance(value, str) or not isinstance(value, Iterable):
+        raise ValueError(f"allowed_causes must be 'default' or a list of cause names, got {value!r}")
+    out: set[Cause] = set()
+    for name in value:
+        if name == "default":
+            out |= ALLOWED_BY_DESIGN
+        else:
+            out.add(_parse_enum(Cause, name, "allowed_causes"))
+    return frozenset(out)
+
+
+def _parse_enum(enum: type[StrEnum], value: Any, key: str) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise ValueError(f"{key}: {value!r} is not one of {[e.value for e in enum]}") from None
+
+
+@dataclass
+class Enforcer:
+    """Applies a policy to results: strict raises; warn logs each cause once per step."""
+
+    policy: CheckPolicy
+    _warned: set[tuple[int, str]] = field(default_factory=set)
+    _step: int | None = None
+
+    def enforce(self, result: CheckResult, step: int = 0) -> None:
+        if self.policy.mode is CheckMode.OFF or result.ok:
+            return
+        if self.policy.mode is CheckMode.STRICT:
+            raise ConsistencyError(explain(result), result)
+        if step != self._step:
+            self._step, self._warned = step, set()
+        for f in result.engine_failures:
+            self._warn_once(step, f"engine:{f.kind.value}", f"ENGINE VIEW FAILED ({f.kind.value}): {f.detail}")
+        for f in result.defects:
+            where = f"turn {f.turn}" + (f", {f.boundary}" if f.boundary else "")
+            self._warn_once(
+                step,
+                f"defect:{f.cause.value}",
+                f"token-consistency defect {f.cause.value} at {where}, stream positions "
+                f"{f.stream.start}..{f.stream.end}: {f.detail} (further {f.cause.value} findings this step are "
+                "counted in tito/ metrics, not logged)",
+            )
+
+    def _warn_once(self, step: int, key: str, message: str) -> None:
+        if (step, key) not in self._warned:
+            self._warned.add((step, key))
+            log.warning("step %d: %s", step, message)
+
+
+def explain(result: CheckResult) -> str:
+    """A message a user can act on: what failed, where, and what to do."""
+    lines = [f"token-consistency check failed: {result.summary()}"]
+    for f in result.engine_failures:
+        lines.append(f"  engine view [{f.kind.value}] turn {f.turn}: {f.detail}")
+    for f in result.defects[:10]:
+        lines.append(
+            f"  defect [{f.cause.value}] turn {f.turn} {f.boundary or f.region} stream {f.stream.start}..{f.stream.end}"
+            f": {f.detail}; around: {f.context_before!r} [{f.stream_text!r} vs template {f.rendered_text!r}] "
+            f"{f.context_after!r}"
+        )
+    if len(result.defects) > 10:
+        lines.append(f"  ... and {len(result.defects) - 10} more defects")
+    if result.engine_failures:
+        lines.append(
+            "An engine-view failure means the trainer trains on tokens or logprobs the engine did not produce: "
+            "the rollout changed them after generation. Replay the record with `verl-ext replay` to see the turn."
+        )
+    else:
+        lines.append(
+            "Defects are divergences from the chat template that verl_ext does not allow by design. Fix the rollout, "
+            "or, if the divergence is intended, add the cause to verl_ext.check.allowed_causes; "
+            "set verl_ext.check.mode=warn to log instead of raising."
+        )
+    return "\n".join(lines)

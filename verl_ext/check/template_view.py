@@ -1,0 +1,188 @@
+"""Template view: render the final messages with the chat template, align, and explain each divergence.
+
+The training stream is the engine's tokens; the re-render is what ``apply_chat_template`` would give for
+the same conversation. Where they differ, a rule names the cause. Rules look at tokens and the template
+profile only (never at a model name), in a fixed order; what no rule explains is ``UNKNOWN``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from difflib import SequenceMatcher
+from typing import Any
+
+from verl_ext.check.findings import Cause, Finding, Span
+from verl_ext.check.locate import Locator
+from verl_ext.core.probe import END, TemplateProfile
+from verl_ext.core.rendering import ChatRenderer
+
+Opcode = tuple[str, int, int, int, int]
+
+
+def template_findings(
+    loc: Locator,
+    profile: TemplateProfile,
+    renderer: ChatRenderer,
+    messages: Sequence[Mapping[str, Any]],
+    tools: Sequence[Mapping[str, Any]] | None,
+    explained: set[int],
+    allowed: Callable[[Cause], bool],
+) -> list[Finding]:
+    """Findings for every divergence between ``loc.stream`` and the template's rendering of ``messages``.
+
+    ``explained`` holds stream positions already covered by turn-end findings; a divergence made only of
+    those positions is not reported twice.
+    """
+    stream = loc.stream
+    native = renderer.render(messages, tools, add_generation_prompt=False, escape=False).ids
+    rules = _Rules(loc, profile, renderer, messages, stream, native)
+    out: list[Finding] = []
+    for tag, i1, i2, j1, j2 in _opcodes(stream, native):
+        if tag == "equal" or rules.is_tail(i1, i2, j1, j2):
+            continue
+        if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
+            continue
+        cause, detail = rules.classify(i1, i2, j1, j2)
+        out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), native[j1:j2], detail))
+
+    escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
+    if escaped.escapes:
+        # Untrusted content holds special-token text. The native render turns it into special tokens,
+        # so only a comparison with the escaped render shows a stream that did the same.
+        special = renderer.special_ids
+        for tag, i1, i2, j1, j2 in _opcodes(stream, escaped.ids):
+            s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
+            if tag == "replace" and set(s_ids) & special and renderer.decode(s_ids) == renderer.decode(e_ids):
+                detail = "special-token text in tool/user/system content became a real special token"
+                cause = Cause.SPECIAL_TOKEN_INJECTED
+                out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), e_ids, detail))
+    return sorted(out, key=lambda f: (f.stream.start, f.cause.value))
+
+
+def _opcodes(a: Sequence[int], b: Sequence[int]) -> list[Opcode]:
+    """Alignment opcodes; the common prefix and suffix are trimmed first (the usual case is a long one)."""
+    n = min(len(a), len(b))
+    lo = 0
+    while lo < n and a[lo] == b[lo]:
+        lo += 1
+    hi = 0
+    while hi < n - lo and a[len(a) - 1 - hi] == b[len(b) - 1 - hi]:
+        hi += 1
+    ops: list[Opcode] = [("equal", 0, lo, 0, lo)] if lo else []
+    middle = SequenceMatcher(None, a[lo : len(a) - hi], b[lo : len(b) - hi], autojunk=False).get_opcodes()
+    ops += [(tag, i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2 in middle]
+    if hi:
+        ops.append(("equal", len(a) - hi, len(a), len(b) - hi, len(b)))
+    return ops
+
+
+class _Rules:
+    def __init__(
+        self,
+        loc: Locator,
+        profile: TemplateProfile,
+        renderer: ChatRenderer,
+        messages: Sequence[Mapping[str, Any]],
+        stream: Sequence[int],
+        rendered: Sequence[int],
+    ) -> None:
+        self.loc = loc
+        self.profile = profile
+        self.r = renderer
+        self.stream = stream
+        self.rendered = rendered
+        self.closes = profile.close_id_set
+        self.aliases = {s.id for s in profile.alias_stop_ids}
+        self.stops = profile.stop_id_set
+        self.assistants = [m for m in messages if m.get("role") == "assistant"]
+        self.opcodes = _opcodes(stream, rendered)
+
+    def is_tail(self, i1: int, i2: int, j1: int, j2: int) -> bool:
+        """What the template renders after the last turn and the stream lacks: the END close or trailer.
+        Nothing is trained after the last token, so it changes nothing."""
+        if i1 != i2 or i2 != len(self.stream) or j2 != len(self.rendered):
+            return False
+        end = self.profile.boundary(END)
+        tail = tuple(self.rendered[j1:j2])
+        return tail in {end.trailer_ids, end.close_ids + end.trailer_ids, end.close_ids}
+
+    def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
+        s_ids, r_ids = tuple(self.stream[i1:i2]), tuple(self.rendered[j1:j2])
+        ds, dr = self.r.decode(s_ids), self.r.decode(r_ids)
+        special = self.r.special_ids
+        region = self.loc.region(min(i1, max(len(self.stream) - 1, 0)))
+        at_boundary = region in ("boundary", "context") or (i1 == i2 and self._at_turn_end(i1))
+
+        if ds == dr:
+            if set(r_ids) & special and not set(s_ids) & special:
+                return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
+            return Cause.BPE_REMERGE, f"same text, {len(s_ids)} ids in the stream vs {len(r_ids)} when re-encoded"
+        if s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
+            return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
+        if set(r_ids) & self.closes and not set(s_ids) & self.closes:
+            return Cause.CLOSE_MISSING, f"the template closes the turn with {dr!r}; the stream has {ds!r}"
+        if s_ids and not r_ids and set(s_ids) <= self.aliases:
+            return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
+        if i1 > 0 and len(s_ids) == 1 and not r_ids and s_ids[0] in self.stops and self.stream[i1 - 1] == s_ids[0]:
+            return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
+        if at_boundary and not s_ids and not dr.strip():
+            return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
+        if not s_ids and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
+            return Cause.REASONING_INSERTED, f"the template renders {dr!r} before the sampled text; never sampled"
+        if region == "sampled":
+            turn = self.loc.turn(i1)
+            if self._inside_json(turn, i1) and self._tool_calls_equal(turn):
+                return Cause.TOOL_CALL_RESERIALIZED, "tool-call JSON is the same object, serialized differently"
+            if self.profile.strips_reasoning and len(ds) > len(dr) and _squash(dr) in _squash(ds):
+                return Cause.REASONING_STRIPPED, f"the template drops {len(ds) - len(dr)} characters of this turn"
+        return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+
+    def _at_turn_start(self, position: int) -> bool:
+        return any(position == c.output_start for c in self.loc.calls)
+
+    def _at_turn_end(self, position: int) -> bool:
+        return any(position == c.output_end for c in self.loc.calls)
+
+    def _inside_json(self, turn: int, position: int) -> bool:
+        """The divergence starts inside a JSON object of the sampled text (or at its opening brace)."""
+        before = self.r.decode(self.stream[self.loc.calls[turn].output_start : position])
+        return before.count("{") > before.count("}") or self.r.decode(self.stream[position : position + 1]) == "{"
+
+    def _tool_calls_equal(self, turn: int) -> bool:
+        """The turn's tool-call JSON objects parse equal on both sides (only their text differs)."""
+        if turn >= len(self.assistants) or not self.assistants[turn].get("tool_calls"):
+            return False
+        call = self.loc.calls[turn]
+        j_start, j_end = self._rendered_index(call.output_start), self._rendered_index(call.output_end)
+        ours = _json_objects(self.r.decode(call.output_ids))
+        theirs = _json_objects(self.r.decode(self.rendered[j_start:j_end]))
+        return bool(ours) and ours == theirs
+
+    def _rendered_index(self, i: int) -> int:
+        for tag, i1, i2, j1, j2 in self.opcodes:
+            if i1 <= i < i2 or (i == i2 and tag != "equal"):
+                return j1 + (i - i1) if tag == "equal" else (j1 if i == i1 else j2)
+        return len(self.rendered)
+
+
+def _squash(text: str) -> str:
+    return "".join(text.split())
+
+
+def _json_objects(text: str) -> Counter[str]:
+    """Every top-level JSON object in ``text``, canonicalized (sorted keys, no whitespace)."""
+    decoder = json.JSONDecoder()
+    found: Counter[str] = Counter()
+    i = text.find("{")
+    while i != -1:
+        try:
+            obj, end = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            i = text.find("{", i + 1)
+            continue
+        if isinstance(obj, dict):
+            found[json.dumps(obj, sort_keys=True, separators=(",", ":"))] += 1
+        i = text.find("{", end)
+    return found

@@ -1,0 +1,58 @@
+"""Findings at turn ends that a re-render cannot see: what the stream holds where a turn stopped.
+
+These come from the engine record alone (no render), so they are cheap and run on every rollout:
+- EOS_ALIAS: the turn stopped on a stop id the template never renders (Qwen3 ``<|endoftext|>``);
+- SYNTHETIC_CLOSE: the engine did not sample the close the template renders, and the stream has it (mask 0);
+- AMBIGUOUS_STOP_KEPT: the stop token also opens the next message (GLM ``<|observation|>``) and is kept once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from verl_ext.check.findings import Cause, Finding, Span
+from verl_ext.check.locate import Locator
+from verl_ext.core.errors import TemplateError
+from verl_ext.core.probe import END, TemplateProfile
+
+
+def turn_end_findings(
+    loc: Locator, profile: TemplateProfile, stream: Sequence[int], allowed: Callable[[Cause], bool]
+) -> list[Finding]:
+    out: list[Finding] = []
+    closes = profile.close_id_set
+    aliases = {s.id for s in profile.alias_stop_ids}
+    end_has_close = bool(profile.boundary(END).close_ids)
+    decode = loc.renderer.decode
+    for k, call in enumerate(loc.calls):
+        role = loc.next_roles[k] if k < len(loc.next_roles) else END
+        try:
+            close = profile.boundary(role).close_ids
+        except TemplateError:
+            continue  # the template cannot append this role; the template view reports what differs
+        stop = call.output_ids[-1] if call.output_ids else None
+        end = call.output_end
+        if stop is not None and not end_has_close and close[:1] == (stop,):
+            detail = f"the engine stopped on {decode([stop])!r}, which also opens the next message: kept once"
+            out.append(_finding(loc, Cause.AMBIGUOUS_STOP_KEPT, allowed, k, Span(end - 1, end), detail))
+            continue
+        if stop is not None and stop in closes:
+            continue
+        if stop is not None and stop in aliases:
+            detail = f"stopped on {decode([stop])!r}, a stop id the template never renders; kept as sampled"
+            out.append(_finding(loc, Cause.EOS_ALIAS, allowed, k, Span(end - 1, end), detail))
+        if close and tuple(stream[end : end + len(close)]) == close:
+            why = (
+                "the length limit"
+                if call.finish_reason == "length"
+                else repr(decode([stop]) if stop is not None else "")
+            )
+            detail = f"the turn ended on {why}; the template's close {decode(close)!r} was inserted (mask 0)"
+            out.append(_finding(loc, Cause.SYNTHETIC_CLOSE, allowed, k, Span(end, end + len(close)), detail))
+    return out
+
+
+def _finding(
+    loc: Locator, cause: Cause, allowed: Callable[[Cause], bool], turn: int, span: Span, detail: str
+) -> Finding:
+    return loc.finding(cause, allowed(cause), span, Span(0, 0), (), detail, turn=turn, region="boundary")

@@ -76,3 +76,11 @@ def renderer_for(load_tokenizer: Callable[[str], Any]) -> Callable[[str], Any]:
         return cache[name]
 
     return renderer
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tokenizer_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen3-architecture model (fp32, seed 0) saved with the real Qwen3 tokenizer, built once."""
+    from verl_ext.demo.model import build_tiny_qwen3
+
+    return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), tokenizer_dirs["qwen3"], seed=0)

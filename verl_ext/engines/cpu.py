@@ -1,0 +1,490 @@
+"""A CPU rollout backend for verl 0.9.1: ``actor_rollout_ref.rollout.name=verl_ext_cpu``.
+
+A transformers causal LM served token-in/token-out by a Ray actor, so verl's agent loops and trainer run on a machine
+without an accelerator (tests, demos; not for production speed). Three parts, as verl needs them:
+
+* ``CPUGenerationServer``: the Ray actor. ``generate(prompt_ids, sampling_params, request_id, ...) -> TokenOutput``,
+  one generation at a time (an asyncio lock; the model is not thread-safe), and ``update_weights`` from the trainer.
+* ``CPURolloutReplica``: the driver-side replica verl's ``LLMServerManager`` creates; it launches one server actor.
+* ``CPUServerAdapter``: the worker-side ``BaseRollout`` in the trainer process; it ships the trainer's weights to
+  the server every step.
+
+Output contract, matching vLLM's server in verl: ``token_ids`` are the sampled ids *with* the stop token kept,
+``log_probs`` (when ``sampling_params["logprobs"]`` is true) are the log-probabilities of those ids under the
+sampling distribution (logits / temperature, in fp32; greedy uses temperature 1), ``extra_fields`` carries
+``global_steps``. ``stop_reason`` is the finish reason, ``"stop"`` or ``"length"`` (verl treats anything but
+``"aborted"`` as finished; vLLM folds both into ``"completed"``, which loses the truncation signal).
+
+TEST/DEMO ONLY: ``VERL_EXT_CPU_FORCE_FIRST_TURN`` (see ``FORCE_ENV``) holds a text, e.g. a tool call ending in
+``<|im_end|>``. It is tokenized and teacher-forced as the first assistant turn of every trajectory (any request whose
+prompt does not already contain it), because a random model never calls a tool. The logprobs of the forced tokens
+are still the model's. Never set it in a real run: the "sampled" tokens of that turn are then not the policy's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+import torch
+from verl.workers.rollout.base import BaseRollout
+from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+
+logger = logging.getLogger(__name__)
+
+FORCE_ENV = "VERL_EXT_CPU_FORCE_FIRST_TURN"
+SERVER_NAME_PREFIX = "verl_ext_cpu_server_"
+
+# sampling_params keys verl's agent loops send (agent_loop.py, tool_agent_loop.py); anything else is refused loudly.
+_KNOWN_PARAMS = frozenset(
+    {
+        "max_tokens",
+        "max_new_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "stop_token_ids",
+        "logprobs",
+        "repetition_penalty",
+        "ignore_eos",
+        "seed",
+    }
+)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# Generation: plain torch + transformers, testable without a Ray cluster.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """What one ``generate`` call samples with. ``temperature == 0`` means greedy."""
+
+    max_tokens: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1
+    stop_ids: frozenset[int] = frozenset()
+    logprobs: bool = True
+    seed: int | None = None
+
+
+@dataclass
+class Generation:
+    """The engine's output for one request."""
+
+    token_ids: list[int]
+    log_probs: list[float]
+    finish_reason: str  # "stop" (ended on a stop id, kept in token_ids) or "length"
+    num_forced: int = 0  # leading tokens that were teacher-forced (test/demo hook), not sampled
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def sampling_config_from_params(
+    params: dict[str, Any],
+    *,
+    default_max_tokens: int,
+    eos_ids: Iterable[int],
+) -> SamplingConfig:
+    """Build a SamplingConfig from verl's ``sampling_params`` dict (vLLM-style keys).
+
+    ``max_tokens`` (or SGLang's ``max_new_tokens``) wins over ``default_max_tokens``. The stop ids are
+    ``stop_token_ids`` plus the model's eos ids unless ``ignore_eos``, as vLLM does.
+    """
+    unknown = set(params) - _KNOWN_PARAMS
+    if unknown:
+        raise ValueError(f"verl_ext_cpu: unsupported sampling_params {sorted(unknown)}")
+    repetition_penalty = float(params.get("repetition_penalty") or 1.0)
+    if repetition_penalty != 1.0:
+        raise ValueError(f"verl_ext_cpu: repetition_penalty={repetition_penalty} is not supported (only 1.0)")
+    max_tokens = params.get("max_tokens", params.get("max_new_tokens", default_max_tokens))
+    if max_tokens is None or int(max_tokens) < 1:
+        raise ValueError(f"verl_ext_cpu: max_tokens must be >= 1, got {max_tokens!r}")
+    top_k = params.get("top_k")
+    stop_ids = {int(i) for i in params.get("stop_token_ids") or ()}
+    if not params.get("ignore_eos", False):
+        stop_ids |= {int(i) for i in eos_ids}
+    return SamplingConfig(
+        max_tokens=int(max_tokens),
+        temperature=float(params.get("temperature", 1.0) if params.get("temperature") is not None else 1.0),
+        top_p=float(params.get("top_p") if params.get("top_p") is not None else 1.0),
+        top_k=int(top_k) if top_k is not None else -1,
+        stop_ids=frozenset(stop_ids),
+        logprobs=bool(params.get("logprobs", False)),
+        seed=int(params["seed"]) if params.get("seed") is not None else None,
+    )
+
+
+def filter_logits(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) what top-k / top-p exclude from a 1-D logits vector; the input is not modified."""
+    out = logits.clone()
+    if 0 < top_k < out.numel():
+        kth = torch.topk(out, top_k).values[-1]
+        out[out < kth] = float("-inf")
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(out, descending=True)
+        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(dim=-1)
+        # drop a token once the mass *before* it already reaches top_p; the top token always survives
+        drop = (cumulative - torch.softmax(sorted_logits, dim=-1)) >= top_p
+        out[order[drop]] = float("-inf")
+    return out
+
+
+def choose_token(logits: torch.Tensor, cfg: SamplingConfig, generator: torch.Generator | None) -> int:
+    """Pick the next id from fp32 logits: argmax when greedy, else a sample after temperature, top-k, top-p."""
+    if cfg.temperature == 0:
+        return int(torch.argmax(logits))
+    filtered = filter_logits(logits / cfg.temperature, cfg.top_k, cfg.top_p)
+    probs = torch.softmax(filtered, dim=-1)
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+def token_logprob(logits: torch.Tensor, token_id: int, temperature: float) -> float:
+    """log p(token) under logits / temperature in fp32 (temperature 0, greedy, is scored at temperature 1)."""
+    scale = temperature if temperature > 0 else 1.0
+    return float(torch.log_softmax(logits.float() / scale, dim=-1)[token_id])
+
+
+def contains_subsequence(haystack: Sequence[int], needle: Sequence[int]) -> bool:
+    """True when ``needle`` occurs contiguously in ``haystack``."""
+    n = len(needle)
+    if n == 0:
+        return True
+    first = needle[0]
+    return any(haystack[i] == first and list(haystack[i : i + n]) == list(needle) for i in range(len(haystack) - n + 1))
+
+
+def forced_prefix(prompt_ids: Sequence[int], force_ids: Sequence[int]) -> list[int]:
+    """The ids to teacher-force for this request (test/demo hook): all of them on a trajectory's first turn, which
+    is any request whose prompt does not already contain them; none afterwards."""
+    if not force_ids or contains_subsequence(prompt_ids, force_ids):
+        return []
+    return list(force_ids)
+
+
+@torch.no_grad()
+def generate_tokens(
+    model: torch.nn.Module,
+    prompt_ids: Sequence[int],
+    cfg: SamplingConfig,
+    *,
+    forced_ids: Sequence[int] = (),
+    generator: torch.Generator | None = None,
+) -> Generation:
+    """Generate from ``prompt_ids`` one token at a time with a KV cache.
+
+    ``forced_ids`` (test/demo hook) replace the first sampling steps; they are scored like sampled tokens and a stop
+    id among them ends the turn. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
+    """
+    if not prompt_ids:
+        raise ValueError("verl_ext_cpu: empty prompt")
+    device = next(model.parameters()).device
+    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+    past = out.past_key_values
+    logits = out.logits[0, -1].float()
+
+    token_ids: list[int] = []
+    log_probs: list[float] = []
+    finish_reason = "length"
+    forced = list(forced_ids)[: cfg.max_tokens]
+    while len(token_ids) < cfg.max_tokens:
+        step = len(token_ids)
+        token = forced[step] if step < len(forced) else choose_token(logits, cfg, generator)
+        token_ids.append(token)
+        if cfg.logprobs:
+            log_probs.append(token_logprob(logits, token, cfg.temperature))
+        if token in cfg.stop_ids:
+            finish_reason = "stop"
+            break
+        if len(token_ids) == cfg.max_tokens:
+            break
+        step_ids = torch.tensor([[token]], dtype=torch.long, device=device)
+        out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        logits = out.logits[0, -1].float()
+    return Generation(
+        token_ids=token_ids,
+        log_probs=log_probs,
+        finish_reason=finish_reason,
+        num_forced=min(len(forced), len(token_ids)),
+    )
+
+
+def load_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
+    """Load the served model from a local Hugging Face folder, in eval mode (fp32 by default: exact logprobs)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    model.eval()
+    return model
+
+
+def eos_ids_of(model: torch.nn.Module) -> list[int]:
+    """The model's eos ids (generation config first, then model config); an engine stops on these by default."""
+    for config in (getattr(model, "generation_config", None), getattr(model, "config", None)):
+        eos = getattr(config, "eos_token_id", None) if config is not None else None
+        if eos is not None:
+            return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    return []
+
+
+@torch.no_grad()
+def load_weights(model: torch.nn.Module, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+    """Copy ``(name, tensor)`` pairs from the trainer into ``model``; return how many tensors were loaded.
+
+    Raises if a name is unknown, a shape differs, or a parameter received nothing (tied parameters count as covered
+    through any of their names), so a silently partial sync cannot happen.
+    """
+    targets = dict(model.state_dict(keep_vars=True))
+    covered: set[int] = set()
+    loaded = 0
+    unknown: list[str] = []
+    for name, tensor in weights:
+        if hasattr(tensor, "full_tensor"):  # a DTensor shard from FSDP2
+            tensor = tensor.full_tensor()
+        target = targets.get(name)
+        if target is None:
+            unknown.append(name)
+            continue
+        if tuple(target.shape) != tuple(tensor.shape):
+            raise ValueError(f"verl_ext_cpu: shape mismatch for {name}: {tuple(tensor.shape)} vs {tuple(target.shape)}")
+        target.data.copy_(tensor.to(device=target.device, dtype=target.dtype))
+        covered.add(id(target))
+        loaded += 1
+    # tied parameters are one Parameter object under several names: covered if any of its names was sent
+    missing = [n for n, p in model.named_parameters() if id(p) not in covered]
+    if unknown or missing:
+        raise ValueError(f"verl_ext_cpu: weight sync mismatch: unknown keys {unknown[:10]}, missing {missing[:10]}")
+    return loaded
+
+
+def default_max_tokens(prompt_len: int, prompt_length: int, response_length: int, max_model_len: int | None) -> int:
+    """vLLM's default in verl when a caller sends no ``max_tokens``: the response budget, capped by the context left.
+
+    verl's stock ToolAgentLoop sends none, so on later turns this over-estimates what is left of ``response_length``
+    (the loop truncates the excess); pass ``max_tokens`` per turn to avoid generating tokens that are thrown away.
+    """
+    budget = min(response_length, prompt_length + response_length - prompt_len)
+    if max_model_len:
+        budget = min(budget, max_model_len - prompt_len)
+    return max(1, budget)
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# verl glue: the Ray actor, the driver-side replica and the worker-side adapter.
+# --------------------------------------------------------------------------------------------------------------------
+
+
+def server_name(replica_rank: int) -> str:
+    """Ray actor name of a replica's server; the trainer-side adapter finds the server by it."""
+    return f"{SERVER_NAME_PREFIX}{replica_rank}"
+
+
+def _model_path(model_config: Any) -> str:
+    get = model_config.get if hasattr(model_config, "get") else lambda k, d=None: getattr(model_config, k, d)
+    path = get("local_path", None) or get("path", None)
+    if not path or not os.path.isdir(path):
+        raise ValueError(f"verl_ext_cpu: model path must be a local folder, got {path!r}")
+    return str(path)
+
+
+class CPUGenerationServer:
+    """Ray actor serving one transformers model token-in/token-out (the verl server contract of vLLM/SGLang)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        prompt_length: int,
+        response_length: int,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        force_text: str | None = None,
+    ) -> None:
+        from transformers import AutoTokenizer
+
+        self.model = load_model(model_path)
+        self.eos_ids = eos_ids_of(self.model)
+        self.prompt_length = prompt_length
+        self.response_length = response_length
+        self.max_model_len = max_model_len or getattr(self.model.config, "max_position_embeddings", None)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.lock = asyncio.Lock()
+        self.global_steps: int | None = None
+        self.weight_syncs = 0
+        self.force_ids: list[int] = []
+        if force_text:
+            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.force_ids = tokenizer.encode(force_text, add_special_tokens=False)
+            logger.warning(
+                "verl_ext_cpu: TEST/DEMO hook %s set: forcing %d tokens as every trajectory's first turn",
+                FORCE_ENV,
+                len(self.force_ids),
+            )
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Any = None,
+        video_data: Any = None,
+        **kwargs: Any,
+    ) -> TokenOutput:
+        if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
+            raise NotImplementedError("verl_ext_cpu serves text only")
+        prompt_ids = [int(i) for i in prompt_ids]
+        cfg = sampling_config_from_params(
+            dict(sampling_params),
+            default_max_tokens=default_max_tokens(
+                len(prompt_ids), self.prompt_length, self.response_length, self.max_model_len
+            ),
+            eos_ids=self.eos_ids,
+        )
+        generator = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else self.generator
+        forced = forced_prefix(prompt_ids, self.force_ids)
+        async with self.lock:
+            # generation blocks; a thread keeps the actor answering update_weights/sleep/... meanwhile
+            result = await asyncio.to_thread(
+                generate_tokens, self.model, prompt_ids, cfg, forced_ids=forced, generator=generator
+            )
+        return TokenOutput(
+            token_ids=result.token_ids,
+            log_probs=result.log_probs if cfg.logprobs else None,
+            stop_reason=result.finish_reason,
+            num_preempted=0,
+            extra_fields={"global_steps": self.global_steps},
+        )
+
+    async def update_weights(self, weights: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
+        async with self.lock:
+            loaded = load_weights(self.model, weights)
+            self.weight_syncs += 1
+            if global_steps is not None:
+                self.global_steps = global_steps
+        logger.info(
+            "verl_ext_cpu: weight sync %d (global_steps=%s): loaded %d tensors, missing=[]",
+            self.weight_syncs,
+            global_steps,
+            loaded,
+        )
+        return loaded
+
+    async def set_global_steps(self, global_steps: int) -> None:
+        self.global_steps = global_steps
+
+    async def stats(self) -> dict[str, Any]:
+        return {"weight_syncs": self.weight_syncs, "global_steps": self.global_steps, "force_ids": len(self.force_ids)}
+
+    # Lifecycle calls verl's replica/checkpoint manager forward to every server. Nothing to free on CPU: the model
+    # stays resident, there is no KV cache between requests and a request cannot be interrupted mid-way.
+    async def wake_up(self, tags: list[str] | None = None) -> None:
+        return None
+
+    async def sleep(self) -> None:
+        return None
+
+    async def clear_kv_cache(self) -> None:
+        return None
+
+    async def release_kv_cache(self) -> None:
+        return None
+
+    async def resume_kv_cache(self) -> None:
+        return None
+
+    async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict[str, Any]:
+        return {"aborted_count": 0, "request_ids": []}
+
+    async def resume_generation(self) -> None:
+        return None
+
+    async def start_profile(self, **kwargs: Any) -> None:
+        return None
+
+    async def stop_profile(self) -> None:
+        return None
+
+
+class CPURolloutReplica(RolloutReplica):
+    """One CPU server per replica; only a world size of 1 (tp = dp = pp = 1) is supported."""
+
+    async def launch_servers(self) -> None:
+        if self.world_size != 1:
+            raise ValueError(f"verl_ext_cpu: tensor/data/pipeline parallel sizes must be 1 (world {self.world_size})")
+        node_id = None
+        if self.workers:
+            node_id = await self.workers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())
+        options: dict[str, Any] = {
+            "name": server_name(self.replica_rank) + self.name_suffix,
+            "num_cpus": 0,  # the trainer's pools own the (logical) CPUs; generation shares the host
+            "max_concurrency": self.max_concurrency,
+        }
+        if node_id is not None:
+            options["scheduling_strategy"] = ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(
+                node_id=node_id, soft=False
+            )
+        force_text = os.environ.get(FORCE_ENV) or None
+        server = (
+            ray.remote(CPUGenerationServer)
+            .options(**options)
+            .remote(
+                _model_path(self.model_config),
+                prompt_length=self.config.prompt_length,
+                response_length=self.config.response_length,
+                max_model_len=self.config.max_model_len,
+                seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
+                force_text=force_text,
+            )
+        )
+        await server.stats.remote()  # surfaces a model-loading error here rather than at the first request
+        self.servers = [server]
+        self._server_handle = server
+        self._server_address = f"verl_ext_cpu:{self.replica_rank}{self.name_suffix}"
+
+
+class CPUServerAdapter(BaseRollout):
+    """Worker-side half: lives in the trainer process and pushes the trainer's weights to the server each step."""
+
+    def __init__(self, config: Any, model_config: Any, device_mesh: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, model_config, device_mesh)
+        world = (
+            self.config.tensor_model_parallel_size
+            * self.config.data_parallel_size
+            * self.config.pipeline_model_parallel_size
+        )
+        rank = int(os.environ.get("RANK", "0"))
+        self.replica_rank = rank // world
+        self.is_leader = rank % world == 0
+        self._server: Any = None
+
+    def _server_handle(self) -> Any:
+        if self._server is None:
+            self._server = ray.get_actor(server_name(self.replica_rank))
+        return self._server
+
+    async def resume(self, tags: list[str]) -> None:
+        return None
+
+    async def release(self) -> None:
+        return None
+
+    async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        if wire_format != "named_tensors":
+            raise NotImplementedError(f"verl_ext_cpu: weight wire format {wire_format!r} is not supported")
+        if kwargs.get("peft_config") is not None:
+            raise NotImplementedError("verl_ext_cpu: LoRA adapter sync is not supported (use lora.merge=true)")
+        # every rank drains the generator: producing full tensors from FSDP shards is a collective
+        named = [(name, tensor.detach().to("cpu").clone()) for name, tensor in weights]
+        if not self.is_leader:
+            return None
+        loaded = await self._server_handle().update_weights.remote(named, kwargs.get("global_steps"))
+        logger.info("verl_ext_cpu: synced %d/%d tensors to %s", loaded, len(named), server_name(self.replica_rank))
+        return None

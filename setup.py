@@ -21,5 +21,8 @@ setup(
         "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff"],
         "sglang": ["sglang==0.5.12"],
     },
-    entry_points={"console_scripts": ["verl-ext = verl_ext.cli.main:main"]},
+    entry_points={
+        "console_scripts": ["verl-ext = verl_ext.cli.main:main"],
+        "verl.plugins": ["verl_ext = verl_ext.plugin"],
+    },
 )

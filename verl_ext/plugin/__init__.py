@@ -1,0 +1,69 @@
+"""verl_ext's ``verl.plugins`` entry point: verl 0.9.1 imports this module in every process that runs ``import verl``.
+
+It registers, cheaply (names and import paths only; the heavy modules load when verl first uses them):
+
+* the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
+* the ``cpu`` platform and its workarounds, only when ``VERL_PLATFORM=cpu`` (verl_ext.plugin.cpu_platform).
+
+verl logs a failing plugin import at DEBUG only, so a failure here is logged at ERROR with its cause and the module
+still imports. Where entry points are disabled (``VERL_USE_EXTERNAL_PLUGINS=none``), load it with
+``VERL_USE_EXTERNAL_MODULES=verl_ext.plugin``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+logger = logging.getLogger("verl_ext.plugin")
+# verl sets the root logger to WARNING; the plugin's and the CPU engine's INFO lines (loaded, weight syncs) are the
+# evidence a run is wired as intended, so they are let through unless VERL_EXT_LOG_LEVEL says otherwise.
+for _name in ("verl_ext.plugin", "verl_ext.engines"):
+    logging.getLogger(_name).setLevel(os.getenv("VERL_EXT_LOG_LEVEL", "INFO").upper())
+
+CPU_ROLLOUT_NAME = "verl_ext_cpu"
+_CPU_ADAPTER_PATH = "verl_ext.engines.cpu.CPUServerAdapter"
+
+
+def _load_cpu_replica() -> type:
+    from verl_ext.engines.cpu import CPURolloutReplica
+
+    return CPURolloutReplica
+
+
+def register_cpu_rollout() -> None:
+    """Register the CPU backend in both of verl's rollout registries (driver-side replica, worker-side adapter)."""
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    RolloutReplicaRegistry.register(CPU_ROLLOUT_NAME, _load_cpu_replica)
+    # Private dict with no register function in verl 0.9.1; the adapter class is imported by verl when used.
+    rollout_base._ROLLOUT_REGISTRY[(CPU_ROLLOUT_NAME, "async")] = _CPU_ADAPTER_PATH
+
+
+def register_agent_loops() -> None:
+    """Register verl_ext's agent loops with verl's ``@register``.
+
+    TODO(issue 4): register ``verl_ext_tool_agent`` here once verl_ext/plugin/agent_loop.py exists, e.g.
+    ``from verl_ext.plugin import agent_loop  # noqa: F401`` if that module applies ``@register`` at import.
+    """
+
+
+def _load() -> None:
+    registered = []
+    try:
+        register_cpu_rollout()
+        registered.append(f"rollout={CPU_ROLLOUT_NAME}")
+        register_agent_loops()
+        from verl_ext.plugin import cpu_platform
+
+        if cpu_platform.requested():
+            cpu_platform.activate()
+            registered.append("platform=cpu")
+    except Exception:
+        logger.exception("verl_ext plugin failed to load (registered so far: %s)", registered or "nothing")
+        return
+    logger.info("verl_ext plugin loaded in pid %d: %s", os.getpid(), ", ".join(registered))
+
+
+_load()

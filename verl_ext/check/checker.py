@@ -63,9 +63,12 @@ class ConsistencyChecker:
                 template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
             if template_view:
                 explained = {i for f in findings for i in range(f.stream.start, f.stream.end)}
-                findings += template_findings(
+                rendered = template_findings(
                     loc, self.profile, self.renderer, messages, tools, explained, self.policy.allows
                 )
+                # Where both views found the same thing, keep the template view's (it has both sides).
+                located = {(f.cause, f.turn) for f in rendered}
+                findings = [f for f in findings if (f.cause, f.turn) not in located] + rendered
                 ran_template = True
         return CheckResult(
             engine_failures=ev.failures,

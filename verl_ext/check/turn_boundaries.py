@@ -3,7 +3,8 @@
 These come from the engine record alone (no render), so they are cheap and run on every rollout:
 - EOS_ALIAS: the turn stopped on a stop id the template never renders (Qwen3 ``<|endoftext|>``);
 - SYNTHETIC_CLOSE: the engine did not sample the close the template renders, and the stream has it (mask 0);
-- AMBIGUOUS_STOP_KEPT: the stop token also opens the next message (GLM ``<|observation|>``) and is kept once.
+- AMBIGUOUS_STOP_KEPT: the stop token also opens the next message (GLM ``<|observation|>``) and is kept once;
+- CLOSE_MISSING: a turn followed by another message has neither a sampled nor an inserted close (a defect).
 """
 
 from __future__ import annotations
@@ -41,7 +42,10 @@ def turn_end_findings(
         if stop is not None and stop in aliases:
             detail = f"stopped on {decode([stop])!r}, a stop id the template never renders; kept as sampled"
             out.append(_finding(loc, Cause.EOS_ALIAS, allowed, k, Span(end - 1, end), detail))
-        if close and tuple(stream[end : end + len(close)]) == close:
+        if close and role != END and tuple(stream[end : end + len(close)]) != close:
+            detail = f"the turn ended without the template's close {decode(close)!r}, and none was inserted"
+            out.append(_finding(loc, Cause.CLOSE_MISSING, allowed, k, Span(end, end), detail))
+        elif close and tuple(stream[end : end + len(close)]) == close:
             why = (
                 "the length limit"
                 if call.finish_reason == "length"

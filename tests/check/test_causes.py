@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rollouts import PROMPT, TOOLS, Turn, call, run, tool_result
+from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, qwen3_tool_context, run, tool_result
 from synthetic_templates import GLM_SHAPED, OBSERVATION
 
 from verl_ext.check import Cause, ConsistencyChecker, EngineCall, TrainerSample
@@ -32,32 +32,6 @@ def only(result: CheckResult, cause: Cause) -> Finding:
     found = [f for f in result.findings if f.cause is cause]
     assert len(found) == 1, [(f.cause.value, f.detail) for f in result.findings]
     return found[0]
-
-
-def naive(r: ChatRenderer, segments: Sequence[tuple[str, Sequence[int]]]) -> tuple[list[EngineCall], TrainerSample]:
-    """A stream assembled piece by piece; each ("sampled", ids) piece is an engine call on all ids before it."""
-    stream: list[int] = []
-    calls: list[EngineCall] = []
-    mask: list[int] = []
-    for kind, ids in segments:
-        if kind == "sampled":
-            calls.append(EngineCall.of(stream, ids, [-0.5] * len(ids)))
-        stream += ids
-        mask += [int(kind == "sampled")] * len(ids)
-    p = calls[0].output_start
-    logprobs = [-0.5 if m else 0.0 for m in mask[p:]]
-    return calls, TrainerSample.of(stream[:p], stream[p:], mask[p:], logprobs)
-
-
-def qwen3_tool_context(r: ChatRenderer, content: str = "2", newline: str = "\n") -> list[int]:
-    """The tool turn as a decode-and-concatenate loop appends it: plain encode, special text and all."""
-    return r.encode(
-        f"{newline}<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
-    )
-
-
-def qwen3_answer_turn(r: ChatRenderer, text: str = "The answer is 2.", think: str = "") -> list[int]:
-    return [*r.encode(f"<think>\n{think}\n</think>\n\n{text}" if think else f"<think>\n\n</think>\n\n{text}"), IM_END]
 
 
 def test_core_rollout_matching_the_template_has_no_finding(renderer_for):

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
-from rollouts import PROMPT, TOOLS
-from test_causes import naive, qwen3_answer_turn, qwen3_tool_context
+from rollouts import PROMPT, TOOLS, naive, qwen3_answer_turn, qwen3_tool_context
 
 from verl_ext.check import (
     ALLOWED_BY_DESIGN,

@@ -42,6 +42,9 @@ def template_findings(
     for tag, i1, i2, j1, j2 in _opcodes(stream, native):
         if tag == "equal" or rules.is_tail(i1, i2, j1, j2):
             continue
+        at_end = i2 == len(stream) and j2 == len(native)
+        if at_end and all(i in explained for i in range(i1, i2)) and rules.is_end_close(native[j1:j2]):
+            continue  # the last turn stopped on an alias and the close was cut off with the response
         if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
             continue
         cause, detail = rules.classify(i1, i2, j1, j2)
@@ -104,9 +107,11 @@ class _Rules:
         Nothing is trained after the last token, so it changes nothing."""
         if i1 != i2 or i2 != len(self.stream) or j2 != len(self.rendered):
             return False
+        return self.is_end_close(self.rendered[j1:j2])
+
+    def is_end_close(self, ids: Sequence[int]) -> bool:
         end = self.profile.boundary(END)
-        tail = tuple(self.rendered[j1:j2])
-        return tail in {end.trailer_ids, end.close_ids + end.trailer_ids, end.close_ids}
+        return tuple(ids) in {end.trailer_ids, end.close_ids + end.trailer_ids, end.close_ids}
 
     def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
         s_ids, r_ids = tuple(self.stream[i1:i2]), tuple(self.rendered[j1:j2])

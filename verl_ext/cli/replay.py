@@ -28,6 +28,8 @@ def read_records(path: str) -> Iterator[tuple[int, ReplayRecord]]:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if isinstance(obj, dict) and obj.get("type") == "header":
+                continue  # a rollout records file's header (the template profile); not a conversation
             count += 1
             yield line_no, ReplayRecord.from_json(obj, where=f"{path}:{line_no}")
     if count == 0:

@@ -74,3 +74,32 @@ def run(
             prompt_ids = t.append_messages(list(turn.followup))
     t.finish()
     return rollout
+
+
+IM_END = 151645  # Qwen's <|im_end|>
+
+
+def naive(r: ChatRenderer, segments: Sequence[tuple[str, Sequence[int]]]) -> tuple[list[EngineCall], TrainerSample]:
+    """A stream assembled piece by piece; each ("sampled", ids) piece is an engine call on all ids before it."""
+    stream: list[int] = []
+    calls: list[EngineCall] = []
+    mask: list[int] = []
+    for kind, ids in segments:
+        if kind == "sampled":
+            calls.append(EngineCall.of(stream, ids, [-0.5] * len(ids)))
+        stream += ids
+        mask += [int(kind == "sampled")] * len(ids)
+    p = calls[0].output_start
+    logprobs = [-0.5 if m else 0.0 for m in mask[p:]]
+    return calls, TrainerSample.of(stream[:p], stream[p:], mask[p:], logprobs)
+
+
+def qwen3_tool_context(r: ChatRenderer, content: str = "2", newline: str = "\n") -> list[int]:
+    """The tool turn as a decode-and-concatenate loop appends it: plain encode, special text and all."""
+    return r.encode(
+        f"{newline}<|im_start|>user\n<tool_response>\n{content}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def qwen3_answer_turn(r: ChatRenderer, text: str = "The answer is 2.", think: str = "") -> list[int]:
+    return [*r.encode(f"<think>\n{think}\n</think>\n\n{text}" if think else f"<think>\n\n</think>\n\n{text}"), IM_END]

@@ -2,6 +2,8 @@
 
 It registers, cheaply (names and import paths only; the heavy modules load when verl first uses them):
 
+* the agent loop ``rollout.agent.default_agent_loop=verl_ext_tool_agent`` (verl_ext.plugin.agent_loop),
+  and a hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
 * the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
 * the ``cpu`` platform and its workarounds, only when ``VERL_PLATFORM=cpu`` (verl_ext.plugin.cpu_platform).
 
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 logger = logging.getLogger("verl_ext.plugin")
 # verl sets the root logger to WARNING; the plugin's and the CPU engine's INFO lines (loaded, weight syncs) are the
@@ -22,6 +25,8 @@ for _name in ("verl_ext.plugin", "verl_ext.engines"):
     logging.getLogger(_name).setLevel(os.getenv("VERL_EXT_LOG_LEVEL", "INFO").upper())
 
 CPU_ROLLOUT_NAME = "verl_ext_cpu"
+AGENT_LOOP_NAME = "verl_ext_tool_agent"
+_AGENT_LOOP_PATH = "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
 _CPU_ADAPTER_PATH = "verl_ext.engines.cpu.CPUServerAdapter"
 
 
@@ -42,11 +47,20 @@ def register_cpu_rollout() -> None:
 
 
 def register_agent_loops() -> None:
-    """Register verl_ext's agent loops with verl's ``@register``.
+    """Register ``verl_ext_tool_agent`` in verl's agent-loop registry, and the tito/ metrics hook on verl's tracker,
+    when verl imports those modules (importing them from here, inside ``import verl``, would be circular)."""
+    from verl_ext.plugin.post_import import when_imported
 
-    TODO(issue 4): register ``verl_ext_tool_agent`` here once verl_ext/plugin/agent_loop.py exists, e.g.
-    ``from verl_ext.plugin import agent_loop  # noqa: F401`` if that module applies ``@register`` at import.
-    """
+    def add_loop(module: Any) -> None:
+        module._agent_loop_registry[AGENT_LOOP_NAME] = {"_target_": _AGENT_LOOP_PATH}
+
+    def hook_tracking(module: Any) -> None:
+        from verl_ext.plugin.metrics_sink import install_tracking_hook
+
+        install_tracking_hook(module)
+
+    when_imported("verl.experimental.agent_loop.agent_loop", add_loop)
+    when_imported("verl.utils.tracking", hook_tracking)
 
 
 def _load() -> None:
@@ -55,6 +69,7 @@ def _load() -> None:
         register_cpu_rollout()
         registered.append(f"rollout={CPU_ROLLOUT_NAME}")
         register_agent_loops()
+        registered.append(f"agent_loop={AGENT_LOOP_NAME}")
         from verl_ext.plugin import cpu_platform
 
         if cpu_platform.requested():

@@ -1,0 +1,80 @@
+"""verl_ext_tool_agent in process, against the CPU engine: multi-turn tool calls, repairs, budget, check verdicts."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import run_loop
+
+from verl_ext.plugin import metrics_sink
+
+IM_END, NL = 151645, 198
+PROMPT = [
+    {"role": "system", "content": "Use the calculator tool."},
+    {"role": "user", "content": "What is 12 * 7?"},
+]
+
+
+def tool_call(name: str = "calculator", arguments: str = '{"expression": "12 * 7"}') -> str:
+    return f'<tool_call>\n{{"name": "{name}", "arguments": {arguments}}}\n</tool_call><|im_end|>'
+
+
+def test_tool_call_turn_then_answer_keeps_engine_tokens(make_loop, tmp_path):
+    metrics_sink.drain()
+    loop, server = make_loop(force_text=tool_call(), verl_ext={"records": {"dir": str(tmp_path)}})
+    out = run_loop(loop, PROMPT, global_steps=3)
+
+    first, second = server.requests[0], server.requests[1]
+    assert first["sampling_params"]["max_tokens"] == 96  # the whole budget on the first turn
+    tokenizer = loop.tokenizer
+    forced = tokenizer.encode(tool_call(), add_special_tokens=False)
+    stream = out.prompt_ids + out.response_ids
+    assert stream[len(out.prompt_ids) : len(out.prompt_ids) + len(forced)] == forced  # sampled ids, as sampled
+    assert stream[len(out.prompt_ids) + len(forced)] == NL  # the "\n" after <|im_end|>, restored ...
+    assert out.response_mask[len(forced)] == 0  # ... and masked
+    # the second prompt is the first + output + repair + tool turn; its budget is what is left
+    assert second["prompt_ids"][: len(first["prompt_ids"]) + len(forced)] == first["prompt_ids"] + forced
+    used = len(second["prompt_ids"]) - len(first["prompt_ids"])
+    assert second["sampling_params"]["max_tokens"] == 96 - used
+    assert "<tool_response>\n84\n</tool_response>" in tokenizer.decode(second["prompt_ids"])
+    assert len(out.response_ids) <= 96 and sum(out.response_mask) == sum(len(r["output_ids"]) for r in server.requests)
+
+    check = out.extra_fields["verl_ext_check"]
+    assert check["engine_ok"] and check["ok"], check["summary"]
+    m = metrics_sink.drain()
+    assert m["tito/rollouts_checked"] == 1 and m["tito/engine_view_failures"] == 0
+    assert m["tito/tool/calls"] == 1 and m["tito/tool/ok"] == 1 and m["tito/repairs/boundary"] >= 1
+
+    record = [json.loads(line) for f in tmp_path.iterdir() for line in f.read_text().splitlines()]
+    assert [r["type"] for r in record] == ["header", "rollout"]
+    assert record[1]["step"] == 3 and record[1]["input_ids"] == stream
+
+
+def test_tool_errors_become_tool_messages_and_metrics(make_loop):
+    metrics_sink.drain()
+    cases = {
+        "unknown_tool": tool_call(name="abacus"),
+        "malformed": '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"\n</tool_call><|im_end|>',
+        "bad_arguments": tool_call(arguments='"1+1"'),
+    }
+    for status, text in cases.items():
+        loop, server = make_loop(force_text=text)
+        out = run_loop(loop, PROMPT)
+        assert out.extra_fields["verl_ext_check"]["engine_ok"]
+        m = metrics_sink.drain()
+        assert m[f"tito/tool/{status}"] == 1, (status, m)
+        if status != "malformed":  # a malformed call ends the turn: there is no call to answer
+            assert "Error" in loop.tokenizer.decode(server.requests[1]["prompt_ids"])
+
+
+def test_length_cut_turn_gets_a_synthetic_close_and_stays_in_budget(make_loop):
+    metrics_sink.drain()
+    loop, server = make_loop(force_text="The answer is " + "very " * 40, response_length=24)
+    out = run_loop(loop, PROMPT)
+    assert len(server.requests) == 1 and server.requests[0]["sampling_params"]["max_tokens"] == 24
+    (request,) = server.requests
+    assert len(request["output_ids"]) == 24 and sum(out.response_mask) == 24  # every sampled token is trained on
+    check = out.extra_fields["verl_ext_check"]
+    assert check["engine_ok"] and not check["truncated"]
+    m = metrics_sink.drain()
+    assert m["tito/lost_sampled_tokens"] == 0

@@ -1,0 +1,262 @@
+"""``verl_ext_tool_agent``: verl's multi-turn tool-calling loop with the token core as its only way to build tokens.
+
+Differences from verl's ``tool_agent`` (whose tools, parser and config it reuses):
+- the engine's output ids are appended as sampled, stop token included; the template's boundary tokens the engine
+  never generates are repairs (mask 0), derived from the chat template, for any model;
+- every engine call is recorded, and the consistency check runs at the end of every rollout: verdict in
+  ``extra_fields["verl_ext_check"]``, ``tito/`` metrics per step, optional JSONL records;
+- each turn asks for at most what is left of the response budget (``max_tokens``), so nothing sampled is cut;
+- malformed calls, unknown tools, tool errors and timeouts become tool messages and counted metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
+from verl.utils.profiler import simple_timer
+
+from verl_ext.check.checker import ConsistencyChecker
+from verl_ext.check.findings import CheckResult
+from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.policy import CheckMode, Enforcer
+from verl_ext.core.errors import TemplateError
+from verl_ext.core.probe import TemplateProfile, probe_template
+from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.trajectory import FinishReason, RepairKind, TokenTrajectory
+from verl_ext.plugin import metrics_sink
+from verl_ext.plugin.options import LoopOptions
+from verl_ext.plugin.tool_calls import ParsedCall, ToolStatus, assistant_message, call_id, malformed_count, run_tool
+from verl_ext.telemetry.records import RecordWriter, header_record, rollout_record
+
+log = logging.getLogger("verl_ext.plugin")
+
+AGENT_NAME = "verl_ext_tool_agent"
+
+
+@dataclass
+class _Runtime:
+    """What every rollout of one worker process shares: built once, on the first rollout."""
+
+    renderer: ChatRenderer
+    profile: TemplateProfile
+    checker: ConsistencyChecker
+    enforcer: Enforcer
+    writer: RecordWriter | None
+
+
+_RUNTIMES: dict[tuple[int, str, str], _Runtime] = {}
+
+
+def _runtime(
+    tokenizer: Any, template_kwargs: Mapping[str, Any], options: LoopOptions, stop_ids: Sequence[int]
+) -> _Runtime:
+    key = (id(tokenizer), json.dumps(dict(template_kwargs), sort_keys=True, default=str), repr(options))
+    if key not in _RUNTIMES:
+        renderer = ChatRenderer(
+            tokenizer, template_kwargs=template_kwargs, escape_special_tokens=options.escape_special_tokens
+        )
+        extra = list(stop_ids) + [_token_id(tokenizer, s) for s in options.extra_stop_tokens]
+        profile = probe_template(renderer, extra)
+        if profile.verdict.value == "unsupported":
+            reasons = "; ".join(r.text for r in profile.reasons if r.severity.value == "unsupported")
+            raise TemplateError(
+                f"{AGENT_NAME}: the chat template of {renderer.name!r} is unsupported: {reasons}. "
+                f"Run `verl-ext check-template {renderer.name}` for the full audit."
+            )
+        writer = None
+        if options.records.dir:
+            writer = RecordWriter(
+                options.records.dir,
+                header_record(profile),
+                max_bytes=options.records.max_bytes,
+                max_files=options.records.max_files,
+            )
+        checker = ConsistencyChecker(renderer, profile, options.check)
+        _RUNTIMES[key] = _Runtime(renderer, profile, checker, Enforcer(options.check), writer)
+        log.info(
+            "%s ready: template %s (%s), check mode %s, records %s",
+            AGENT_NAME,
+            profile.fingerprint,
+            profile.verdict.value,
+            options.check.mode.value,
+            options.records.dir or "off",
+        )
+    return _RUNTIMES[key]
+
+
+def _token_id(tokenizer: Any, token: str) -> int:
+    ids = tokenizer.encode(token, add_special_tokens=False)
+    if len(ids) != 1:
+        raise ValueError(f"verl_ext.extra_stop_tokens: {token!r} is not a single token (encodes to {ids})")
+    return int(ids[0])
+
+
+class VerlExtToolAgentLoop(ToolAgentLoop):
+    def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
+        self.rt = _runtime(
+            self.tokenizer, self.apply_chat_template_kwargs, self.options, self.tool_parser.stop_token_ids
+        )
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        rt = self.rt
+        messages = [dict(m) for m in kwargs["raw_prompt"]]
+        tools = self.tool_schemas or None
+        t = TokenTrajectory(rt.renderer, rt.profile)
+        prompt_ids = t.start(messages, tools)
+        first_prompt = len(prompt_ids)
+        if len(prompt_ids) > self.prompt_length:
+            raise ValueError(
+                f"{AGENT_NAME}: the prompt renders to {len(prompt_ids)} tokens, more than rollout.prompt_length="
+                f"{self.prompt_length}; raise data.max_prompt_length (and rollout.prompt_length) or set "
+                "data.filter_overlong_prompts=true. The prompt is not truncated, because the engine would see "
+                "other tokens than the trainer."
+            )
+        request_id = uuid4().hex
+        metrics: dict[str, Any] = {}
+        counters: Counter[str] = Counter()
+        calls: list[EngineCall] = []
+        extra_fields: dict[str, Any] = {}
+        agent_data = AgentData(messages, None, None, None, None, metrics, request_id, kwargs.get("tools_kwargs", {}))
+        stop_ids = sorted(set(sampling_params.get("stop_token_ids") or []) | set(self.tool_parser.stop_token_ids))
+        turn = 0
+        while True:
+            remaining = self.response_length - (len(t.input_ids) - first_prompt)
+            if remaining <= 0:
+                break
+            params = {**sampling_params, "max_tokens": remaining}
+            if stop_ids:
+                params["stop_token_ids"] = stop_ids
+            with simple_timer("generate_sequences", metrics):
+                out = await self.server_manager.generate(
+                    request_id=request_id, prompt_ids=prompt_ids, sampling_params=params
+                )
+            ids = [int(i) for i in out.token_ids]
+            finish = self._finish_reason(ids, remaining, stop_ids)
+            calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
+            for key, value in (out.extra_fields or {}).items():
+                extra_fields.setdefault(key, value)
+            message, parsed = await self._parse(ids, turn, counters)
+            t.add_sampled(ids, out.log_probs, finish, message=message)
+            turn += 1
+            if not parsed or finish == FinishReason.LENGTH or self._turn_limit(turn):
+                break
+            tool_messages = await self._run_tools(parsed, agent_data, counters, metrics)
+            prompt_ids = t.append_messages(tool_messages)
+        t.finish()
+
+        sample = trainer_sample_from_trajectory(t, self.response_length)
+        result = self._check(t, calls, sample, tools, counters, kwargs, extra_fields.get("global_steps"))
+        extra_fields["verl_ext_check"] = {
+            "ok": result.ok,
+            "engine_ok": result.engine_ok,
+            "summary": result.summary(),
+            "causes": dict(result.cause_counts()),
+            "truncated": result.truncated,
+        }
+        extra_fields.update({"turn_scores": [], "tool_rewards": []})
+        return AgentLoopOutput(
+            prompt_ids=list(sample.prompt_ids),
+            response_ids=list(sample.response_ids),
+            response_mask=list(sample.response_mask),
+            response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
+            num_turns=len(t.messages),
+            metrics=AgentLoopMetrics(**{k: v for k, v in metrics.items() if k in AgentLoopMetrics.model_fields}),
+            extra_fields=extra_fields,
+        )
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _finish_reason(self, ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int]) -> FinishReason:
+        """From the ids, not the engine's label: vLLM reports "completed" for both a stop and the length limit."""
+        if ids and (ids[-1] in self.rt.profile.stop_id_set or ids[-1] in stop_ids):
+            return FinishReason.STOP
+        return FinishReason.LENGTH if len(ids) >= max_tokens else FinishReason.STOP
+
+    async def _parse(
+        self, ids: list[int], turn: int, counters: Counter[str]
+    ) -> tuple[dict[str, Any], list[ParsedCall]]:
+        """The assistant message for the template (content and tool calls), from the ids minus the stop token."""
+        body = ids[:-1] if ids and ids[-1] in self.rt.profile.stop_id_set else ids
+        schemas = [tool.tool_schema for tool in self.tools.values()]
+        content, found = await self.tool_parser.extract_tool_calls(body, schemas)
+        parsed = [
+            ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i))
+            for i, c in enumerate(found[: self.max_parallel_calls])
+        ]
+        malformed = malformed_count(self.tool_parser, self.rt.renderer.decode(body), len(found))
+        if malformed:
+            counters[f"tool/{ToolStatus.MALFORMED.value}"] += malformed
+        if len(found) > self.max_parallel_calls:
+            counters["tool/dropped_over_max_parallel_calls"] += len(found) - self.max_parallel_calls
+        return assistant_message(content, parsed), parsed
+
+    def _turn_limit(self, assistant_turns: int) -> bool:
+        return bool(self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)
+
+    async def _run_tools(
+        self, parsed: Sequence[ParsedCall], agent_data: AgentData, counters: Counter[str], metrics: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        with simple_timer("tool_calls", metrics):
+            outcomes = await asyncio.gather(
+                *(
+                    run_tool(c, self.tools, agent_data.tools_kwargs, agent_data, self.options.tool_timeout_s)
+                    for c in parsed
+                )
+            )
+        for o in outcomes:
+            counters["tool/calls"] += 1
+            counters[f"tool/{o.status.value}"] += 1
+        return [o.message for o in outcomes]
+
+    def _check(
+        self,
+        t: TokenTrajectory,
+        calls: Sequence[EngineCall],
+        sample: TrainerSample,
+        tools: Sequence[Mapping[str, Any]] | None,
+        counters: Counter[str],
+        kwargs: Mapping[str, Any],
+        step_hint: Any = None,
+    ) -> CheckResult:
+        rt = self.rt
+        repairs = Counter(e.kind.value for e in t.edits)
+        if self.options.check.mode is CheckMode.OFF:
+            result = CheckResult((), (), False, False, 0, len(calls), sum(len(c.output_ids) for c in calls), repairs)
+        else:
+            result = rt.checker.check(calls, sample, t.messages, tools, repairs=repairs)
+        step = int(kwargs.get("global_steps") or step_hint or 0)  # v1 passes global_steps; v0 via the engine
+        metrics_sink.report(result, counters)
+        if rt.writer is not None:
+            rt.writer.write(
+                rollout_record(
+                    calls,
+                    sample,
+                    t.messages,
+                    result,
+                    tools=tools,
+                    chat_template_kwargs=rt.renderer.template_kwargs,
+                    step=step,
+                    kinds=[k.value for k in t.kinds[: len(sample.stream)]],
+                    repairs=[r for r in t.to_dict()["repairs"] if r["kind"] in {k.value for k in RepairKind}],
+                    extra={"data_source": kwargs.get("data_source"), "index": _plain_index(kwargs.get("index"))},
+                )
+            )
+        rt.enforcer.enforce(result, step)
+        return result
+
+
+def _plain_index(value: Any) -> Any:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None if value is None else str(value)

@@ -1,0 +1,109 @@
+"""Carry check results from the agent-loop workers to verl's tracker, as ``tito/`` metrics once per step.
+
+verl's v0 and v1 trainers log one metrics dict per step through ``verl.utils.tracking.Tracking.log``, in the
+TaskRunner; agent loops run in other Ray actors and verl has no channel for custom per-step metrics. So loops send
+each result to a small named Ray actor, and the plugin wraps ``Tracking.log`` to drain it into the step's dict.
+Without Ray (in-process tests) results collect in this process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from verl_ext.check.findings import CheckResult
+from verl_ext.telemetry.metrics import PREFIX, aggregate
+
+log = logging.getLogger("verl_ext.plugin")
+
+ACTOR_NAME = "verl_ext_tito_metrics"
+
+
+class MetricsCollector:
+    """Check results and loop counters since the last drain."""
+
+    def __init__(self) -> None:
+        self._results: list[CheckResult] = []
+        self._counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def add(self, result: CheckResult, counters: Mapping[str, float]) -> None:
+        with self._lock:
+            self._results.append(result)
+            self._counters.update(counters)
+
+    def drain(self) -> dict[str, float]:
+        with self._lock:
+            results, counters = self._results, self._counters
+            self._results, self._counters = [], Counter()
+        if not results:
+            return {}
+        metrics = aggregate(results)
+        metrics.update({f"{PREFIX}{k}": float(v) for k, v in counters.items()})
+        return metrics
+
+
+_local = MetricsCollector()
+_actor: Any = None
+
+
+def _ray_collector() -> Any:
+    """The job's collector actor, created by the first loop that reports (0 CPUs: it only counts)."""
+    global _actor
+    if _actor is None:
+        import ray
+
+        _actor = ray.remote(num_cpus=0)(MetricsCollector).options(name=ACTOR_NAME, get_if_exists=True).remote()
+    return _actor
+
+
+def report(result: CheckResult, counters: Mapping[str, float]) -> None:
+    """Send one rollout's result (fire-and-forget under Ray)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            _ray_collector().add.remote(result, dict(counters))
+            return
+    except ImportError:
+        pass
+    _local.add(result, counters)
+
+
+def drain() -> dict[str, float]:
+    """Everything reported since the last drain, aggregated; {} when nothing was reported."""
+    metrics = _local.drain()
+    try:
+        import ray
+
+        if ray.is_initialized():
+            try:
+                actor = ray.get_actor(ACTOR_NAME)
+            except ValueError:
+                return metrics  # no verl_ext loop has reported in this job
+            metrics.update(ray.get(actor.drain.remote(), timeout=60))
+    except ImportError:
+        pass
+    return metrics
+
+
+def install_tracking_hook(tracking_module: Any) -> None:
+    """Wrap ``Tracking.log`` so each step's metrics include the tito/ metrics of the rollouts since the last step."""
+    tracking = tracking_module.Tracking
+    if getattr(tracking.log, "_verl_ext", False):
+        return
+    original = tracking.log
+
+    def log_with_tito(self: Any, data: dict[str, Any], step: int, *args: Any, **kwargs: Any) -> Any:
+        try:
+            tito = drain()
+        except Exception:  # a metrics hiccup must not stop training; but it must be seen
+            log.exception("verl_ext: could not collect tito/ metrics for step %s", step)
+            tito = {}
+        return original(self, {**data, **tito} if tito else data, step, *args, **kwargs)
+
+    log_with_tito._verl_ext = True  # type: ignore[attr-defined]
+    tracking.log = log_with_tito

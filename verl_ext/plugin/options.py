@@ -1,0 +1,115 @@
+"""verl_ext's options for the agent loop, validated: an unknown key or a bad value names the key and the fix.
+
+Options come from two places, merged in this order (later wins):
+1. a top-level ``verl_ext:`` section of verl's config (``+verl_ext.check.mode=strict`` on the command line);
+2. the ``verl_ext:`` key of the loop's entry in ``actor_rollout_ref.rollout.agent.agent_loop_config_path``.
+See configs/verl_ext.yaml for every key with its default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_ext.check.policy import CheckPolicy
+
+_KNOWN: dict[str, set[str]] = {
+    "": {"check", "records", "escape_special_tokens", "tool_timeout_s", "extra_stop_tokens"},
+    "check": {"mode", "allowed_causes", "template_view_rate", "logprob_atol"},
+    "records": {"dir", "max_bytes", "max_files"},
+}
+
+
+class OptionsError(ValueError):
+    """A verl_ext option is unknown or has a bad value."""
+
+
+@dataclass(frozen=True)
+class RecordsOptions:
+    dir: str | None = None  # None: no per-rollout records
+    max_bytes: int = 64 * 1024 * 1024
+    max_files: int = 4
+
+
+@dataclass(frozen=True)
+class LoopOptions:
+    check: CheckPolicy = field(default_factory=CheckPolicy)
+    records: RecordsOptions = field(default_factory=RecordsOptions)
+    escape_special_tokens: bool = True  # special-token text in tool/user content stays text
+    tool_timeout_s: float = 30.0
+    extra_stop_tokens: tuple[str, ...] = ()  # stop tokens the engine is configured with beyond the template's
+
+    @classmethod
+    def from_sources(cls, *sources: Mapping[str, Any] | None) -> LoopOptions:
+        merged: dict[str, Any] = {}
+        for source in sources:
+            if source:
+                _merge(merged, _plain(source))
+        return cls.from_mapping(merged)
+
+    @classmethod
+    def from_mapping(cls, options: Mapping[str, Any]) -> LoopOptions:
+        _reject_unknown("verl_ext", options, _KNOWN[""])
+        check = options.get("check") or {}
+        records = options.get("records") or {}
+        for name, section in (("check", check), ("records", records)):
+            if not isinstance(section, Mapping):
+                raise OptionsError(f"verl_ext.{name} must be a mapping of options, got {section!r}")
+            _reject_unknown(f"verl_ext.{name}", section, _KNOWN[name])
+        try:
+            policy = CheckPolicy.from_mapping(check)
+        except ValueError as exc:
+            raise OptionsError(f"verl_ext.check: {exc}") from None
+        return cls(
+            check=policy,
+            records=RecordsOptions(
+                dir=None if records.get("dir") in (None, "") else str(records["dir"]),
+                max_bytes=_positive_int("verl_ext.records.max_bytes", records.get("max_bytes", 64 * 1024 * 1024)),
+                max_files=_positive_int("verl_ext.records.max_files", records.get("max_files", 4)),
+            ),
+            escape_special_tokens=_bool("verl_ext.escape_special_tokens", options.get("escape_special_tokens", True)),
+            tool_timeout_s=_positive_float("verl_ext.tool_timeout_s", options.get("tool_timeout_s", 30.0)),
+            extra_stop_tokens=tuple(str(s) for s in options.get("extra_stop_tokens") or ()),
+        )
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers to plain dicts/lists, without importing omegaconf here."""
+    if hasattr(value, "items"):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)) or type(value).__name__ == "ListConfig":
+        return [_plain(v) for v in value]
+    return value
+
+
+def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
+    for key, value in new.items():
+        if isinstance(value, Mapping) and isinstance(into.get(key), dict):
+            _merge(into[key], value)
+        else:
+            into[key] = value
+
+
+def _reject_unknown(where: str, section: Mapping[str, Any], known: set[str]) -> None:
+    unknown = sorted(set(section) - known)
+    if unknown:
+        raise OptionsError(f"unknown option {where}.{unknown[0]}; known keys under {where}: {sorted(known)}")
+
+
+def _bool(key: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise OptionsError(f"{key} must be true or false, got {value!r}")
+
+
+def _positive_int(key: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise OptionsError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_float(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise OptionsError(f"{key} must be a positive number, got {value!r}")
+    return float(value)

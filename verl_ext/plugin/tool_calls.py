@@ -1,0 +1,112 @@
+"""Turn an assistant turn's tool calls into tool messages; every failure becomes a message and a counted status.
+
+Parsing uses verl's ``ToolParser`` (the same formats as verl's ``tool_agent``); execution calls verl's tools
+(``FunctionTool`` or ``BaseTool``) with a timeout. Nothing here raises for a bad call: the model gets a tool
+message saying what was wrong, and the status is counted in ``tito/tool/*`` metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+log = logging.getLogger("verl_ext.plugin")
+
+
+class ToolStatus(StrEnum):
+    OK = "ok"
+    MALFORMED = "malformed"  # the model wrote a tool call the parser could not read
+    UNKNOWN_TOOL = "unknown_tool"
+    BAD_ARGUMENTS = "bad_arguments"  # arguments are not a JSON object
+    ERROR = "error"  # the tool raised
+    TIMEOUT = "timeout"
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    name: str
+    arguments: str  # JSON text as the model wrote it (verl re-dumps parsed JSON)
+    call_id: str
+
+
+@dataclass(frozen=True)
+class ToolOutcome:
+    message: dict[str, Any]
+    status: ToolStatus
+    reward: float | None = None
+
+
+def call_id(turn: int, index: int) -> str:
+    """A 9-character alphanumeric id (Mistral's templates require exactly that) when the model wrote none."""
+    return f"c{turn:04d}{index:04d}"
+
+
+def malformed_count(parser: Any, text: str, parsed: int) -> int:
+    """Tool-call blocks the parser saw but could not read (parsers with a ``tool_call_regex``, e.g. hermes)."""
+    regex = getattr(parser, "tool_call_regex", None)
+    if regex is None:
+        return 0
+    return max(0, len(regex.findall(text)) - parsed)
+
+
+def assistant_message(content: str, calls: Sequence[ParsedCall]) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {"id": c.call_id, "type": "function", "function": {"name": c.name, "arguments": _arguments(c.arguments)}}
+            for c in calls
+        ]
+    return message
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return text
+    return value if isinstance(value, dict) else text
+
+
+async def run_tool(
+    call: ParsedCall, tools: Mapping[str, Any], tools_kwargs: Mapping[str, Any], agent_data: Any, timeout_s: float
+) -> ToolOutcome:
+    from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
+
+    def outcome(text: str, status: ToolStatus, reward: float | None = None) -> ToolOutcome:
+        message = {"role": "tool", "content": text, "tool_call_id": call.call_id, "name": call.name}
+        return ToolOutcome(message, status, reward)
+
+    tool = tools.get(call.name)
+    if tool is None:
+        return outcome(f"Error: unknown tool {call.name!r}; available tools: {sorted(tools)}", ToolStatus.UNKNOWN_TOOL)
+    args = _arguments(call.arguments)
+    if not isinstance(args, dict):
+        return outcome(
+            f"Error: arguments for {call.name!r} must be a JSON object, got {call.arguments!r}",
+            ToolStatus.BAD_ARGUMENTS,
+        )
+    instance_id = None
+    try:
+        if isinstance(tool, FunctionTool):
+            raw = await asyncio.wait_for(tool.call(args), timeout_s)
+            response, reward, _ = normalize_function_tool_return(raw)
+        else:
+            kwargs = dict(tools_kwargs.get(call.name, {}) or {})
+            instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
+            response, reward, _ = await asyncio.wait_for(
+                tool.execute(instance_id, args, agent_data=agent_data), timeout_s
+            )
+    except TimeoutError:
+        return outcome(f"Error: tool {call.name!r} timed out after {timeout_s:g} s", ToolStatus.TIMEOUT)
+    except Exception as exc:  # the tool's failure is the model's observation, not a crashed step
+        log.warning("tool %r raised %s: %s", call.name, type(exc).__name__, exc)
+        return outcome(f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", ToolStatus.ERROR)
+    finally:
+        if instance_id is not None and not isinstance(tool, FunctionTool):
+            await tool.release(instance_id)
+    return outcome(response.text or "", ToolStatus.OK, reward)

@@ -6,6 +6,7 @@ setup(
     description="verl plugin guaranteeing that training tokens == inference tokens in multi-turn rollouts",
     license="Apache-2.0",
     packages=find_packages(include=["verl_ext*"]),
+    package_data={"verl_ext.report": ["templates/*.j2", "templates/*.css"]},  # the report's Jinja templates
     python_requires=">=3.10",
     install_requires=[
         "transformers>=5.5.3,<5.11,!=5.6.0",

@@ -1,0 +1,72 @@
+"""Records in, one self-contained HTML file out: load, aggregate, pick examples, plot, render."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from verl_ext.check.findings import ALLOWED_BY_DESIGN
+from verl_ext.report.audit import audit_view
+from verl_ext.report.examples import worst_examples
+from verl_ext.report.html import render
+from verl_ext.report.load import Records, load_records
+from verl_ext.report.plots import findings_over_steps
+from verl_ext.report.summary import Summary, summarize
+from verl_ext.report.tokens import Decode
+
+
+@dataclass(frozen=True)
+class Report:
+    html: str
+    summary: Summary
+    warnings: tuple[str, ...]
+
+
+def decoding_mismatches(records: Records, decode: Decode, limit: int = 50) -> int:
+    """Findings whose stream text the given tokenizer decodes differently: the wrong tokenizer was passed."""
+    bad = 0
+    seen = 0
+    for ref in records.rollouts:
+        for f in (ref.record.get("check") or {}).get("findings") or []:
+            if f.get("stream_ids") and seen < limit:
+                seen += 1
+                bad += decode([int(i) for i in f["stream_ids"]]) != f.get("stream_text")
+    return bad
+
+
+def build_report(records: Records | Sequence[str | os.PathLike[str]], decode: Decode, examples: int = 5) -> Report:
+    """``records``: loaded (``load_records``) or record file paths."""
+    if not isinstance(records, Records):
+        records = load_records(records)
+    summary = summarize(records.rollouts)
+    warnings = []
+    if decoding_mismatches(records, decode):
+        warnings.append(
+            "the tokenizer decodes some finding tokens differently from the check that wrote these records; "
+            "token texts below may be wrong (pass the tokenizer the rollouts used with --tokenizer)"
+        )
+    if not records.profiles:
+        warnings.append("the record files have no header line, so the template audit is missing")
+    allowed = {c.value for c in ALLOWED_BY_DESIGN}
+    html = render(
+        "report.html.j2",
+        files=records.files,
+        summary=summary,
+        plot=findings_over_steps(summary, allowed),
+        examples=worst_examples(records.rollouts, decode, examples),
+        audits=[audit_view(p, decode) for p in records.profiles],
+        warnings=warnings,
+    )
+    return Report(html, summary, tuple(warnings))
+
+
+def write_html(path: str | os.PathLike[str], html: str) -> Path:
+    out = Path(path)
+    if not out.parent.is_dir():
+        raise FileNotFoundError(
+            f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first"
+        )
+    out.write_text(html, encoding="utf-8")
+    return out

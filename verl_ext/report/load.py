@@ -1,0 +1,50 @@
+"""Read record files, keeping where each rollout came from so the report can name it."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_ext.telemetry.records import read_records
+
+
+@dataclass(frozen=True)
+class RolloutRef:
+    file: str  # the file's name, as given on the command line
+    index: int  # 1-based position among the file's rollout records
+    record: dict[str, Any]
+
+    @property
+    def label(self) -> str:
+        return f"{Path(self.file).name} #{self.index}"
+
+
+@dataclass(frozen=True)
+class Records:
+    files: tuple[str, ...]
+    profiles: tuple[dict[str, Any], ...]  # distinct template profiles from the headers, by fingerprint
+    rollouts: tuple[RolloutRef, ...]
+
+
+def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
+    """Raises ValueError when the files hold no rollout (an empty report would look like a clean run)."""
+    profiles: dict[str, dict[str, Any]] = {}
+    rollouts: list[RolloutRef] = []
+    for path in paths:
+        # One file at a time, so each rollout keeps its file and position.
+        headers, records = read_records([path])
+        for h in headers:
+            profile = h.get("template_profile")
+            if isinstance(profile, dict):
+                profiles.setdefault(str(profile.get("fingerprint", "")), profile)
+        rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
+    if not rollouts:
+        names = ", ".join(str(p) for p in paths)
+        raise ValueError(
+            f"no rollout records in {names}; pass the JSONL files the consistency check writes "
+            '(lines with "type": "rollout"), not only their headers'
+        )
+    return Records(tuple(str(p) for p in paths), tuple(profiles.values()), tuple(rollouts))

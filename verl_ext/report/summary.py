@@ -1,0 +1,140 @@
+"""Aggregate the ``check`` object of every rollout record: the summary table, findings per step and per turn.
+
+Works on the records' plain dicts (``CheckResult.to_dict()``), so the report needs no checker objects.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause
+from verl_ext.report.load import RolloutRef
+
+
+@dataclass(frozen=True)
+class CauseRow:
+    cause: str
+    allowed_by_design: bool
+    allowed: int  # findings the policy allowed
+    defects: int  # findings counted as defects
+    rollouts: int  # rollouts with at least one finding of this cause
+
+    @property
+    def total(self) -> int:
+        return self.allowed + self.defects
+
+
+@dataclass(frozen=True)
+class Summary:
+    rollouts: int
+    steps: tuple[int, ...]
+    engine_failures: int
+    engine_failed_rollouts: int
+    defect_rollouts: int  # rollouts with an engine failure or a defect (the check's ``ok`` is false)
+    causes: tuple[CauseRow, ...]  # every known cause, then any unknown to this version
+    repairs: dict[str, int]
+    truncated: int
+    lost_sampled_tokens: int
+    sampled_tokens: int
+    template_view_rollouts: int
+    check_seconds_mean: float
+    check_seconds_max: float
+    findings_by_step: dict[str, list[int]] = field(default_factory=dict)  # cause -> count per step in ``steps``
+    defect_rate_by_step: list[float] = field(default_factory=list)
+    findings_by_turn: dict[int, dict[str, int]] = field(default_factory=dict)  # turn -> cause -> count
+
+    @property
+    def defect_rate(self) -> float:
+        return self.defect_rollouts / self.rollouts if self.rollouts else 0.0
+
+    @property
+    def findings(self) -> int:
+        return sum(row.total for row in self.causes)
+
+    @property
+    def defects(self) -> int:
+        return sum(row.defects for row in self.causes)
+
+    @property
+    def turn_causes(self) -> list[str]:
+        """Causes that occur in ``findings_by_turn``, in Cause order (the per-turn table's columns)."""
+        seen = {c for counts in self.findings_by_turn.values() for c in counts}
+        return [row.cause for row in self.causes if row.cause in seen]
+
+    @property
+    def turn_peak(self) -> int:
+        """The largest cell of the per-turn table (its shading scale)."""
+        return max((n for counts in self.findings_by_turn.values() for n in counts.values()), default=1)
+
+    def one_line(self) -> str:
+        return (
+            f"{self.rollouts} rollouts over {len(self.steps)} steps, {self.engine_failures} engine-view failures, "
+            f"{self.defect_rollouts} rollouts with defects ({self.defect_rate:.1%}), {self.findings} findings"
+        )
+
+
+def check_of(ref: RolloutRef) -> dict[str, Any]:
+    check = ref.record.get("check")
+    if not isinstance(check, dict):
+        raise ValueError(f"{ref.label}: the rollout record has no 'check' object; was it written by the check?")
+    return check
+
+
+def step_of(ref: RolloutRef) -> int:
+    step = ref.record.get("step", 0)
+    return int(step) if isinstance(step, int | float) else 0
+
+
+def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
+    checks = [check_of(r) for r in rollouts]
+    steps = sorted({step_of(r) for r in rollouts})
+    step_index = {s: i for i, s in enumerate(steps)}
+
+    allowed: Counter[str] = Counter()
+    defects: Counter[str] = Counter()
+    with_cause: Counter[str] = Counter()
+    repairs: Counter[str] = Counter()
+    by_step: dict[str, list[int]] = defaultdict(lambda: [0] * len(steps))
+    bad_by_step = [0] * len(steps)
+    all_by_step = [0] * len(steps)
+    by_turn: dict[int, Counter[str]] = defaultdict(Counter)
+    for ref, check in zip(rollouts, checks, strict=True):
+        i = step_index[step_of(ref)]
+        all_by_step[i] += 1
+        bad_by_step[i] += not check.get("ok", False)
+        findings = check.get("findings") or []
+        for f in findings:
+            cause = str(f.get("cause", "unknown"))
+            (allowed if f.get("allowed") else defects)[cause] += 1
+            by_step[cause][i] += 1
+            by_turn[int(f.get("turn") or 0)][cause] += 1
+        with_cause.update({str(f.get("cause", "unknown")) for f in findings})
+        repairs.update({str(k): int(v) for k, v in (check.get("repairs") or {}).items()})
+
+    known = [c.value for c in Cause]
+    names = known + sorted((set(allowed) | set(defects)) - set(known))
+    rows = tuple(
+        CauseRow(c, c in {a.value for a in ALLOWED_BY_DESIGN}, allowed[c], defects[c], with_cause[c]) for c in names
+    )
+    seconds = [float(c.get("seconds") or 0.0) for c in checks]
+    return Summary(
+        rollouts=len(rollouts),
+        steps=tuple(steps),
+        engine_failures=sum(len(c.get("engine_failures") or []) for c in checks),
+        engine_failed_rollouts=sum(not c.get("engine_ok", True) for c in checks),
+        defect_rollouts=sum(not c.get("ok", False) for c in checks),
+        causes=rows,
+        repairs=dict(sorted(repairs.items())),
+        truncated=sum(bool(c.get("truncated")) for c in checks),
+        lost_sampled_tokens=sum(int(c.get("lost_sampled_tokens") or 0) for c in checks),
+        sampled_tokens=sum(int(c.get("num_sampled") or 0) for c in checks),
+        template_view_rollouts=sum(bool(c.get("template_view")) for c in checks),
+        check_seconds_mean=sum(seconds) / len(seconds) if seconds else 0.0,
+        check_seconds_max=max(seconds, default=0.0),
+        findings_by_step={c: by_step[c] for c in names if c in by_step},
+        defect_rate_by_step=[b / n if n else 0.0 for b, n in zip(bad_by_step, all_by_step, strict=True)],
+        findings_by_turn={t: dict(by_turn[t]) for t in sorted(by_turn)},
+    )

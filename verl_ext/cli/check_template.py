@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
 from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
@@ -17,6 +18,15 @@ def run_check_template(args: argparse.Namespace) -> int:
         print(json.dumps(profile.to_dict(), indent=2, default=str))
     else:
         print(format_profile(renderer, profile, source=args.chat_template or args.tokenizer_dir))
+    if args.html:
+        from verl_ext.report.audit import audit_view
+        from verl_ext.report.build import write_html
+        from verl_ext.report.html import render
+
+        audit = audit_view(profile.to_dict(), renderer.decode, source=args.chat_template or args.tokenizer_dir)
+        out = write_html(args.html, render("audit_page.html.j2", audit=audit))
+        # stderr, so that --json output on stdout stays one JSON object
+        print(f"wrote {out}", file=sys.stderr)
     return 1 if profile.verdict is Verdict.UNSUPPORTED else 0
 
 

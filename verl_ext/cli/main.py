@@ -1,4 +1,5 @@
-"""``verl-ext``: audit a chat template before training, replay recorded rollouts token by token."""
+"""``verl-ext``: audit a chat template before training, replay recorded rollouts token by token, and report
+on the consistency check's records."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("tokenizer_dir", help="folder with tokenizer.json and tokenizer_config.json")
     _add_template_options(check)
     check.add_argument("--json", action="store_true", help="print one JSON object (key 'verdict' and the findings)")
+    check.add_argument("--html", metavar="FILE", help="also write the audit as a self-contained HTML page")
 
     rep = sub.add_parser("replay", help="rebuild recorded conversations as a rollout would and check invariants")
     rep.add_argument("file", help="JSONL file, one record per line (see docs/replay-format.md)")
@@ -24,6 +26,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_template_options(rep)
     rep.add_argument("--json", action="store_true", help="print a JSON array, one object per record")
     rep.add_argument("--tokens", action="store_true", help="print every token, not one line per segment")
+
+    report = sub.add_parser("report", help="write the consistency check's records as one self-contained HTML page")
+    report.add_argument("records", nargs="+", metavar="RECORDS.jsonl", help="record files the check wrote")
+    report.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write")
+    report.add_argument(
+        "--tokenizer", metavar="DIR", help="tokenizer folder to decode ids (default: the one the header names)"
+    )
+    report.add_argument("--examples", type=int, default=5, metavar="N", help="worst rollouts shown token by token")
     return parser
 
 
@@ -45,10 +55,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             from verl_ext.cli.check_template import run_check_template
 
             return run_check_template(args)
+        if args.command == "report":
+            from verl_ext.cli.report import run_report
+
+            return run_report(args)
         from verl_ext.cli.replay import run_replay
 
         return run_replay(args)
-    except (TemplateError, TrajectoryError, FileNotFoundError, ValueError) as exc:
+    except (TemplateError, TrajectoryError, FileNotFoundError, IsADirectoryError, ValueError) as exc:
         print(f"verl-ext {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

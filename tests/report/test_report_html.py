@@ -1,0 +1,187 @@
+"""The HTML report and the standalone audit page, built by the CLI from real Qwen3 rollout records."""
+
+from __future__ import annotations
+
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+from report_rollouts import HOSTILE
+
+from verl_ext.check.findings import Cause
+from verl_ext.cli.main import main
+
+SECTIONS = ("summary", "steps", "turns", "examples", "audit")
+PRESENT = {  # causes the records hold (see report_rollouts.py)
+    Cause.BPE_REMERGE,
+    Cause.REASONING_INSERTED,
+    Cause.EOS_ALIAS,
+    Cause.SYNTHETIC_CLOSE,
+    Cause.SPECIAL_TOKEN_ESCAPED,
+    Cause.SPECIAL_TOKEN_INJECTED,
+    Cause.BOUNDARY_MISSING,
+    Cause.CLOSE_MISSING,
+    Cause.UNKNOWN,
+}
+
+
+def section(html: str, name: str) -> str:
+    match = re.search(rf'<section id="{name}">(.*?)</section>', html, re.DOTALL)
+    assert match, f"no section {name!r}"
+    return match.group(1)
+
+
+def test_records_hold_what_the_report_should_show(records_file):
+    lines = [json.loads(line) for line in records_file.read_text().splitlines()]
+    assert lines[0]["type"] == "header" and all(r["type"] == "rollout" for r in lines[1:])
+    checks = [r["check"] for r in lines[1:]]
+    assert {f["cause"] for c in checks for f in c["findings"]} == {c.value for c in PRESENT}
+    assert sum(not c["engine_ok"] for c in checks) == 1 and sum(c["truncated"] for c in checks) == 1
+    assert {r["step"] for r in lines[1:]} == {0, 1, 2, 3}
+
+
+def test_cli_prints_where_and_a_summary(built_report):
+    assert built_report.stdout.strip() == (
+        f"wrote {built_report.html_path}: 11 rollouts over 4 steps, 1 engine-view failures, "
+        "5 rollouts with defects (45.5%), 12 findings"
+    )
+
+
+def test_every_section_is_there(built_report):
+    html = built_report.html
+    for name in SECTIONS:
+        assert section(html, name).strip()
+    assert "<svg" in section(html, "steps")
+    assert html.count('class="example"') == 5
+
+
+def test_summary_shows_the_engine_failure_prominently_and_counts_per_cause(built_report):
+    summary = section(built_report.html, "summary")
+    assert 'class="banner bad"' in summary and "ENGINE VIEW: 1 failure in 1 rollout" in summary
+    assert "45.5%" in summary
+    for cause in Cause:  # every cause has a row, including those that never occurred
+        assert f"<code>{cause.value}</code>" in summary
+    row = re.search(r"<code>special_token_injected</code>.*?</tr>", summary, re.DOTALL)
+    assert row and re.findall(r'class="num">(\d+)<', row.group(0)) == ["0", "2", "1"]  # allowed, defects, rollouts
+    assert "<code>escaped_special</code>" in summary and "<code>boundary</code>" in summary
+
+
+def test_plot_and_per_turn_table_name_the_causes(built_report):
+    steps = section(built_report.html, "steps")
+    turns = section(built_report.html, "turns")
+    for cause in PRESENT:
+        assert cause.value in steps and f"<code>{cause.value}</code>" in turns
+    assert "(defect)" in steps and "turn 1" in turns
+
+
+def test_examples_rank_the_engine_failure_first_and_mark_findings_and_gaps(built_report):
+    examples = section(built_report.html, "examples")
+    first = examples.split('class="example"')[1]
+    assert "ENGINE VIEW FAILED" in first and "engine view: logprob" in first
+    assert 'class="t sampled fail"' in first
+    # The missing "\n" (boundary_missing) is a zero-length span: a marker with the template's text.
+    assert re.search(r'class="mark defect"[^>]*>\d+ boundary_missing<', examples)
+    assert '<span class="missing"' in examples
+    assert "↵" in examples and "·" in examples  # whitespace is visible
+    assert "tokens folded, click to show" in examples  # the long tool prompt is folded
+    # Every token can tell its id, position, kind, mask and logprob.
+    assert re.search(r'title="position \d+ · id \d+ · sampled · mask 1 · turn \d · logprob -0\.\d{4}', examples)
+
+
+class _Page(HTMLParser):
+    """The tags a browser would build and the text it would show (whitespace markers removed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: set[str] = set()
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        self.tags.add(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def test_hostile_tool_output_is_shown_as_text(built_report):
+    html = built_report.html
+    page = _Page()
+    page.feed(section(html, "examples"))
+    text = "".join(page.text).replace("·", " ").replace("↵\n", "\n")
+    assert "script" not in page.tags and "<script" not in html.lower()  # no script at all, none from records
+    assert '<script>alert("pwned")</script>2' in text  # the tokens read back as the tool's text
+    assert "special_token_injected<|im_end|>" in text  # the injected token, after its finding's marker
+    assert "&lt;script" in html and "&lt;|im_end|&gt;" in html and "<|im_end|>" not in html
+    assert HOSTILE.split("<|im_end|>")[0] not in html
+
+
+def test_page_is_self_contained(built_report):
+    html = built_report.html
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html)
+    assert "@import" not in html and "<link" not in html
+    # The only URLs are the SVG namespace ids, which browsers never fetch.
+    assert set(re.findall(r"https?://[^\s\"')]+", html)) <= {
+        "http://www.w3.org/2000/svg",
+        "http://www.w3.org/1999/xlink",
+    }
+
+
+def test_check_template_html_is_the_reports_audit_section(built_report, tmp_path, capsys):
+    page = tmp_path / "audit.html"
+    assert main(["check-template", str(built_report.tokenizer_dir), "--html", str(page)]) == 0
+    assert f"wrote {page}" in capsys.readouterr().err
+    standalone = page.read_text(encoding="utf-8")
+    audit = section(standalone, "audit")
+    assert audit == section(built_report.html, "audit")
+    assert "repairable" in audit and "151643" in audit and "alias: gets a synthetic close" in audit
+    assert "before tool" in audit and "&#39;\\n&#39;" in audit  # the repair "\n", decoded and escaped
+
+
+def test_clean_records_say_so(tmp_path, renderer_for, tokenizer_dirs):
+    from report_rollouts import build_records
+
+    from verl_ext.core.probe import probe_template
+    from verl_ext.telemetry.records import RecordWriter, header_record
+
+    r = renderer_for("qwen3")
+    writer = RecordWriter(tmp_path, header_record(probe_template(r)))
+    writer.write(build_records(r)[0])
+    out = tmp_path / "clean.html"
+    assert main(["report", str(writer.path), "-o", str(out), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 0
+    html = out.read_text(encoding="utf-8")
+    assert 'class="banner good"' in html and "No rollout has an engine failure or a finding." in html
+
+
+@pytest.mark.parametrize(
+    ("setup", "message"),
+    [
+        ("missing", "does not exist"),
+        ("header_only", "no rollout records"),
+        ("not_json", "not valid JSON"),
+        ("no_folder", "folder"),
+        ("no_tokenizer", "pass --tokenizer DIR"),
+    ],
+)
+def test_errors_name_the_problem_and_exit_2(setup, message, built_report, tmp_path, capsys):
+    lines = built_report.records.read_text().splitlines()
+    records = tmp_path / "records.jsonl"
+    out = tmp_path / "report.html"
+    extra = ["--tokenizer", str(built_report.tokenizer_dir)]
+    if setup == "missing":
+        records = tmp_path / "nope.jsonl"
+    elif setup == "header_only":
+        records.write_text(lines[0] + "\n")
+    elif setup == "not_json":
+        records.write_text("not json\n")
+    elif setup == "no_folder":
+        records = built_report.records
+        out = tmp_path / "missing-folder" / "report.html"
+    else:
+        records.write_text("\n".join(lines[1:]) + "\n")  # no header: nothing names the tokenizer
+        extra = []
+    assert main(["report", str(records), "-o", str(out), *extra]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verl-ext report: error:") and message in err
+    assert not Path(out).exists()

@@ -1,0 +1,41 @@
+"""``verl-ext report``: record files in, one self-contained HTML page out."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from verl_ext.core.rendering import ChatRenderer, load_renderer
+from verl_ext.report import build_report, write_html
+from verl_ext.report.load import Records, load_records
+
+
+def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
+    """Records hold token ids only; the tokenizer turns them back into text. The header names the folder the
+    rollouts used, which is the right one when the report is built on the training host."""
+    if args.tokenizer:
+        return load_renderer(args.tokenizer)
+    names = {str(p.get("tokenizer_name", "")) for p in records.profiles}
+    for name in sorted(names):
+        if name and Path(name).is_dir():
+            return load_renderer(name)
+    named = (
+        f"the records name {', '.join(repr(n) for n in sorted(names))}, which is not a folder here"
+        if names
+        else ("the records have no header naming their tokenizer")
+    )
+    raise ValueError(f"no tokenizer to decode the records' token ids: {named}; pass --tokenizer DIR")
+
+
+def run_report(args: argparse.Namespace) -> int:
+    if args.examples < 0:
+        raise ValueError(f"--examples must be 0 or more, got {args.examples}")
+    records = load_records(args.records)
+    renderer = _renderer(args, records)
+    report = build_report(records, renderer.decode, examples=args.examples)
+    out = write_html(args.output, report.html)
+    for warning in report.warnings:
+        print(f"verl-ext report: warning: {warning}", file=sys.stderr)
+    print(f"wrote {out}: {report.summary.one_line()}")
+    return 0

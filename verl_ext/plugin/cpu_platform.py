@@ -252,15 +252,15 @@ def _patch_init_process_group() -> None:
     dist.init_process_group = init_process_group
 
 
-def _patch_engine_lookup() -> None:
+def _patch_engine_lookup(engine_base: types.ModuleType) -> None:
     """Make verl's FSDP engines (registered for cuda/npu) resolvable for device ``cpu``.
 
-    Done at the first lookup rather than at import: importing the engines costs about a second per process and the
-    plugin is imported in every process ``import verl`` runs in. Only classes from verl's FSDP module are added.
+    Installed when verl imports ``verl.workers.engine.base`` and applied at the first lookup: importing the engines
+    from the plugin costs about a second in every process ``import verl`` runs in. Only verl's FSDP classes are added.
     """
-    from verl.workers.engine.base import EngineRegistry
+    registry_cls = engine_base.EngineRegistry
 
-    original = EngineRegistry.get_engine_cls.__func__
+    original = registry_cls.get_engine_cls.__func__
     if getattr(original, "_verl_ext_cpu", False):
         return
 
@@ -278,52 +278,16 @@ def _patch_engine_lookup() -> None:
         return original(cls, model_type, backend)
 
     get_engine_cls._verl_ext_cpu = True  # type: ignore[attr-defined]
-    EngineRegistry.get_engine_cls = classmethod(get_engine_cls)
-
-
-_engine_hook_installed = False
-
-
-def _install_engine_hook() -> None:
-    """Patch the engine registry once ``verl.workers.engine.base`` is imported by verl itself."""
-    import importlib.abc
-    import importlib.machinery
-    import sys
-
-    global _engine_hook_installed
-    if _engine_hook_installed:
-        return
-    _engine_hook_installed = True
-    target = "verl.workers.engine.base"
-    if target in sys.modules:
-        _patch_engine_lookup()
-        return
-
-    class _AfterImport(importlib.abc.MetaPathFinder):
-        def find_spec(self, fullname: str, path: Any, target_module: Any = None) -> Any:
-            if fullname != target:
-                return None
-            sys.meta_path.remove(self)
-            spec = importlib.machinery.PathFinder.find_spec(fullname, path)
-            if spec is None or spec.loader is None:
-                return spec
-            exec_module = spec.loader.exec_module
-
-            def exec_then_patch(module: types.ModuleType) -> None:
-                exec_module(module)
-                _patch_engine_lookup()
-
-            spec.loader.exec_module = exec_then_patch  # type: ignore[method-assign]
-            return spec
-
-    sys.meta_path.insert(0, _AfterImport())
+    registry_cls.get_engine_cls = classmethod(get_engine_cls)
 
 
 def activate() -> None:
     """Register the ``cpu`` platform and the CPU workarounds; idempotent. Called when ``VERL_PLATFORM=cpu``."""
+    from verl_ext.plugin.post_import import when_imported
+
     PlatformRegistry.register(platform=PLATFORM_NAME)(CPUPlatform)
     _patch_init_process_group()
-    _install_engine_hook()
+    when_imported("verl.workers.engine.base", _patch_engine_lookup)
 
 
 def requested() -> bool:

@@ -1,0 +1,49 @@
+"""The verl.plugins entry point and the CPU platform glue (no Ray, no trainer)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from verl_ext.plugin.cpu_platform import CPUPlatform, dedupe_backend
+
+
+def test_entry_point_registers_the_cpu_backend_in_both_registries() -> None:
+    import verl  # noqa: F401  (importing verl loads the entry point)
+    from verl.workers.rollout import base as rollout_base
+    from verl.workers.rollout.replica import get_rollout_replica_class
+
+    from verl_ext.engines.cpu import CPURolloutReplica, CPUServerAdapter
+
+    assert get_rollout_replica_class("verl_ext_cpu") is CPURolloutReplica
+    assert rollout_base.get_rollout_class("verl_ext_cpu", "async") is CPUServerAdapter
+
+
+def test_backend_string_dedupe() -> None:
+    assert dedupe_backend("cpu:gloo,cpu:gloo") == "cpu:gloo"
+    assert dedupe_backend("cpu:gloo,cuda:nccl") == "cpu:gloo,cuda:nccl"
+    assert dedupe_backend("gloo") == "gloo"
+    assert dedupe_backend(None) is None
+
+
+def test_platform_is_never_auto_detected() -> None:
+    platform = CPUPlatform()
+    assert platform.device_name == "cpu" and platform.current_device() == "cpu"
+    assert platform.communication_backend_name() == "gloo" and platform.ray_resource_name() == "GPU"
+    assert not platform.is_platform_available(use_smi_check=True)
+
+
+def test_verl_platform_cpu_selects_the_platform_and_fsdp_engines() -> None:
+    # a fresh interpreter: the platform is a per-process singleton and the env var is read at plugin import
+    code = (
+        "import verl\n"
+        "from verl.utils.device import get_device_name, get_nccl_backend, get_device_id\n"
+        "from verl.workers.engine import EngineRegistry\n"
+        "print(get_device_name(), get_nccl_backend(), get_device_id(),\n"
+        "      EngineRegistry.get_engine_cls('language_model', 'fsdp2').__name__)\n"
+    )
+    env = {"VERL_PLATFORM": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["cpu", "gloo", "cpu", "FSDPEngineWithLMHead"]
+    assert "verl_ext plugin loaded" in out.stderr and "platform=cpu" in out.stderr

@@ -1,0 +1,74 @@
+"""Write the demo's arithmetic tool-calling dataset as verl parquet rows (train and val).
+
+Each row: ``data_source``, ``prompt`` (system + user messages asking to use the calculator), ``ability``,
+``reward_model`` ``{style: rule, ground_truth}``, ``extra_info`` ``{index, split, expression, need_tools_kwargs}``.
+verl's stock tool agent reads ``raw_prompt`` (built from ``prompt``), ``extra_info.index`` and
+``extra_info.tools_kwargs`` (not needed: the calculator is a stateless function tool). Usage::
+
+    python -m verl_ext.demo.data --out build/cpu_demo/data
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+from pathlib import Path
+from typing import Any
+
+DATA_SOURCE = "verl_ext/calculator_demo"
+SYSTEM_PROMPT = (
+    "You are a careful calculator agent. For any arithmetic, call the calculator tool, then state the final "
+    "answer as a number."
+)
+_OPS = ("+", "-", "*")
+
+
+def make_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` deterministic questions like "What is 12 * 7?" with their integer answers."""
+    rng = random.Random(f"{seed}-{split}")
+    rows = []
+    for index in range(n):
+        a, b, op = rng.randint(2, 99), rng.randint(2, 99), rng.choice(_OPS)
+        expression = f"{a} {op} {b}"
+        answer = {"+": a + b, "-": a - b, "*": a * b}[op]
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [
+                    {"role": "system", "content": SYSTEM_PROMPT},
+                    {"role": "user", "content": f"What is {expression}? Use the calculator tool."},
+                ],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(answer)},
+                "extra_info": {"index": index, "split": split, "expression": expression, "need_tools_kwargs": False},
+            }
+        )
+    return rows
+
+
+def write_dataset(out_dir: str | Path, n_train: int = 8, n_val: int = 2, seed: int = 0) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` in ``out_dir``; return split -> path."""
+    import pandas as pd
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {}
+    for split, n in (("train", n_train), ("val", n_val)):
+        path = out / f"{split}.parquet"
+        pd.DataFrame(make_rows(n, split, seed)).to_parquet(path)
+        paths[split] = path
+    return paths
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--train", type=int, default=8)
+    parser.add_argument("--val", type=int, default=2)
+    args = parser.parse_args(argv)
+    for split, path in write_dataset(args.out, args.train, args.val).items():
+        print(f"{split}: {path}")
+
+
+if __name__ == "__main__":
+    main()

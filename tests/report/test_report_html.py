@@ -73,7 +73,7 @@ def test_plot_and_per_turn_table_name_the_causes(built_report):
     turns = section(built_report.html, "turns")
     for cause in PRESENT:
         assert cause.value in steps and f"<code>{cause.value}</code>" in turns
-    assert "(defect)" in steps and "turn 1" in turns
+    assert "defects per cause (must stay at 0)" in steps and "turn 1" in turns
 
 
 def test_examples_rank_the_engine_failure_first_and_mark_findings_and_gaps(built_report):

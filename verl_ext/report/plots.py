@@ -61,36 +61,55 @@ def _svg(fig: plt.Figure) -> Markup:
     return Markup(text)
 
 
-def findings_over_steps(summary: Summary, allowed_by_design: set[str]) -> Markup:
-    steps = list(summary.steps)
-    with plt.rc_context(_STYLE):
-        fig, (top, bottom) = plt.subplots(
-            2, 1, figsize=(10, 4.6), sharex=True, gridspec_kw={"height_ratios": [3, 1.2], "hspace": 0.12}
+def _lines(ax: plt.Axes, steps: list[int], series: dict[str, list[int]], defect: bool) -> None:
+    # Causes often share a count at a step; a small sideways dodge keeps every marker visible.
+    spacing = min((b - a for a, b in zip(steps, steps[1:], strict=False)), default=1)
+    dodge = 0.06 * spacing if len(steps) <= 40 else 0.0
+    for k, (cause, counts) in enumerate(series.items()):
+        shift = (k - (len(series) - 1) / 2) * dodge
+        ax.plot(
+            [s + shift for s in steps],
+            counts,
+            label=cause,
+            color=cause_color(cause),
+            linestyle="-" if defect else "--",
+            linewidth=2.4 if defect else 1.7,
+            marker=("s" if defect else "o") if len(steps) <= 40 else None,
+            markersize=6 if defect else 5,
         )
-        if not summary.findings_by_step:
-            top.text(0.5, 0.5, "no findings", ha="center", va="center", transform=top.transAxes, color="#666")
-        for cause, counts in summary.findings_by_step.items():
-            allowed = cause in allowed_by_design
-            top.plot(
-                steps,
-                counts,
-                label=f"{cause}{'' if allowed else '  (defect)'}",
-                color=cause_color(cause),
-                linestyle="--" if allowed else "-",
-                linewidth=1.6 if allowed else 2.6,
-                marker="o" if allowed else "s",
-                markersize=5 if allowed else 6,
-            )
+    ax.set_ylim(bottom=0, top=max((max(c) for c in series.values()), default=0) * 1.15 + 0.5)
+    ax.yaxis.get_major_locator().set_params(integer=True)
+    if series:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=10)
+    else:
+        note = "none: no defect at any step" if defect else "none"
+        ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="#1e8e3e" if defect else "#666")
+
+
+def findings_over_steps(summary: Summary, allowed_by_design: set[str]) -> Markup:
+    """Three panels over the steps: defect findings per cause (should stay empty), allowed findings per cause,
+    and the share of rollouts with a defect or an engine failure."""
+    steps = list(summary.steps)
+    defects = {c: n for c, n in summary.findings_by_step.items() if c not in allowed_by_design}
+    allowed = {c: n for c, n in summary.findings_by_step.items() if c in allowed_by_design}
+    with plt.rc_context(_STYLE):
+        fig, (top, middle, bottom) = plt.subplots(
+            3, 1, figsize=(10, 6.2), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.1], "hspace": 0.28}
+        )
+        _lines(top, steps, defects, defect=True)
+        top.set_title("defects per cause (must stay at 0)", loc="left", fontsize=11, color="#d62728")
         top.set_ylabel("findings")
-        top.set_ylim(bottom=0)
-        top.yaxis.get_major_locator().set_params(integer=True)
-        if summary.findings_by_step:
-            top.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=10)
+        _lines(middle, steps, allowed, defect=False)
+        middle.set_title("allowed by design, per cause", loc="left", fontsize=11, color="#6d3fd1")
+        middle.set_ylabel("findings")
         rate = [100 * r for r in summary.defect_rate_by_step]
         bars = bottom.bar(steps, rate, color=["#d62728" if r else "#2ca02c" for r in rate], width=0.6)
-        bottom.bar_label(bars, labels=[f"{r:.0f}%" for r in rate], fontsize=9, padding=2)
+        if len(steps) <= 40:
+            bottom.bar_label(bars, labels=[f"{r:.0f}%" for r in rate], fontsize=9, padding=2)
         bottom.set_ylim(0, 118)
-        bottom.set_ylabel("defect\nrollouts %")
+        bottom.set_title("rollouts with a defect or engine failure", loc="left", fontsize=11)
+        bottom.set_ylabel("%")
         bottom.set_xlabel("training step")
-        bottom.set_xticks(steps)
+        if len(steps) <= 40:
+            bottom.set_xticks(steps)
         return _svg(fig)

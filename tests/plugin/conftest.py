@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -40,13 +39,16 @@ class RecordingServer:
 
 @pytest.fixture
 def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]]:
-    """``make_loop(force_text=..., response_length=..., verl_ext=..., tools_path=...)`` -> (loop, server)."""
+    """``make_loop(force_text=..., response_length=..., verl_ext=..., stock=...)`` -> (loop, server).
+
+    ``stock=True`` gives verl's own ``tool_agent`` with verl_ext's audit-only check around it."""
     from transformers import AutoTokenizer
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from verl_ext.engines.cpu import CPUGenerationServer
     from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
+    from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
 
     tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
 
@@ -56,6 +58,7 @@ def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]
         verl_ext: dict[str, Any] | None = None,
         tools_path: Path = DEMO_TOOLS,
         extra: list[str] = (),
+        stock: bool = False,
     ) -> tuple[Any, RecordingServer]:
         cfg = verl_config(
             [
@@ -74,7 +77,8 @@ def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]
                 str(tiny_qwen3_dir), prompt_length=512, response_length=response_length, force_text=force_text
             )
         )
-        loop = VerlExtToolAgentLoop(
+        loop_class = AuditedToolAgentLoop if stock else VerlExtToolAgentLoop
+        loop = loop_class(
             trainer_config=DictConfigWrap(cfg),
             server_manager=server,
             tokenizer=tokenizer,
@@ -82,6 +86,7 @@ def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]
             dataset_cls=RLHFDataset,
             data_config=DictConfigWrap(cfg.data),
             tools=ToolListWrap(tools),
+            hf_model_type="qwen3",  # as verl's worker passes it: the stock loop then gets its Qwen3 token builder
             verl_ext=verl_ext,
         )
         return loop, server
@@ -101,6 +106,9 @@ def load_tools(path: Path) -> list[Any]:
     return _TOOL_CACHE[str(path)]
 
 
-def run_loop(loop: Any, prompt: list[dict[str, Any]], **kwargs: Any) -> Any:
+def run_loop(loop: Any, prompt: list[dict[str, Any]], stop_token_ids: list[int] = (), **kwargs: Any) -> Any:
     params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
-    return asyncio.run(loop.run(params, raw_prompt=prompt, **kwargs))
+    if stop_token_ids:
+        params["stop_token_ids"] = list(stop_token_ids)
+    # verl's loops bind the event loop current at construction (run_in_executor on it), as its worker does
+    return loop.loop.run_until_complete(loop.run(params, raw_prompt=prompt, **kwargs))

@@ -158,6 +158,17 @@ class CheckResult:
             parts.append(f"truncated ({self.lost_sampled_tokens} sampled tokens lost)")
         return "; ".join(parts)
 
+    def verdict_fields(self) -> dict[str, Any]:
+        """The compact verdict a trainer batch carries per sample (verl ``extra_fields``)."""
+        return {
+            "ok": self.ok,
+            "engine_ok": self.engine_ok,
+            "summary": self.summary(),
+            "causes": dict(self.cause_counts()),
+            "truncated": self.truncated,
+            "lost_sampled_tokens": self.lost_sampled_tokens,
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "ok": self.ok,

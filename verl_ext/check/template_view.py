@@ -124,9 +124,10 @@ class _Rules:
             if set(r_ids) & special and not set(s_ids) & special:
                 return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
             return Cause.BPE_REMERGE, f"same text, {len(s_ids)} ids in the stream vs {len(r_ids)} when re-encoded"
-        if s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
+        at_end = self._touches_turn_end(i1, i2) or region == "boundary"
+        if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
-        if set(r_ids) & self.closes and not set(s_ids) & self.closes:
+        if at_end and set(r_ids) & self.closes and not set(s_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the template closes the turn with {dr!r}; the stream has {ds!r}"
         if s_ids and not r_ids and set(s_ids) <= self.aliases:
             return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
@@ -134,7 +135,8 @@ class _Rules:
             return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
         if at_boundary and not s_ids and not dr.strip():
             return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
-        if not s_ids and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
+        no_stop = not set(r_ids) & self.stops
+        if not s_ids and no_stop and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
             return Cause.REASONING_INSERTED, f"the template renders {dr!r} before the sampled text; never sampled"
         if region == "sampled":
             turn = self.loc.turn(i1)
@@ -142,7 +144,15 @@ class _Rules:
                 return Cause.TOOL_CALL_RESERIALIZED, "tool-call JSON is the same object, serialized differently"
             if self.profile.strips_reasoning and len(ds) > len(dr) and _squash(dr) in _squash(ds):
                 return Cause.REASONING_STRIPPED, f"the template drops {len(ds) - len(dr)} characters of this turn"
+        if region == "sampled" and len(self.assistants) < len(self.loc.calls) and not r_ids:
+            return Cause.UNKNOWN, (
+                f"the final messages hold {len(self.assistants)} assistant messages for {len(self.loc.calls)} engine "
+                f"calls: sampled text {ds[:80]!r} has no message (the loop dropped a turn from its messages)"
+            )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+
+    def _touches_turn_end(self, i1: int, i2: int) -> bool:
+        return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)
 
     def _at_turn_start(self, position: int) -> bool:
         return any(position == c.output_start for c in self.loc.calls)

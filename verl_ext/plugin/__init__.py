@@ -3,7 +3,8 @@
 It registers, cheaply (names and import paths only; the heavy modules load when verl first uses them):
 
 * the agent loop ``rollout.agent.default_agent_loop=verl_ext_tool_agent`` (verl_ext.plugin.agent_loop),
-  and a hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
+  its audit-only twin ``verl_ext_audited_tool_agent`` (verl's stock ``tool_agent`` with the check watching), and a
+  hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
 * the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
 * the ``cpu`` platform and its workarounds, only when ``VERL_PLATFORM=cpu`` (verl_ext.plugin.cpu_platform).
 
@@ -27,6 +28,8 @@ for _name in ("verl_ext.plugin", "verl_ext.engines"):
 CPU_ROLLOUT_NAME = "verl_ext_cpu"
 AGENT_LOOP_NAME = "verl_ext_tool_agent"
 _AGENT_LOOP_PATH = "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
+AUDIT_LOOP_NAME = "verl_ext_audited_tool_agent"
+_AUDIT_LOOP_PATH = "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"
 _CPU_ADAPTER_PATH = "verl_ext.engines.cpu.CPUServerAdapter"
 
 
@@ -53,6 +56,7 @@ def register_agent_loops() -> None:
 
     def add_loop(module: Any) -> None:
         module._agent_loop_registry[AGENT_LOOP_NAME] = {"_target_": _AGENT_LOOP_PATH}
+        module._agent_loop_registry[AUDIT_LOOP_NAME] = {"_target_": _AUDIT_LOOP_PATH}
 
     def hook_tracking(module: Any) -> None:
         from verl_ext.plugin.metrics_sink import install_tracking_hook
@@ -69,7 +73,7 @@ def _load() -> None:
         register_cpu_rollout()
         registered.append(f"rollout={CPU_ROLLOUT_NAME}")
         register_agent_loops()
-        registered.append(f"agent_loop={AGENT_LOOP_NAME}")
+        registered.append(f"agent_loops={AGENT_LOOP_NAME},{AUDIT_LOOP_NAME}")
         from verl_ext.plugin import cpu_platform
 
         if cpu_platform.requested():

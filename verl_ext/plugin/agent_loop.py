@@ -56,7 +56,7 @@ class _Runtime:
 _RUNTIMES: dict[tuple[int, str, str], _Runtime] = {}
 
 
-def _runtime(
+def runtime_for(
     tokenizer: Any, template_kwargs: Mapping[str, Any], options: LoopOptions, stop_ids: Sequence[int]
 ) -> _Runtime:
     key = (id(tokenizer), json.dumps(dict(template_kwargs), sort_keys=True, default=str), repr(options))
@@ -93,6 +93,15 @@ def _runtime(
     return _RUNTIMES[key]
 
 
+def finish_reason(
+    ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int], profile: TemplateProfile
+) -> FinishReason:
+    """From the ids, not the engine's label: vLLM reports "completed" for both a stop and the length limit."""
+    if ids and (ids[-1] in profile.stop_id_set or ids[-1] in stop_ids):
+        return FinishReason.STOP
+    return FinishReason.LENGTH if len(ids) >= max_tokens else FinishReason.STOP
+
+
 def _token_id(tokenizer: Any, token: str) -> int:
     ids = tokenizer.encode(token, add_special_tokens=False)
     if len(ids) != 1:
@@ -104,7 +113,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
-        self.rt = _runtime(
+        self.rt = runtime_for(
             self.tokenizer, self.apply_chat_template_kwargs, self.options, self.tool_parser.stop_token_ids
         )
 
@@ -142,7 +151,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                     request_id=request_id, prompt_ids=prompt_ids, sampling_params=params
                 )
             ids = [int(i) for i in out.token_ids]
-            finish = self._finish_reason(ids, remaining, stop_ids)
+            finish = finish_reason(ids, remaining, stop_ids, rt.profile)
             calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
             for key, value in (out.extra_fields or {}).items():
                 extra_fields.setdefault(key, value)
@@ -157,13 +166,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
         result = self._check(t, calls, sample, tools, counters, kwargs, extra_fields.get("global_steps"))
-        extra_fields["verl_ext_check"] = {
-            "ok": result.ok,
-            "engine_ok": result.engine_ok,
-            "summary": result.summary(),
-            "causes": dict(result.cause_counts()),
-            "truncated": result.truncated,
-        }
+        extra_fields["verl_ext_check"] = result.verdict_fields()
         extra_fields.update({"turn_scores": [], "tool_rewards": []})
         return AgentLoopOutput(
             prompt_ids=list(sample.prompt_ids),
@@ -176,12 +179,6 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         )
 
     # -- steps ------------------------------------------------------------------------------------
-    def _finish_reason(self, ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int]) -> FinishReason:
-        """From the ids, not the engine's label: vLLM reports "completed" for both a stop and the length limit."""
-        if ids and (ids[-1] in self.rt.profile.stop_id_set or ids[-1] in stop_ids):
-            return FinishReason.STOP
-        return FinishReason.LENGTH if len(ids) >= max_tokens else FinishReason.STOP
-
     async def _parse(
         self, ids: list[int], turn: int, counters: Counter[str]
     ) -> tuple[dict[str, Any], list[ParsedCall]]:

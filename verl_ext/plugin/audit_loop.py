@@ -1,0 +1,85 @@
+"""``verl_ext_audited_tool_agent``: verl's stock ``tool_agent``, unchanged, with verl_ext's check watching it.
+
+Run it before switching loops: it records every engine call of the stock loop, runs the consistency check on each
+rollout in audit-only mode (never raises; ``check.mode=off`` still turns it off) and reports the same ``tito/``
+metrics, extra fields and records as ``verl_ext_tool_agent``. The tokens the trainer gets are the stock loop's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import Counter
+from collections.abc import Mapping
+from typing import Any
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
+
+from verl_ext.check.inputs import EngineCall, TrainerSample
+from verl_ext.check.policy import CheckMode
+from verl_ext.plugin import metrics_sink
+from verl_ext.plugin.agent_loop import finish_reason, runtime_for
+from verl_ext.plugin.options import LoopOptions
+from verl_ext.telemetry.records import rollout_record
+
+AUDIT_AGENT_NAME = "verl_ext_audited_tool_agent"
+
+
+class _RecordingServer:
+    """Forwards to verl's server manager and keeps what each call sent and received."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[list[int], Any, int, list[int]]] = []
+
+    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
+        output = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+        max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
+        self.calls.append((list(prompt_ids), output, max_tokens, list(sampling_params.get("stop_token_ids") or [])))
+        return output
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class AuditedToolAgentLoop(ToolAgentLoop):
+    def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
+        audit = CheckMode.OFF if options.check.mode is CheckMode.OFF else CheckMode.WARN
+        self.options = dataclasses.replace(options, check=dataclasses.replace(options.check, mode=audit))
+        self.rt = runtime_for(
+            self.tokenizer, self.apply_chat_template_kwargs, self.options, self.tool_parser.stop_token_ids
+        )
+        self._agent_data: AgentData | None = None
+
+    async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
+        self._agent_data = agent_data  # the stock loop keeps its messages here; the check needs the final ones
+        return await super()._handle_pending_state(agent_data, sampling_params)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        recorder = _RecordingServer(self.server_manager)
+        self.server_manager = recorder
+        try:
+            output = await super().run(sampling_params, **kwargs)
+        finally:
+            self.server_manager = recorder.inner
+        if self.options.check.mode is CheckMode.OFF:
+            return output
+        calls = [
+            EngineCall.of(p, o.token_ids, o.log_probs, finish_reason(o.token_ids, m, stops, self.rt.profile))
+            for p, o, m, stops in recorder.calls
+        ]
+        sample = TrainerSample.of(
+            output.prompt_ids, output.response_ids, output.response_mask, output.response_logprobs
+        )
+        messages = self._agent_data.messages if self._agent_data is not None else list(kwargs["raw_prompt"])
+        tools = self.tool_schemas or None
+        result = self.rt.checker.check(calls, sample, messages, tools)
+        step = int(kwargs.get("global_steps") or 0)
+        metrics_sink.report(result, Counter())
+        if self.rt.writer is not None:
+            self.rt.writer.write(rollout_record(calls, sample, messages, result, tools=tools, step=step))
+        self.rt.enforcer.enforce(result, step)
+        output.extra_fields["verl_ext_check"] = result.verdict_fields()
+        return output

@@ -31,6 +31,9 @@ def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
 def run_report(args: argparse.Namespace) -> int:
     if args.examples < 0:
         raise ValueError(f"--examples must be 0 or more, got {args.examples}")
+    folder = Path(args.output).parent
+    if not folder.is_dir():  # before the slow part, so a typo costs nothing
+        raise FileNotFoundError(f"cannot write {args.output!r}: folder {str(folder)!r} does not exist; create it first")
     records = load_records(args.records)
     renderer = _renderer(args, records)
     report = build_report(records, renderer.decode, examples=args.examples)

@@ -219,3 +219,23 @@ def test_ambiguous_stop_kept_once_and_duplicated(load_tokenizer):
     dup = only(ConsistencyChecker(r).check(calls, sample, ro.messages), Cause.AMBIGUOUS_STOP_DUPLICATED)
     assert not dup.allowed and dup.turn == 0 and dup.stream_ids == (observation,)
     assert dup.stream.start == calls[0].output_end
+
+
+def byte_level_ids(r: ChatRenderer, text: str) -> list[int]:
+    """Ids of ``text``'s UTF-8 bytes as single byte-level tokens (GPT-2 style printable byte alphabet)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    alphabet = {b: chr(b) for b in printable}
+    extra = (b for b in range(256) if b not in alphabet)
+    alphabet.update({b: chr(256 + n) for n, b in enumerate(extra)})
+    return [r.tokenizer.convert_tokens_to_ids(alphabet[b]) for b in text.encode()]
+
+
+def test_bpe_remerge_when_reencoding_normalizes_the_text(renderer_for):
+    r = renderer_for("qwen3")
+    compat = "\uf90a"  # a CJK compatibility ideograph; the tokenizer's NFC normalizer maps it to U+91D1
+    sampled = byte_level_ids(r, compat)
+    assert r.decode(sampled) == compat and r.decode(r.encode(compat)) != compat
+    answer = {"role": "assistant", "content": "<think>\n\n</think>\n\n" + compat}
+    ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\n"), *sampled, IM_END], answer)])
+    f = only(check(r, ro.calls, ro.sample(), ro.messages), Cause.BPE_REMERGE)
+    assert f.allowed and f.turn == 0 and f.stream_ids == tuple(sampled) and "normaliz" in f.detail

@@ -8,6 +8,7 @@ profile only (never at a model name), in a fixed order; what no rule explains is
 from __future__ import annotations
 
 import json
+import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from difflib import SequenceMatcher
@@ -40,11 +41,14 @@ def template_findings(
     rules = _Rules(loc, profile, renderer, messages, stream, native)
     out: list[Finding] = []
     for tag, i1, i2, j1, j2 in _opcodes(stream, native):
-        if tag == "equal" or rules.is_tail(i1, i2, j1, j2):
+        if tag == "equal":
             continue
-        at_end = i2 == len(stream) and j2 == len(native)
-        if at_end and all(i in explained for i in range(i1, i2)) and rules.is_end_close(native[j1:j2]):
-            continue  # the last turn stopped on an alias and the close was cut off with the response
+        if i2 == len(stream) and j2 == len(native):
+            # Nothing is trained after the last token: the END close and trailer the template renders there (and
+            # a stream cut before them) change nothing. Compare what comes before them.
+            j2 -= rules.end_close_suffix(native[j1:j2])
+            if i1 == i2 and j1 == j2:
+                continue
         if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
             continue
         cause, detail = rules.classify(i1, i2, j1, j2)
@@ -102,16 +106,14 @@ class _Rules:
         self.assistants = [m for m in messages if m.get("role") == "assistant"]
         self.opcodes = _opcodes(stream, rendered)
 
-    def is_tail(self, i1: int, i2: int, j1: int, j2: int) -> bool:
-        """What the template renders after the last turn and the stream lacks: the END close or trailer.
-        Nothing is trained after the last token, so it changes nothing."""
-        if i1 != i2 or i2 != len(self.stream) or j2 != len(self.rendered):
-            return False
-        return self.is_end_close(self.rendered[j1:j2])
-
-    def is_end_close(self, ids: Sequence[int]) -> bool:
+    def end_close_suffix(self, ids: Sequence[int]) -> int:
+        """How many of ``ids``' last tokens are the template's END close and/or trailer (0 if none)."""
         end = self.profile.boundary(END)
-        return tuple(ids) in {end.trailer_ids, end.close_ids + end.trailer_ids, end.close_ids}
+        ids = tuple(ids)
+        for tail in (end.close_ids + end.trailer_ids, end.trailer_ids, end.close_ids):
+            if tail and ids[-len(tail) :] == tail:
+                return len(tail)
+        return 0
 
     def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
         s_ids, r_ids = tuple(self.stream[i1:i2]), tuple(self.rendered[j1:j2])
@@ -124,6 +126,11 @@ class _Rules:
             if set(r_ids) & special and not set(s_ids) & special:
                 return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
             return Cause.BPE_REMERGE, f"same text, {len(s_ids)} ids in the stream vs {len(r_ids)} when re-encoded"
+        if any(unicodedata.normalize(form, ds) == unicodedata.normalize(form, dr) for form in ("NFC", "NFKC")):
+            return (
+                Cause.BPE_REMERGE,
+                "re-encoding normalizes the sampled text (Unicode normalization), so the ids differ",
+            )
         at_end = self._touches_turn_end(i1, i2) or region == "boundary"
         if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"

@@ -1,5 +1,5 @@
-"""``verl-ext``: audit a chat template before training, replay recorded rollouts token by token, and report
-on the consistency check's records."""
+"""``verl-ext``: audit a chat template before training, replay recorded rollouts token by token, report on the
+consistency check's records, and run the CPU demo of verl's GRPO trainer with verl_ext switched on."""
 
 from __future__ import annotations
 
@@ -34,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", metavar="DIR", help="tokenizer folder to decode ids (default: the one the header names)"
     )
     report.add_argument("--examples", type=int, default=5, metavar="N", help="worst rollouts shown token by token")
+
+    demo = sub.add_parser(
+        "demo",
+        help="run verl's GRPO trainer on CPU with verl_ext (tiny random Qwen3), print tito/ metrics, write the report",
+    )
+    demo.add_argument("--out", default="build/demo", metavar="DIR", help="where the model, data, log and report go")
+    demo.add_argument("--steps", type=int, default=2, help="GRPO steps (default 2)")
+    demo.add_argument("--trainer", choices=("v1", "v0"), default="v1", help="verl's v1 (TransferQueue) or v0 trainer")
+    demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for verl's trainer")
     return parser
 
 
@@ -55,6 +64,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from verl_ext.cli.check_template import run_check_template
 
             return run_check_template(args)
+        if args.command == "demo":
+            from verl_ext.cli.demo import run_demo_command
+
+            return run_demo_command(args)
         if args.command == "report":
             from verl_ext.cli.report import run_report
 

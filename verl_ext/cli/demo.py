@@ -1,0 +1,28 @@
+"""``verl-ext demo``: the CPU GRPO run, with progress on the terminal (see verl_ext.demo.run)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from verl_ext.demo.run import run_demo
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+    print(
+        f"verl-ext demo: {args.steps} GRPO steps of verl's {args.trainer} trainer on CPU, with verl_ext_tool_agent, "
+        "the verl_ext_cpu engine and a tiny random Qwen3 model (the first assistant turn is a forced calculator call: "
+        "a demo-only hook, see docs/cpu-engine.md)",
+        flush=True,
+    )
+    result = run_demo(Path(args.out), steps=args.steps, trainer=args.trainer, extra_overrides=args.overrides)
+    if result.returncode != 0:
+        return result.returncode
+    failures = sum(m.get("tito/engine_view_failures", 0) for m in result.steps.values())
+    print(
+        f"done in {result.seconds:.0f}s: {len(result.steps)} steps, engine-view failures {failures:g}"
+        + (f", report {result.report}" if result.report else "")
+    )
+    return 0 if failures == 0 else 1

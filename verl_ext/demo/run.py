@@ -1,0 +1,229 @@
+"""``verl-ext demo``: verl's real GRPO trainer on CPU, with verl_ext's loop, check, metrics and report.
+
+Steps: unpack the real Qwen3 tokenizer shipped with the repository, build a tiny random Qwen3-architecture model and
+an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with configs/cpu_demo.yaml (Ray, FSDP2
+on gloo, the ``verl_ext_cpu`` engine), print progress and each step's ``tito/`` metrics, then write the HTML report
+from the rollout records. Everything lands in ``--out`` (default build/demo); the trainer's full log is train.log.
+
+A random model never calls a tool, so the demo sets the CPU engine's TEST/DEMO-ONLY hook that teacher-forces a
+calculator call as every trajectory's first assistant turn (its logprobs are still the model's); later turns are
+sampled. Never use that hook in a real run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+FORCED_TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
+# what a person wants to see per step; every tito/ metric is printed too
+STEP_METRICS = (
+    ("critic/rewards/mean", "reward"),
+    ("actor/grad_norm", "grad_norm"),
+    ("training/rollout_probs_diff_max", "rollout-vs-trainer logprob diff (max)"),
+    ("num_turns/mean", "turns"),
+)
+_STEP_LINE = re.compile(r"step:(\d+) - ")  # after Ray's "(TaskRunner pid=...)" prefix, if any
+
+
+@dataclass
+class DemoResult:
+    returncode: int
+    out: Path
+    log: Path
+    steps: dict[int, dict[str, float]] = field(default_factory=dict)
+    report: Path | None = None
+    seconds: float = 0.0
+
+
+def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
+    """verl's console logger line ``step:N - key:value - ...`` as (N, metrics)."""
+    match = _STEP_LINE.search(line)
+    if not match:
+        return None
+    metrics: dict[str, float] = {}
+    for part in line[match.start() :].rstrip("\n").split(" - ")[1:]:
+        key, _, value = part.rpartition(":")
+        try:
+            metrics[key] = float(value)
+        except ValueError:
+            continue
+    return int(match.group(1)), metrics
+
+
+def format_step(step: int, total: int, metrics: dict[str, float]) -> str:
+    head = [f"step {step}/{total}"]
+    head += [f"{label} {metrics[key]:.4g}" for key, label in STEP_METRICS if key in metrics]
+    tito = {k: v for k, v in metrics.items() if k.startswith("tito/")}
+    lines = ["  ".join(head)]
+    if not tito:
+        lines.append("    (no tito/ metrics: the verl_ext loop did not run in this step)")
+    counts = [
+        f"{k.removeprefix('tito/')} {v:g}" for k, v in sorted(tito.items()) if v or "/" not in k.removeprefix("tito/")
+    ]
+    for i in range(0, len(counts), 4):
+        lines.append("    " + "   ".join(counts[i : i + 4]))
+    return "\n".join(lines)
+
+
+def _unpack_tokenizer() -> Path:
+    script = REPO / "scripts" / "unpack_tokenizers.py"
+    if not script.is_file():
+        raise FileNotFoundError(
+            f"{script} is missing: `verl-ext demo` runs from a clone of the verl_ext repository (it uses the Qwen3 "
+            "tokenizer shipped under tests/fixtures)"
+        )
+    spec = importlib.util.spec_from_file_location("_verl_ext_unpack", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.ensure_unpacked()["qwen3"]
+
+
+def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
+    from verl_ext.demo.data import write_dataset
+    from verl_ext.demo.model import build_tiny_qwen3
+
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = _unpack_tokenizer()
+    model = out / "tiny-qwen3"
+    if not (model / "config.json").is_file():
+        build_tiny_qwen3(model, tokenizer, seed=0)
+    data = write_dataset(out / "data")
+    say(f"prepared a tiny random Qwen3 model ({model}) with the real Qwen3 tokenizer, and the calculator dataset")
+    return {"model": model, "train": data["train"], "val": data["val"]}
+
+
+def trainer_command(paths: dict[str, Path], out: Path, steps: int, trainer: str, extra: Sequence[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        f"--config-path={REPO / 'configs'}",
+        "--config-name=cpu_demo",
+        f"actor_rollout_ref.model.path={paths['model']}",
+        f"data.train_files={paths['train']}",
+        f"data.val_files={paths['val']}",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'verl_ext' / 'demo' / 'tools.py'}",
+        f"reward.custom_reward_function.path={REPO / 'verl_ext' / 'demo' / 'reward.py'}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}",
+        f"trainer.default_local_dir={out / 'checkpoints'}",
+        f"verl_ext.records.dir={out / 'records'}",
+        f"hydra.run.dir={out / 'hydra'}",
+        *extra,
+    ]
+
+
+def run_demo(
+    out: Path,
+    steps: int = 2,
+    trainer: str = "v1",
+    extra_overrides: Sequence[str] = (),
+    say: Callable[[str], None] = print,
+) -> DemoResult:
+    started = time.monotonic()
+
+    def stamp(message: str) -> None:
+        say(f"[{time.monotonic() - started:6.1f}s] {message}")
+
+    out = out.resolve()
+    records = out / "records"
+    if records.is_dir():  # a fresh report per run: old records would mix two runs
+        for old in records.glob("*.jsonl"):
+            old.unlink()
+    paths = prepare(out, stamp)
+    log = out / "train.log"
+    env = {
+        **os.environ,
+        "VERL_PLATFORM": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "VERL_EXT_CPU_FORCE_FIRST_TURN": os.environ.get("VERL_EXT_CPU_FORCE_FIRST_TURN", FORCED_TOOL_CALL),
+    }
+    command = trainer_command(paths, out, steps, trainer, extra_overrides)
+    stamp(f"starting verl's trainer ({trainer}, {steps} GRPO steps, Ray on CPU); full log: {log}")
+    result = DemoResult(returncode=-1, out=out, log=log)
+    with log.open("w", encoding="utf-8") as fh:
+        fh.write(" ".join(command) + "\n")
+        proc = subprocess.Popen(command, cwd=out, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        assert proc.stdout is not None
+        last = [time.monotonic()]
+        watcher = threading.Thread(target=_heartbeat, args=(proc, last, stamp), daemon=True)
+        watcher.start()
+        milestones = _Milestones(stamp)
+        for line in proc.stdout:
+            fh.write(line)
+            fh.flush()
+            last[0] = time.monotonic()
+            milestones.see(line)
+            parsed = parse_step_line(line)
+            if parsed:
+                step, metrics = parsed
+                result.steps[step] = metrics
+                stamp(format_step(step, steps, metrics))
+        result.returncode = proc.wait()
+    if result.returncode != 0:
+        stamp(f"the trainer failed (exit {result.returncode}); last lines of {log}:")
+        for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]:
+            say("    " + line)
+        result.seconds = time.monotonic() - started
+        return result
+    stamp(f"trainer finished: {len(result.steps)} steps")
+    result.report = write_report(out, paths["model"], stamp)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def write_report(out: Path, tokenizer_dir: Path, say: Callable[[str], None]) -> Path | None:
+    from verl_ext.core.rendering import load_renderer
+    from verl_ext.report import build_report, write_html
+    from verl_ext.report.load import load_records
+
+    files = sorted((out / "records").glob("*.jsonl"))
+    if not files:
+        say("no rollout records were written; no report")
+        return None
+    report = build_report(load_records(files), load_renderer(tokenizer_dir).decode)
+    path = write_html(out / "report.html", report.html)
+    say(f"report: {path} ({report.summary.one_line()})")
+    return path
+
+
+class _Milestones:
+    """Say once when the run passes a stage a person waits for."""
+
+    STAGES = (
+        ("verl_ext plugin loaded", "verl_ext plugin loaded (agent loops, CPU engine, CPU platform)"),
+        ("Started a local Ray instance", "Ray started"),
+        ("verl_ext_tool_agent ready", "first rollout: verl_ext_tool_agent probed the chat template"),
+        ("update_weights", "weights synced from the trainer to the CPU rollout server"),
+    )
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        self.say = say
+        self.seen: set[str] = set()
+
+    def see(self, line: str) -> None:
+        for needle, message in self.STAGES:
+            if needle not in self.seen and needle in line:
+                self.seen.add(needle)
+                self.say(message)
+
+
+def _heartbeat(proc: subprocess.Popen[Any], last: list[float], say: Callable[[str], None], every: float = 20.0) -> None:
+    while proc.poll() is None:
+        time.sleep(1.0)
+        if time.monotonic() - last[0] > every:
+            say("... still running (the trainer prints nothing while it starts workers or computes a step)")
+            last[0] = time.monotonic()

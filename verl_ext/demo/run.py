@@ -33,6 +33,7 @@ STEP_METRICS = (
     ("training/rollout_probs_diff_max", "rollout-vs-trainer logprob diff (max)"),
     ("num_turns/mean", "turns"),
 )
+_NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\)?$")
 _STEP_LINE = re.compile(r"step:(\d+) - ")  # after Ray's "(TaskRunner pid=...)" prefix, if any
 
 
@@ -54,10 +55,9 @@ def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
     metrics: dict[str, float] = {}
     for part in line[match.start() :].rstrip("\n").split(" - ")[1:]:
         key, _, value = part.rpartition(":")
-        try:
-            metrics[key] = float(value)
-        except ValueError:
-            continue
+        number = _NUMBER.match(value.strip())  # numpy scalars print as np.float64(0.5)
+        if number:
+            metrics[key] = float(number.group(1))
     return int(match.group(1)), metrics
 
 

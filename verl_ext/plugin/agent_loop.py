@@ -231,7 +231,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             result = CheckResult((), (), False, False, 0, len(calls), sum(len(c.output_ids) for c in calls), repairs)
         else:
             result = rt.checker.check(calls, sample, t.messages, tools, repairs=repairs)
-        step = int(kwargs.get("global_steps") or step_hint or 0)  # v1 passes global_steps; v0 via the engine
+        # v1 passes the trainer step; v0 does not, so it is the weight version the engine served + 1 (on-policy)
+        step = int(kwargs["global_steps"]) if kwargs.get("global_steps") is not None else int(step_hint or 0) + 1
         metrics_sink.report(result, counters)
         if rt.writer is not None:
             rt.writer.write(

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 
-from conftest import run_loop
+import pytest
+from loop_harness import run_loop
 
 from verl_ext.plugin import metrics_sink
 
@@ -78,3 +80,27 @@ def test_length_cut_turn_gets_a_synthetic_close_and_stays_in_budget(make_loop):
     assert check["engine_ok"] and not check["truncated"]
     m = metrics_sink.drain()
     assert m["tito/lost_sampled_tokens"] == 0
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"chek": {"mode": "warn"}}, "verl_ext.chek"),
+        ({"check": {"mode": "loud"}}, "mode"),
+        ({"check": {"template_view_rate": 3}}, "template_view_rate"),
+        ({"records": {"max_files": 0}}, "verl_ext.records.max_files"),
+        ({"escape_special_tokens": "yes"}, "verl_ext.escape_special_tokens"),
+    ],
+)
+def test_bad_options_stop_the_loop_naming_the_key(make_loop, options, named):
+    from verl_ext.plugin.options import OptionsError
+
+    with pytest.raises(OptionsError, match=re.escape(named)):
+        make_loop(verl_ext=options)
+
+
+def test_top_level_config_section_and_loop_kwargs_merge(make_loop):
+    loop, _ = make_loop(
+        extra=["+verl_ext.check.mode=strict", "+verl_ext.tool_timeout_s=5"], verl_ext={"tool_timeout_s": 2}
+    )
+    assert loop.options.check.mode.value == "strict" and loop.options.tool_timeout_s == 2.0

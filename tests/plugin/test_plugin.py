@@ -47,3 +47,42 @@ def test_verl_platform_cpu_selects_the_platform_and_fsdp_engines() -> None:
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["cpu", "gloo", "cpu", "FSDPEngineWithLMHead"]
     assert "verl_ext plugin loaded" in out.stderr and "platform=cpu" in out.stderr
+
+
+def test_entry_point_registers_both_agent_loops_and_the_metrics_hook() -> None:
+    import verl.experimental.agent_loop.agent_loop as agent_loop
+    import verl.utils.tracking as tracking
+
+    registry = agent_loop._agent_loop_registry
+    assert registry["verl_ext_tool_agent"]["_target_"] == "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
+    assert registry["verl_ext_audited_tool_agent"]["_target_"] == "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"
+    assert getattr(tracking.Tracking.log, "_verl_ext", False)
+
+
+def test_a_failing_plugin_load_is_logged_at_error_not_swallowed() -> None:
+    # verl swallows plugin import errors at DEBUG; ours must say what failed. Break one registration on purpose.
+    code = (
+        "import logging, verl.workers.rollout.replica as r\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "def boom(*a, **k): raise RuntimeError('registry is gone')\n"
+        "r.RolloutReplicaRegistry.register = boom\n"
+        "import verl_ext.plugin\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "VERL_USE_EXTERNAL_PLUGINS": "none"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr  # the process goes on ...
+    assert "ERROR" in out.stderr and "verl_ext plugin failed to load" in out.stderr  # ... and the failure is loud
+    assert "registry is gone" in out.stderr
+
+
+def test_external_modules_fallback_loads_the_plugin() -> None:
+    code = "import verl.experimental.agent_loop.agent_loop as a; print('verl_ext_tool_agent' in a._agent_loop_registry)"
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "HF_HUB_OFFLINE": "1",
+        "VERL_USE_EXTERNAL_PLUGINS": "none",
+        "VERL_USE_EXTERNAL_MODULES": "verl_ext.plugin",
+    }
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "True" and "verl_ext plugin loaded" in out.stderr

@@ -7,7 +7,7 @@ close; a turn given more than the remaining budget loses sampled tokens to the t
 from __future__ import annotations
 
 import pytest
-from conftest import run_loop
+from loop_harness import run_loop
 
 from verl_ext.plugin import metrics_sink
 

@@ -83,7 +83,7 @@ class Finding:
     cause: Cause
     allowed: bool
     turn: int  # engine call (assistant turn) index the divergence belongs to
-    boundary: str  # e.g. "assistant→tool" when at a turn boundary, "" inside a turn
+    boundary: str  # "assistant→tool": at a turn's end or in the context after it; "" inside a sampled turn
     region: str  # "prompt" | "sampled" | "boundary" | "context": where it is in the stream
     stream: Span  # token positions in the training stream
     rendered: Span  # token positions in the template's rendering ("" span when not compared)

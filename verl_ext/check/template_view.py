@@ -135,7 +135,8 @@ class _Rules:
         if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
         if at_end and set(r_ids) & self.closes and not set(s_ids) & self.closes:
-            return Cause.CLOSE_MISSING, f"the template closes the turn with {dr!r}; the stream has {ds!r}"
+            has = f"has {ds!r}" if ds else "has nothing there"
+            return Cause.CLOSE_MISSING, f"the template closes the turn with {dr!r}; the stream {has}"
         if s_ids and not r_ids and set(s_ids) <= self.aliases:
             return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
         if i1 > 0 and len(s_ids) == 1 and not r_ids and s_ids[0] in self.stops and self.stream[i1 - 1] == s_ids[0]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -149,7 +149,9 @@ def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -
     key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))))
     if key not in _PROFILE_CACHE:
         _PROFILE_CACHE[key] = _Prober(renderer, key[1]).run()
-    return _PROFILE_CACHE[key]
+    profile = _PROFILE_CACHE[key]
+    # The same tokenizer and template may live in several folders; the profile names the one asked about.
+    return profile if profile.tokenizer_name == renderer.name else replace(profile, tokenizer_name=renderer.name)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ oldest beyond ``max_files`` is deleted, and that deletion is logged.
 
 from __future__ import annotations
 
+import bisect
 import json
 import logging
 import os
@@ -43,10 +44,14 @@ def rollout_record(
     assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
     by_message = list(zip(assistants, calls, strict=False))
     stream = list(sample.stream)
+    p = len(sample.prompt_ids)
     if kinds is None:  # no trajectory: what the engine record alone can tell
         sampled = {i for c in calls for i in range(c.output_start, c.output_end)}
-        p = len(sample.prompt_ids)
         kinds = ["prompt" if i < p else "sampled" if i in sampled else "context" for i in range(len(stream))]
+    if len(kinds) < len(stream):
+        raise ValueError(f"rollout_record: {len(kinds)} kinds for a stream of {len(stream)} tokens; pass one per token")
+    starts = [c.output_start for c in calls]
+    turn_of = [max(bisect.bisect_right(starts, i) - 1, 0) for i in range(len(stream))]
     return {
         "type": "rollout",
         "version": RECORD_VERSION,
@@ -59,8 +64,10 @@ def rollout_record(
         "finish": {str(i): c.finish_reason for i, c in by_message if c.finish_reason in ("stop", "length")},
         "prompt_length": len(sample.prompt_ids),
         "input_ids": stream,
-        "loss_mask": [0] * len(sample.prompt_ids) + list(sample.response_mask),
-        "kinds": list(kinds),
+        "loss_mask": [0] * p + list(sample.response_mask),
+        "trainer_logprobs": None if sample.response_logprobs is None else [0.0] * p + list(sample.response_logprobs),
+        "kinds": list(kinds)[: len(stream)],  # the trainer's stream may be cut at its response length
+        "turn_of": turn_of,  # engine call (assistant turn) each token belongs to
         "repairs": [dict(r) for r in repairs],
         "engine_calls": [
             {
@@ -118,7 +125,7 @@ class RecordWriter:
             )
         with self.path.open("ab") as fh:
             if size == 0 and self.header is not None:
-                fh.write((json.dumps(self.header, separators=(",", ":")) + "\n").encode("utf-8"))
+                fh.write((json.dumps(self.header, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
             fh.write(data)
 
     def _rotate(self) -> None:

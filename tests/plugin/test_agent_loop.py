@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 from loop_harness import run_loop
@@ -104,3 +105,23 @@ def test_top_level_config_section_and_loop_kwargs_merge(make_loop):
         extra=["+verl_ext.check.mode=strict", "+verl_ext.tool_timeout_s=5"], verl_ext={"tool_timeout_s": 2}
     )
     assert loop.options.check.mode.value == "strict" and loop.options.tool_timeout_s == 2.0
+
+
+FAILING_TOOLS = Path(__file__).parent / "failing_tools.py"
+
+
+@pytest.mark.parametrize(
+    ("call", "status", "says"),
+    [
+        (tool_call("explode", '{"reason": "test"}'), "error", "RuntimeError: exploded: test"),
+        (tool_call("sleepy", '{"seconds": 30}'), "timeout", "timed out after 0.2 s"),
+    ],
+)
+def test_tool_exceptions_and_timeouts_become_tool_messages(make_loop, call, status, says):
+    metrics_sink.drain()
+    loop, server = make_loop(force_text=call, tools_path=FAILING_TOOLS, verl_ext={"tool_timeout_s": 0.2})
+    out = run_loop(loop, PROMPT)
+    assert out.extra_fields["verl_ext_check"]["engine_ok"]
+    assert says in loop.tokenizer.decode(server.requests[1]["prompt_ids"])  # the model reads what went wrong
+    m = metrics_sink.drain()
+    assert m[f"tito/tool/{status}"] == 1 and m["tito/tool/calls"] == 1

@@ -5,7 +5,7 @@ Each row: ``data_source``, ``prompt`` (system + user messages asking to use the 
 verl's stock tool agent reads ``raw_prompt`` (built from ``prompt``), ``extra_info.index`` and
 ``extra_info.tools_kwargs`` (not needed: the calculator is a stateless function tool). Usage::
 
-    python -m verl_ext.demo.data --out build/cpu_demo/data
+    python -m verl_ext.demo.data --out build/demo/data
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 It generates noise; it exists so verl's trainer, weight sync and rollout run end to end on CPU with the real
 tokenizer and chat template. Usage::
 
-    python -m verl_ext.demo.model --tokenizer build/tokenizers/qwen3 --out build/cpu_demo/tiny-qwen3
+    python -m verl_ext.demo.model --tokenizer build/tokenizers/qwen3 --out build/demo/tiny-qwen3
 """
 
 from __future__ import annotations

@@ -1,13 +1,7 @@
-"""Conversation pieces shared by the core tests."""
+"""Conversation pieces shared by the core tests (the tool schema and call live in tests/rollouts.py)."""
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
-        },
-    }
-]
-CALL = {"id": "call00001", "type": "function", "function": {"name": "calculator", "arguments": {"expression": "1+1"}}}
+from rollouts import TOOLS, call
+
+CALL = call("1+1")
+
+__all__ = ["CALL", "TOOLS"]

@@ -8,6 +8,14 @@ import sys
 from verl_ext.plugin.cpu_platform import CPUPlatform, dedupe_backend
 
 
+def fresh_python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """Run ``code`` in a new interpreter (plugin loading and the platform are per process)."""
+    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", **env}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out
+
+
 def test_entry_point_registers_the_cpu_backend_in_both_registries() -> None:
     import verl  # noqa: F401  (importing verl loads the entry point)
     from verl.workers.rollout import base as rollout_base
@@ -42,9 +50,7 @@ def test_verl_platform_cpu_selects_the_platform_and_fsdp_engines() -> None:
         "print(get_device_name(), get_nccl_backend(), get_device_id(),\n"
         "      EngineRegistry.get_engine_cls('language_model', 'fsdp2').__name__)\n"
     )
-    env = {"VERL_PLATFORM": "cpu", "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = fresh_python(code, VERL_PLATFORM="cpu")
     assert out.stdout.split() == ["cpu", "gloo", "cpu", "FSDPEngineWithLMHead"]
     assert "verl_ext plugin loaded" in out.stderr and "platform=cpu" in out.stderr
 
@@ -68,21 +74,12 @@ def test_a_failing_plugin_load_is_logged_at_error_not_swallowed() -> None:
         "r.RolloutReplicaRegistry.register = boom\n"
         "import verl_ext.plugin\n"
     )
-    env = {"PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1", "VERL_USE_EXTERNAL_PLUGINS": "none"}
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr  # the process goes on ...
+    out = fresh_python(code, VERL_USE_EXTERNAL_PLUGINS="none")  # the process goes on ...
     assert "ERROR" in out.stderr and "verl_ext plugin failed to load" in out.stderr  # ... and the failure is loud
     assert "registry is gone" in out.stderr
 
 
 def test_external_modules_fallback_loads_the_plugin() -> None:
     code = "import verl.experimental.agent_loop.agent_loop as a; print('verl_ext_tool_agent' in a._agent_loop_registry)"
-    env = {
-        "PATH": "/usr/bin:/bin",
-        "HF_HUB_OFFLINE": "1",
-        "VERL_USE_EXTERNAL_PLUGINS": "none",
-        "VERL_USE_EXTERNAL_MODULES": "verl_ext.plugin",
-    }
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
+    out = fresh_python(code, VERL_USE_EXTERNAL_PLUGINS="none", VERL_USE_EXTERNAL_MODULES="verl_ext.plugin")
     assert out.stdout.strip() == "True" and "verl_ext plugin loaded" in out.stderr

@@ -142,6 +142,7 @@ class TemplateProfile:
 
 
 _PROFILE_CACHE: dict[tuple[str, tuple[int, ...]], TemplateProfile] = {}
+_NAMED_CACHE: dict[tuple[str, tuple[int, ...], str], TemplateProfile] = {}
 
 
 def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -> TemplateProfile:
@@ -149,9 +150,11 @@ def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -
     key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))))
     if key not in _PROFILE_CACHE:
         _PROFILE_CACHE[key] = _Prober(renderer, key[1]).run()
-    profile = _PROFILE_CACHE[key]
-    # The same tokenizer and template may live in several folders; the profile names the one asked about.
-    return profile if profile.tokenizer_name == renderer.name else replace(profile, tokenizer_name=renderer.name)
+    # The same tokenizer and template may live in several folders: probe once, name the folder asked about.
+    named = (*key, renderer.name)
+    if named not in _NAMED_CACHE:
+        _NAMED_CACHE[named] = replace(_PROFILE_CACHE[key], tokenizer_name=renderer.name)
+    return _NAMED_CACHE[named]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -138,6 +138,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         extra_fields: dict[str, Any] = {}
         agent_data = AgentData(messages, None, None, None, None, metrics, request_id, kwargs.get("tools_kwargs", {}))
         stop_ids = sorted(set(sampling_params.get("stop_token_ids") or []) | set(self.tool_parser.stop_token_ids))
+        tool_rewards: list[float] = []
         turn = 0
         while True:
             remaining = self.response_length - (len(t.input_ids) - first_prompt)
@@ -155,19 +156,30 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
             for key, value in (out.extra_fields or {}).items():
                 extra_fields.setdefault(key, value)
-            message, parsed = await self._parse(ids, turn, counters)
+            message, parsed, malformed = await self._parse(ids, turn, counters)
             t.add_sampled(ids, out.log_probs, finish, message=message)
             turn += 1
-            if not parsed or finish == FinishReason.LENGTH or self._turn_limit(turn):
+            if not (parsed or malformed) or finish == FinishReason.LENGTH or self._turn_limit(turn):
                 break
-            tool_messages = await self._run_tools(parsed, agent_data, counters, metrics)
-            prompt_ids = t.append_messages(tool_messages)
+            tool_messages = await self._run_tools(parsed, agent_data, counters, metrics, tool_rewards)
+            tool_messages += [_malformed_message(turn - 1, i) for i in range(malformed)]
+            try:
+                prompt_ids = t.append_messages(tool_messages)
+            except TemplateError:
+                if not malformed:
+                    raise
+                # Some templates (GPT-OSS, Mistral) only render a tool message that answers a parsed call.
+                log.warning(
+                    "%s: the template cannot render a reply to a malformed tool call; ending the rollout", AGENT_NAME
+                )
+                counters["tool/malformed_unanswerable"] += malformed
+                break
         t.finish()
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
         result = self._check(t, calls, sample, tools, counters, kwargs, extra_fields.get("global_steps"))
         extra_fields["verl_ext_check"] = result.verdict_fields()
-        extra_fields.update({"turn_scores": [], "tool_rewards": []})
+        extra_fields.update({"turn_scores": [], "tool_rewards": tool_rewards})
         return AgentLoopOutput(
             prompt_ids=list(sample.prompt_ids),
             response_ids=list(sample.response_ids),
@@ -181,8 +193,9 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     # -- steps ------------------------------------------------------------------------------------
     async def _parse(
         self, ids: list[int], turn: int, counters: Counter[str]
-    ) -> tuple[dict[str, Any], list[ParsedCall]]:
-        """The assistant message for the template (content and tool calls), from the ids minus the stop token."""
+    ) -> tuple[dict[str, Any], list[ParsedCall], int]:
+        """The assistant message for the template (content and tool calls), from the ids minus the stop token;
+        the calls to run; and how many tool calls the model wrote that the parser could not read."""
         body = ids[:-1] if ids and ids[-1] in self.rt.profile.stop_id_set else ids
         schemas = [tool.tool_schema for tool in self.tools.values()]
         content, found = await self.tool_parser.extract_tool_calls(body, schemas)
@@ -195,13 +208,18 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             counters[f"tool/{ToolStatus.MALFORMED.value}"] += malformed
         if len(found) > self.max_parallel_calls:
             counters["tool/dropped_over_max_parallel_calls"] += len(found) - self.max_parallel_calls
-        return assistant_message(content, parsed), parsed
+        return assistant_message(content, parsed), parsed, malformed
 
     def _turn_limit(self, assistant_turns: int) -> bool:
         return bool(self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)
 
     async def _run_tools(
-        self, parsed: Sequence[ParsedCall], agent_data: AgentData, counters: Counter[str], metrics: dict[str, Any]
+        self,
+        parsed: Sequence[ParsedCall],
+        agent_data: AgentData,
+        counters: Counter[str],
+        metrics: dict[str, Any],
+        rewards: list[float],
     ) -> list[dict[str, Any]]:
         with simple_timer("tool_calls", metrics):
             outcomes = await asyncio.gather(
@@ -213,6 +231,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         for o in outcomes:
             counters["tool/calls"] += 1
             counters[f"tool/{o.status.value}"] += 1
+            if o.reward is not None:
+                rewards.append(o.reward)
         return [o.message for o in outcomes]
 
     def _check(
@@ -251,6 +271,15 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             )
         rt.enforcer.enforce(result, step)
         return result
+
+
+def _malformed_message(turn: int, index: int) -> dict[str, Any]:
+    return {
+        "role": "tool",
+        "content": 'Error: a tool call could not be parsed; write a JSON object with "name" and "arguments" '
+        "inside the tool-call tags",
+        "tool_call_id": call_id(turn, 900 + index),
+    }
 
 
 def _plain_index(value: Any) -> Any:

@@ -6,6 +6,8 @@ close; a turn given more than the remaining budget loses sampled tokens to the t
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from loop_harness import run_loop
 
@@ -56,3 +58,13 @@ def test_stock_loop_budget_loses_sampled_tokens_and_ours_does_not(make_loop):
     assert not ours["truncated"] and our_metrics["tito/lost_sampled_tokens"] == 0
     used = len(our_server.requests[1]["prompt_ids"]) - len(our_server.requests[0]["prompt_ids"])
     assert our_server.requests[1]["sampling_params"]["max_tokens"] == 64 - used
+
+
+def test_audit_explains_what_the_stock_loop_does_to_its_messages(make_loop, tmp_path):
+    # verl's hermes parser decodes the stop token into the assistant's content; the re-render then differs
+    metrics_sink.drain()
+    loop, _ = make_loop(force_text=CALL + "<|im_end|>", stock=True, verl_ext={"records": {"dir": str(tmp_path)}})
+    run_loop(loop, PROMPT)
+    records = [json.loads(line) for f in tmp_path.iterdir() for line in f.read_text().splitlines()]
+    details = [f["detail"] for r in records if r["type"] == "rollout" for f in r["check"]["findings"]]
+    assert any("holds the stop token text '<|im_end|>'" in d for d in details), details

@@ -157,7 +157,18 @@ class _Rules:
                 f"the final messages hold {len(self.assistants)} assistant messages for {len(self.loc.calls)} engine "
                 f"calls: sampled text {ds[:80]!r} has no message (the loop dropped a turn from its messages)"
             )
+        leaked = sorted({self.r.decode([i]) for i in r_ids if i in self.stops} & self._assistant_texts())
+        if not s_ids and leaked:
+            return Cause.UNKNOWN, (
+                f"the template renders {dr!r} that the stream lacks: an assistant message's content holds the stop "
+                f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
+            )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+
+    def _assistant_texts(self) -> set[str]:
+        """Stop-token strings that appear in assistant message content."""
+        texts = " ".join(str(m.get("content") or "") for m in self.assistants)
+        return {self.r.decode([i]) for i in self.stops if self.r.decode([i]) in texts}
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
         return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)

@@ -206,7 +206,7 @@ class _Milestones:
     STAGES = (
         ("verl_ext plugin loaded", "verl_ext plugin loaded (agent loops, CPU engine, CPU platform)"),
         ("Started a local Ray instance", "Ray started"),
-        ("verl_ext_tool_agent ready", "first rollout: verl_ext_tool_agent probed the chat template"),
+        ("verl_ext check ready", "first rollout: verl_ext probed the chat template and armed the check"),
         ("update_weights", "weights synced from the trainer to the CPU rollout server"),
     )
 

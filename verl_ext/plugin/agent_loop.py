@@ -83,8 +83,7 @@ def runtime_for(
         checker = ConsistencyChecker(renderer, profile, options.check)
         _RUNTIMES[key] = _Runtime(renderer, profile, checker, Enforcer(options.check), writer)
         log.info(
-            "%s ready: template %s (%s), check mode %s, records %s",
-            AGENT_NAME,
+            "verl_ext check ready: template %s (%s), check mode %s, records %s",
             profile.fingerprint,
             profile.verdict.value,
             options.check.mode.value,

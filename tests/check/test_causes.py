@@ -239,3 +239,56 @@ def test_bpe_remerge_when_reencoding_normalizes_the_text(renderer_for):
     ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\n"), *sampled, IM_END], answer)])
     f = only(check(r, ro.calls, ro.sample(), ro.messages), Cause.BPE_REMERGE)
     assert f.allowed and f.turn == 0 and f.stream_ids == tuple(sampled) and "normaliz" in f.detail
+
+
+def test_prompt_history_with_assistant_messages_maps_turns_after_the_prompt(renderer_for):
+    r = renderer_for("qwen3")
+    history = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "What is 1+1? Use the calculator."},
+    ]
+    reordered = '<tool_call>\n{"arguments": {"expression": "1+1"}, "name": "calculator"}\n</tool_call>'
+    turns = [Turn([*r.encode(reordered), IM_END], CALL_MESSAGE, [tool_result()]), Turn(qwen3_answer_turn(r), ANSWER)]
+    ro = run(r, turns, prompt=history)
+    result = ConsistencyChecker(r).check(ro.calls, ro.sample(), ro.messages, TOOLS, prompt_messages=len(history))
+    assert result.ok and {f.cause for f in result.findings} == {Cause.TOOL_CALL_RESERIALIZED}
+    assert all(f.turn == 0 for f in result.findings)
+
+
+def test_a_response_cut_inside_tool_context_is_not_a_defect(renderer_for):
+    r = renderer_for("qwen3")
+    long_result = tool_result("84 " * 60)
+    ro = run(r, [Turn([*r.encode(TOOL_CALL), IM_END], CALL_MESSAGE, [long_result]), Turn(qwen3_answer_turn(r), ANSWER)])
+    cut = ro.calls[0].output_end - len(ro.calls[0].prompt_ids) + 10  # ten tokens into the tool message
+    result = ConsistencyChecker(r).check(ro.calls, ro.sample(cut), ro.messages, TOOLS, response_length=cut)
+    assert result.engine_ok and result.truncated and result.ok, result.summary()
+
+
+def test_a_short_response_not_at_the_length_cap_is_a_stream_failure(renderer_for):
+    r = renderer_for("qwen3")
+    ro = run(
+        r, [Turn([*r.encode(TOOL_CALL), IM_END], CALL_MESSAGE, [tool_result()]), Turn(qwen3_answer_turn(r), ANSWER)]
+    )
+    full = ro.sample()
+    dropped = ro.sample(len(full.response_ids) - len(ro.calls[1].output_ids) - 1)  # the last turn is gone
+    result = ConsistencyChecker(r).check(ro.calls, dropped, ro.messages, TOOLS, response_length=len(full.response_ids))
+    assert not result.engine_ok and [f.kind.value for f in result.engine_failures] == ["stream"]
+
+
+def test_fewer_logprobs_than_ids_is_a_record_failure_not_a_crash(renderer_for):
+    r = renderer_for("qwen3")
+    ro = run(r, [Turn(qwen3_answer_turn(r), ANSWER)])
+    call = ro.calls[0]
+    short = EngineCall.of(call.prompt_ids, call.output_ids, call.logprobs[:-2], call.finish_reason)
+    result = ConsistencyChecker(r).check([short], ro.sample(), ro.messages, TOOLS)
+    assert [f.kind.value for f in result.engine_failures] == ["record"]
+
+
+def test_compatibility_forms_the_tokenizer_keeps_are_not_bpe_remerge(renderer_for):
+    # NFKC would equate "x²" with "x2", but Qwen's normalizer is NFC: the message says something else
+    r = renderer_for("qwen3")
+    message = {"role": "assistant", "content": "<think>\n\n</think>\n\nx2"}
+    ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nx²"), IM_END], message)])
+    result = check(r, ro.calls, ro.sample(), ro.messages)
+    assert [f.cause for f in result.findings] == [Cause.UNKNOWN]

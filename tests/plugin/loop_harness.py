@@ -67,7 +67,11 @@ def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]
                 f"actor_rollout_ref.model.path={tiny_qwen3_dir}",
                 "actor_rollout_ref.rollout.multi_turn.enable=true",
                 "actor_rollout_ref.rollout.multi_turn.format=hermes",
-                "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
+                *(
+                    []
+                    if any("max_assistant_turns" in o for o in extra)
+                    else ["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3"]
+                ),
                 "actor_rollout_ref.rollout.prompt_length=512",
                 f"actor_rollout_ref.rollout.response_length={response_length}",
                 *extra,

@@ -124,3 +124,41 @@ def test_tool_exceptions_and_timeouts_become_tool_messages(make_loop, call, stat
     assert says in loop.tokenizer.decode(server.requests[1]["prompt_ids"])  # the model reads what went wrong
     m = metrics_sink.drain()
     assert m[f"tito/tool/{status}"] == 1 and m["tito/tool/calls"] == 1
+
+
+def test_a_configured_stop_on_the_call_close_keeps_the_call(make_loop):
+    # stopping on </tool_call> (an extra stop token) must not strip the tag the parser needs
+    metrics_sink.drain()
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call>'
+    loop, server = make_loop(force_text=call, verl_ext={"extra_stop_tokens": ["</tool_call>"]})
+    out = run_loop(loop, PROMPT, stop_token_ids=[151658])
+    assert len(server.requests) == 2 and out.extra_fields["verl_ext_check"]["ok"]
+    m = metrics_sink.drain()
+    assert m["tito/tool/ok"] == 1 and m["tito/findings/synthetic_close"] >= 1
+
+
+def test_per_sample_tool_selection_is_respected(make_loop):
+    metrics_sink.drain()
+    loop, server = make_loop(force_text=tool_call())
+    run_loop(loop, PROMPT, extra_info={"tool_selection": ["abacus"]})  # calculator is not selected for this sample
+    assert '"name": "calculator"' not in loop.tokenizer.decode(server.requests[0]["prompt_ids"])
+    assert metrics_sink.drain()["tito/tool/unknown_tool"] == 1
+
+
+def test_tool_responses_are_capped_like_verls_tool_agent(make_loop):
+    extra = ["actor_rollout_ref.rollout.multi_turn.max_tool_response_length=3"]
+    loop, server = make_loop(force_text=tool_call("sleepy", '{"seconds": 0}'), tools_path=FAILING_TOOLS, extra=extra)
+    run_loop(loop, PROMPT)
+    text = loop.tokenizer.decode(server.requests[1]["prompt_ids"])
+    assert "a...(truncated)...e" in text and "awake" not in text  # verl's default side: the middle
+
+
+def test_audit_of_the_stock_loop_at_its_turn_limit_reports_no_defect(make_loop):
+    # verl's tool_agent returns before adding its last assistant message; the audit adds it back
+    metrics_sink.drain()
+    extra = ["actor_rollout_ref.rollout.multi_turn.max_assistant_turns=1"]
+    loop, _ = make_loop(force_text=tool_call(), stock=True, extra=extra)
+    out = run_loop(loop, PROMPT)
+    causes = out.extra_fields["verl_ext_check"]["causes"]
+    assert "unknown" not in causes, out.extra_fields["verl_ext_check"]["summary"]
+    assert causes == {"stop_text_in_message": 1}  # verl's hermes parser puts "<|im_end|>" in the content

@@ -48,15 +48,24 @@ class ConsistencyChecker:
         tools: Sequence[Mapping[str, Any]] | None = None,
         repairs: Mapping[str, int] | None = None,
         template_view: bool | None = None,
+        *,
+        prompt_messages: int | None = None,
+        response_length: int | None = None,
     ) -> CheckResult:
-        """``template_view`` forces the template view on or off; by default it runs at the policy's rate."""
+        """Check one rollout.
+
+        ``template_view`` forces the template view on or off (default: the policy's rate). ``prompt_messages`` is
+        the number of messages in the first prompt (assistant messages in it are history, not engine output).
+        ``response_length`` is the trainer's cap: a response shorter than the engine's stream is truncation only
+        when it is exactly that long; without it, any shorter response is taken as a cut.
+        """
         started = time.perf_counter()
-        ev = check_engine_view(calls, sample, self.policy.logprob_atol)
+        ev = check_engine_view(calls, sample, self.policy.logprob_atol, response_length)
         findings = []
         ran_template = False
         if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
             stream = sample.stream if len(sample.stream) >= len(ev.engine_stream) else ev.engine_stream
-            loc = Locator.build(calls, messages, stream, self.renderer)
+            loc = Locator.build(calls, messages, stream, self.renderer, prompt_messages)
             findings = turn_end_findings(loc, self.profile, stream, self.policy.allows)
             if template_view is None:
                 rate = self.policy.template_view_rate

@@ -32,7 +32,9 @@ def turn_at(calls: Sequence[EngineCall], position: int) -> int:
     return turn
 
 
-def check_engine_view(calls: Sequence[EngineCall], sample: TrainerSample, logprob_atol: float) -> EngineViewResult:
+def check_engine_view(
+    calls: Sequence[EngineCall], sample: TrainerSample, logprob_atol: float, response_length: int | None = None
+) -> EngineViewResult:
     fail: list[EngineFailure] = []
 
     def failure(kind: FailureKind, position: int | None, detail: str) -> None:
@@ -48,8 +50,10 @@ def check_engine_view(calls: Sequence[EngineCall], sample: TrainerSample, logpro
     if not calls:
         failure(FailureKind.RECORD, None, "no engine call was recorded for this rollout")
         return EngineViewResult(tuple(fail), False, 0, (), ())
+    bad_logprobs: set[int] = set()
     for k, call in enumerate(calls):
         if call.logprobs is not None and len(call.logprobs) != len(call.output_ids):
+            bad_logprobs.add(k)
             fail.append(
                 EngineFailure(
                     FailureKind.RECORD,
@@ -81,7 +85,7 @@ def check_engine_view(calls: Sequence[EngineCall], sample: TrainerSample, logpro
             continue
         for i in range(call.output_start, call.output_end):
             sampled[i] = True
-            if call.logprobs is not None:
+            if call.logprobs is not None and k not in bad_logprobs:
                 engine_logprob[i] = call.logprobs[i - call.output_start]
 
     first_prompt = calls[0].prompt_ids
@@ -106,6 +110,14 @@ def check_engine_view(calls: Sequence[EngineCall], sample: TrainerSample, logpro
         )
 
     truncated = len(stream) < len(engine)
+    if truncated and response_length is not None and len(sample.response_ids) != response_length:
+        failure(
+            FailureKind.STREAM,
+            len(stream),
+            f"the response ends at position {len(stream)}, short of the engine's stream ({len(engine)} tokens) but "
+            f"not at the response length ({response_length}): tokens the engine produced were dropped",
+        )
+        truncated = False
     lost = sum(sampled[len(stream) :]) if truncated else 0
     start = len(sample.prompt_ids)
     mask_bad = [

@@ -30,6 +30,7 @@ class Cause(StrEnum):
     CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
     AMBIGUOUS_STOP_DUPLICATED = "ambiguous_stop_duplicated"  # the ambiguous stop appears twice
     SPECIAL_TOKEN_INJECTED = "special_token_injected"  # special-token text in content became a real token
+    STOP_TEXT_IN_MESSAGE = "stop_text_in_message"  # the loop decoded a stop token into an assistant message
     UNKNOWN = "unknown"  # a divergence no rule explains
 
 

@@ -6,8 +6,9 @@ verl_ext's own agent loop and any other (verl's stock ``tool_agent`` included).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from verl_ext.core.trajectory import TokenTrajectory
 
@@ -72,6 +73,20 @@ class TrainerSample:
     @property
     def stream(self) -> tuple[int, ...]:
         return self.prompt_ids + self.response_ids
+
+
+def rollout_assistants(
+    messages: Sequence[Mapping[str, Any]], n_calls: int, prompt_messages: int | None = None
+) -> list[int]:
+    """Indices of the assistant messages the rollout produced (message k answers engine call k).
+
+    ``prompt_messages`` is how many messages the first prompt had (chat history or few-shot assistant messages
+    in it are not engine output). Without it, when there are more assistant messages than calls, the last
+    ``n_calls`` are taken.
+    """
+    start = prompt_messages or 0
+    found = [i for i in range(start, len(messages)) if messages[i].get("role") == "assistant"]
+    return found[-n_calls:] if prompt_messages is None and len(found) > n_calls else found
 
 
 def trainer_sample_from_trajectory(t: TokenTrajectory, response_length: int | None = None) -> TrainerSample:

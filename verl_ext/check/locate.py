@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import Cause, Finding, Span
-from verl_ext.check.inputs import EngineCall
+from verl_ext.check.inputs import EngineCall, rollout_assistants
 from verl_ext.core.rendering import ChatRenderer
 
 CONTEXT_TOKENS = 4  # decoded tokens shown on each side of a divergence
@@ -20,16 +20,22 @@ class Locator:
     next_roles: tuple[str, ...]  # per turn: the role of the message after that assistant turn, or "end"
     stream: tuple[int, ...]
     renderer: ChatRenderer
+    assistant_indices: tuple[int, ...] = ()  # message index of each engine call's assistant message
 
     @classmethod
     def build(
-        cls, calls: Sequence[EngineCall], messages: Sequence[dict[str, Any]], stream: Sequence[int], r: ChatRenderer
+        cls,
+        calls: Sequence[EngineCall],
+        messages: Sequence[Mapping[str, Any]],
+        stream: Sequence[int],
+        r: ChatRenderer,
+        prompt_messages: int | None = None,
     ) -> Locator:
         roles = [str(m.get("role")) for m in messages]
-        assistants = [i for i, role in enumerate(roles) if role == "assistant"]
+        assistants = rollout_assistants(messages, len(calls), prompt_messages)
         nxt = [roles[i + 1] if i + 1 < len(roles) else "end" for i in assistants]
         nxt += ["end"] * (len(calls) - len(nxt))
-        return cls(tuple(calls), tuple(nxt), tuple(stream), r)
+        return cls(tuple(calls), tuple(nxt), tuple(stream), r, tuple(assistants))
 
     def turn(self, position: int) -> int:
         return turn_at(self.calls, position)

@@ -101,8 +101,9 @@ class Enforcer:
             return
         if self.policy.mode is CheckMode.STRICT:
             raise ConsistencyError(explain(result), result)
-        if step != self._step:
-            self._step, self._warned = step, set()
+        if step != self._step:  # steps may interleave (async rollouts): forget only steps well behind
+            self._step = step
+            self._warned = {(s, k) for s, k in self._warned if s >= step - 2}
         for f in result.engine_failures:
             self._warn_once(step, f"engine:{f.kind.value}", f"ENGINE VIEW FAILED ({f.kind.value}): {f.detail}")
         for f in result.defects:
@@ -134,7 +135,9 @@ def explain(result: CheckResult) -> str:
         )
     if len(result.defects) > 10:
         lines.append(f"  ... and {len(result.defects) - 10} more defects")
-    if result.engine_failures:
+    if any(f.kind.value == "record" for f in result.engine_failures):
+        lines.append("The engine's own record is inconsistent (e.g. fewer logprobs than output ids): check the engine.")
+    if any(f.kind.value != "record" for f in result.engine_failures):
         lines.append(
             "An engine-view failure means the trainer trains on tokens or logprobs the engine did not produce: "
             "the rollout changed them after generation. Replay the record with `verl-ext replay` to see the turn."

@@ -8,7 +8,6 @@ profile only (never at a model name), in a fixed order; what no rule explains is
 from __future__ import annotations
 
 import json
-import unicodedata
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from difflib import SequenceMatcher
@@ -47,8 +46,8 @@ def template_findings(
             # Nothing is trained after the last token: the END close and trailer the template renders there (and
             # a stream cut before them) change nothing. Compare what comes before them.
             j2 -= rules.end_close_suffix(native[j1:j2])
-            if i1 == i2 and j1 == j2:
-                continue
+            if i1 == i2:
+                continue  # rendered-only text after the last stream token (a response cut inside context)
         if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
             continue
         cause, detail = rules.classify(i1, i2, j1, j2)
@@ -103,7 +102,7 @@ class _Rules:
         self.closes = profile.close_id_set
         self.aliases = {s.id for s in profile.alias_stop_ids}
         self.stops = profile.stop_id_set
-        self.assistants = [m for m in messages if m.get("role") == "assistant"]
+        self.assistants = [messages[i] for i in loc.assistant_indices]
         self.opcodes = _opcodes(stream, rendered)
 
     def end_close_suffix(self, ids: Sequence[int]) -> int:
@@ -126,11 +125,8 @@ class _Rules:
             if set(r_ids) & special and not set(s_ids) & special:
                 return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
             return Cause.BPE_REMERGE, f"same text, {len(s_ids)} ids in the stream vs {len(r_ids)} when re-encoded"
-        if any(unicodedata.normalize(form, ds) == unicodedata.normalize(form, dr) for form in ("NFC", "NFKC")):
-            return (
-                Cause.BPE_REMERGE,
-                "re-encoding normalizes the sampled text (Unicode normalization), so the ids differ",
-            )
+        if self._normalized(ds) == self._normalized(dr):
+            return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
         at_end = self._touches_turn_end(i1, i2) or region == "boundary"
         if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
@@ -159,7 +155,7 @@ class _Rules:
             )
         leaked = sorted({self.r.decode([i]) for i in r_ids if i in self.stops} & self._assistant_texts())
         if not s_ids and leaked:
-            return Cause.UNKNOWN, (
+            return Cause.STOP_TEXT_IN_MESSAGE, (
                 f"the template renders {dr!r} that the stream lacks: an assistant message's content holds the stop "
                 f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
             )
@@ -169,6 +165,11 @@ class _Rules:
         """Stop-token strings that appear in assistant message content."""
         texts = " ".join(str(m.get("content") or "") for m in self.assistants)
         return {self.r.decode([i]) for i in self.stops if self.r.decode([i]) in texts}
+
+    def _normalized(self, text: str) -> str:
+        """``text`` as the tokenizer's own normalizer leaves it (Qwen: NFC); unchanged when it has none."""
+        normalizer = getattr(self.r.tokenizer.backend_tokenizer, "normalizer", None)
+        return normalizer.normalize_str(text) if normalizer is not None else text
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
         return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)

@@ -6,7 +6,8 @@ One JSON object per line (see docs/replay-format.md):
 - ``chat_template_kwargs`` (optional): passed to the chat template (e.g. ``enable_thinking``);
 - ``sampled`` (optional): assistant message index (a string) -> the engine's output ids;
 - ``logprobs`` (optional): same keys -> one logprob per output id;
-- ``finish`` (optional): same keys -> ``"stop"`` or ``"length"``.
+- ``finish`` (optional): same keys -> ``"stop"`` or ``"length"``;
+- ``prompt_messages`` (optional): how many messages the first prompt has (chat history with assistant turns).
 An assistant message without sampled ids is taken as the model's canonical output.
 """
 
@@ -34,6 +35,7 @@ class ReplayRecord:
     sampled: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     logprobs: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     finish: Mapping[int, FinishReason] = field(default_factory=dict)
+    prompt_messages: int | None = None  # messages in the first prompt; default: up to the first assistant message
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "record") -> ReplayRecord:
@@ -76,8 +78,21 @@ class ReplayRecord:
             if index not in sampled or len(values) != len(sampled[index]):
                 raise RecordError(f"{where}: 'logprobs'[{str(index)!r}] needs one value per id in 'sampled'")
         finish = by_index("finish", FinishReason)
+        prompt_messages = obj.get("prompt_messages")
+        if prompt_messages is not None and (
+            not isinstance(prompt_messages, int) or not 0 < prompt_messages < len(messages)
+        ):
+            raise RecordError(f"{where}: 'prompt_messages' must be an integer between 1 and {len(messages) - 1}")
+        if prompt_messages is not None and messages[prompt_messages].get("role") != "assistant":
+            raise RecordError(f"{where}: 'prompt_messages' must point at the first assistant message the rollout made")
         return cls(
-            tuple(dict(m) for m in messages), tuple(tools) if tools else None, dict(kwargs), sampled, logprobs, finish
+            tuple(dict(m) for m in messages),
+            tuple(tools) if tools else None,
+            dict(kwargs),
+            sampled,
+            logprobs,
+            finish,
+            prompt_messages,
         )
 
 
@@ -105,7 +120,9 @@ def replay(renderer: ChatRenderer, record: ReplayRecord, extra_stop_ids: Sequenc
     renderer = renderer.with_template_kwargs(record.chat_template_kwargs)
     messages = list(record.messages)
     t = TokenTrajectory(renderer, probe_template(renderer, extra_stop_ids))
-    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages))
+    first = record.prompt_messages or next(
+        (i for i, m in enumerate(messages) if m["role"] == "assistant"), len(messages)
+    )
     if first == 0:
         raise RecordError("messages[0] is an assistant message; a rollout starts from a prompt")
     t.start(messages[:first], record.tools)

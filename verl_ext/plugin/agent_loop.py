@@ -12,6 +12,8 @@ Differences from verl's ``tool_agent`` (whose tools, parser and config it reuses
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 import logging
 from collections import Counter
@@ -34,7 +36,15 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, RepairKind, TokenTrajectory
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.options import LoopOptions
-from verl_ext.plugin.tool_calls import ParsedCall, ToolStatus, assistant_message, call_id, malformed_count, run_tool
+from verl_ext.plugin.tool_calls import (
+    ParsedCall,
+    ToolOutcome,
+    ToolStatus,
+    assistant_message,
+    call_id,
+    malformed_count,
+    run_tool,
+)
 from verl_ext.telemetry.records import RecordWriter, header_record, rollout_record
 
 log = logging.getLogger("verl_ext.plugin")
@@ -51,6 +61,22 @@ class _Runtime:
     checker: ConsistencyChecker
     enforcer: Enforcer
     writer: RecordWriter | None
+
+    @functools.cached_property
+    def end_of_turn_ids(self) -> frozenset[int]:
+        """Stop ids that end a turn (template closes, eos and its aliases): not message content. A stop id only
+        the user configured (e.g. </tool_call>) is part of the text the tool parser needs."""
+        return frozenset(s.id for s in self.profile.stop_ids if set(s.sources) - {"user"})
+
+    def write_record(self, record: Mapping[str, Any], counters: Counter[str]) -> None:
+        """Records are diagnostics: a failed write is logged with its cause and counted, and training goes on."""
+        if self.writer is None:
+            return
+        try:
+            self.writer.write(record)
+        except (OSError, TypeError, ValueError) as exc:
+            counters["records/write_errors"] += 1
+            log.error("verl_ext: could not write a rollout record to %s: %s", self.writer.path, exc)
 
 
 _RUNTIMES: dict[tuple[int, str, str], _Runtime] = {}
@@ -79,6 +105,7 @@ def runtime_for(
                 header_record(profile),
                 max_bytes=options.records.max_bytes,
                 max_files=options.records.max_files,
+                prefix=f"rollouts-{profile.fingerprint}",  # one file per template profile: its header is right
             )
         checker = ConsistencyChecker(renderer, profile, options.check)
         _RUNTIMES[key] = _Runtime(renderer, profile, checker, Enforcer(options.check), writer)
@@ -119,7 +146,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         rt = self.rt
         messages = [dict(m) for m in kwargs["raw_prompt"]]
-        tools = self.tool_schemas or None
+        active, schemas = self._active_tools(kwargs)
+        tools = schemas or None
         t = TokenTrajectory(rt.renderer, rt.profile)
         prompt_ids = t.start(messages, tools)
         first_prompt = len(prompt_ids)
@@ -138,6 +166,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         agent_data = AgentData(messages, None, None, None, None, metrics, request_id, kwargs.get("tools_kwargs", {}))
         stop_ids = sorted(set(sampling_params.get("stop_token_ids") or []) | set(self.tool_parser.stop_token_ids))
         tool_rewards: list[float] = []
+        replies = 0
         turn = 0
         while True:
             remaining = self.response_length - (len(t.input_ids) - first_prompt)
@@ -153,17 +182,17 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             ids = [int(i) for i in out.token_ids]
             finish = finish_reason(ids, remaining, stop_ids, rt.profile)
             calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
-            for key, value in (out.extra_fields or {}).items():
-                extra_fields.setdefault(key, value)
-            message, parsed, malformed = await self._parse(ids, turn, counters)
+            merge_engine_extra_fields(extra_fields, out.extra_fields or {})
+            message, parsed, malformed = await self._parse(ids, turn, counters, active)
             t.add_sampled(ids, out.log_probs, finish, message=message)
             turn += 1
             if not (parsed or malformed) or finish == FinishReason.LENGTH or self._turn_limit(turn):
                 break
-            tool_messages = await self._run_tools(parsed, agent_data, counters, metrics, tool_rewards)
+            tool_messages = await self._run_tools(parsed, active, agent_data, counters, metrics, tool_rewards)
             tool_messages += [_malformed_message(turn - 1, i) for i in range(malformed)]
             try:
                 prompt_ids = t.append_messages(tool_messages)
+                replies += 1
             except TemplateError:
                 if not malformed:
                     raise
@@ -176,7 +205,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         t.finish()
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
-        result = self._check(t, calls, sample, tools, counters, kwargs, extra_fields.get("global_steps"))
+        result = self._check(t, calls, sample, tools, counters, kwargs, extra_fields.get("global_steps"), len(messages))
         extra_fields["verl_ext_check"] = result.verdict_fields()
         extra_fields.update({"turn_scores": [], "tool_rewards": tool_rewards})
         return AgentLoopOutput(
@@ -184,19 +213,20 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             response_ids=list(sample.response_ids),
             response_mask=list(sample.response_mask),
             response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
-            num_turns=len(t.messages),
+            num_turns=1 + len(calls) + replies,  # as verl's tool_agent counts: the prompt, assistant turns, replies
             metrics=AgentLoopMetrics(**{k: v for k, v in metrics.items() if k in AgentLoopMetrics.model_fields}),
             extra_fields=extra_fields,
         )
 
     # -- steps ------------------------------------------------------------------------------------
     async def _parse(
-        self, ids: list[int], turn: int, counters: Counter[str]
+        self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[ParsedCall], int]:
         """The assistant message for the template (content and tool calls), from the ids minus the stop token;
         the calls to run; and how many tool calls the model wrote that the parser could not read."""
-        body = ids[:-1] if ids and ids[-1] in self.rt.profile.stop_id_set else ids
-        schemas = [tool.tool_schema for tool in self.tools.values()]
+        # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
+        body = ids[:-1] if ids and ids[-1] in self.rt.end_of_turn_ids else ids
+        schemas = [tool.tool_schema for tool in active.values()]
         content, found = await self.tool_parser.extract_tool_calls(body, schemas)
         parsed = [
             ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i))
@@ -215,6 +245,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     async def _run_tools(
         self,
         parsed: Sequence[ParsedCall],
+        active: Mapping[str, Any],
         agent_data: AgentData,
         counters: Counter[str],
         metrics: dict[str, Any],
@@ -222,17 +253,37 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     ) -> list[dict[str, Any]]:
         with simple_timer("tool_calls", metrics):
             outcomes = await asyncio.gather(
-                *(
-                    run_tool(c, self.tools, agent_data.tools_kwargs, agent_data, self.options.tool_timeout_s)
-                    for c in parsed
-                )
+                *(run_tool(c, active, agent_data.tools_kwargs, agent_data, self.options.tool_timeout_s) for c in parsed)
             )
+        outcomes = [self._cap_response(o) for o in outcomes]
         for o in outcomes:
             counters["tool/calls"] += 1
             counters[f"tool/{o.status.value}"] += 1
             if o.reward is not None:
                 rewards.append(o.reward)
         return [o.message for o in outcomes]
+
+    def _active_tools(self, kwargs: Mapping[str, Any]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """verl's per-sample ``extra_info.tool_selection``, as its tool_agent applies it."""
+        selection = (kwargs.get("extra_info") or {}).get("tool_selection")
+        if not selection or not self.tools:
+            return self.tools, self.tool_schemas
+        chosen = {name: self.tools[name] for name in selection if name in self.tools}
+        return chosen, [t.tool_schema.model_dump(exclude_unset=True, exclude_none=True) for t in chosen.values()]
+
+    def _cap_response(self, outcome: ToolOutcome) -> ToolOutcome:
+        """multi_turn.max_tool_response_length, applied as verl's tool_agent does (left, right or middle)."""
+        text, limit = str(outcome.message.get("content") or ""), self.max_tool_response_length
+        if not limit or len(text) <= limit:
+            return outcome
+        side = self.tool_response_truncate_side
+        if side == "left":
+            text = "(truncated)..." + text[-limit:]
+        elif side == "right":
+            text = text[:limit] + "...(truncated)"
+        else:
+            text = text[: limit // 2] + "...(truncated)..." + text[-(limit // 2) :]
+        return dataclasses.replace(outcome, message={**outcome.message, "content": text})
 
     def _check(
         self,
@@ -243,18 +294,25 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         counters: Counter[str],
         kwargs: Mapping[str, Any],
         step_hint: Any = None,
+        prompt_messages: int | None = None,
     ) -> CheckResult:
         rt = self.rt
         repairs = Counter(e.kind.value for e in t.edits)
         if self.options.check.mode is CheckMode.OFF:
             result = CheckResult((), (), False, False, 0, len(calls), sum(len(c.output_ids) for c in calls), repairs)
         else:
-            result = rt.checker.check(calls, sample, t.messages, tools, repairs=repairs)
-        # v1 passes the trainer step; v0 does not, so it is the weight version the engine served + 1 (on-policy)
-        step = int(kwargs["global_steps"]) if kwargs.get("global_steps") is not None else int(step_hint or 0) + 1
-        metrics_sink.report(result, counters)
+            result = rt.checker.check(
+                calls,
+                sample,
+                t.messages,
+                tools,
+                repairs=repairs,
+                prompt_messages=prompt_messages,
+                response_length=self.response_length,
+            )
+        step = training_step(kwargs, step_hint)
         if rt.writer is not None:
-            rt.writer.write(
+            rt.write_record(
                 rollout_record(
                     calls,
                     sample,
@@ -266,10 +324,36 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                     kinds=[k.value for k in t.kinds[: len(sample.stream)]],
                     repairs=[r for r in t.to_dict()["repairs"] if r["kind"] in {k.value for k in RepairKind}],
                     extra={"data_source": kwargs.get("data_source"), "index": _plain_index(kwargs.get("index"))},
-                )
+                    prompt_messages=prompt_messages,
+                ),
+                counters,
             )
+        metrics_sink.report(result, counters)
         rt.enforcer.enforce(result, step)
         return result
+
+
+def training_step(kwargs: Mapping[str, Any], served_weight_version: Any) -> int:
+    """v1 passes the trainer step; v0 does not, so it is the weight version the engine served + 1 (on-policy)."""
+    if kwargs.get("global_steps") is not None:
+        return int(kwargs["global_steps"])
+    return int(served_weight_version or 0) + 1
+
+
+_SPEC_DECODE_KEYS = ("spec_num_draft_tokens", "spec_num_accepted_tokens", "spec_num_verify_steps")
+
+
+def merge_engine_extra_fields(into: dict[str, Any], new: Mapping[str, Any]) -> None:
+    """Merge one engine call's extra fields as verl's tool_agent does: the first call's as they are, then the
+    latest max_global_steps (staleness in v1) and summed speculative-decoding counters."""
+    if not into:
+        into.update(new)
+        return
+    if new.get("max_global_steps"):
+        into["max_global_steps"] = new["max_global_steps"]
+    for key in _SPEC_DECODE_KEYS:
+        if key in new and key in into:
+            into[key] = int(into[key]) + int(new[key])
 
 
 def _malformed_message(turn: int, index: int) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.policy import CheckMode
 from verl_ext.plugin import metrics_sink
-from verl_ext.plugin.agent_loop import finish_reason, runtime_for
+from verl_ext.plugin.agent_loop import finish_reason, runtime_for, training_step
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.telemetry.records import rollout_record
 
@@ -40,6 +40,10 @@ class _RecordingServer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+
+def _last_output(recorder: _RecordingServer) -> Any:
+    return recorder.calls[-1][1] if recorder.calls else None
 
 
 class AuditedToolAgentLoop(ToolAgentLoop):
@@ -73,13 +77,46 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         sample = TrainerSample.of(
             output.prompt_ids, output.response_ids, output.response_mask, output.response_logprobs
         )
-        messages = self._agent_data.messages if self._agent_data is not None else list(kwargs["raw_prompt"])
-        tools = self.tool_schemas or None
-        result = self.rt.checker.check(calls, sample, messages, tools)
-        step = int(kwargs.get("global_steps") or 0)
-        metrics_sink.report(result, Counter())
+        data = self._agent_data
+        messages = list(data.messages) if data is not None else list(kwargs["raw_prompt"])
+        prompt_messages = len(kwargs["raw_prompt"])
+        await self._complete_messages(messages, prompt_messages, recorder, data)
+        tools = (getattr(data, "_active_tool_schemas", None) if data is not None else None) or self.tool_schemas or None
+        result = self.rt.checker.check(
+            calls, sample, messages, tools, prompt_messages=prompt_messages, response_length=self.response_length
+        )
+        step = training_step(
+            kwargs, (o.extra_fields or {}).get("global_steps") if (o := _last_output(recorder)) else None
+        )
+        counters: Counter[str] = Counter()
         if self.rt.writer is not None:
-            self.rt.writer.write(rollout_record(calls, sample, messages, result, tools=tools, step=step))
+            self.rt.write_record(
+                rollout_record(
+                    calls,
+                    sample,
+                    messages,
+                    result,
+                    tools=tools,
+                    chat_template_kwargs=self.rt.renderer.template_kwargs,
+                    step=step,
+                    prompt_messages=prompt_messages,
+                ),
+                counters,
+            )
+        metrics_sink.report(result, counters)
         self.rt.enforcer.enforce(result, step)
         output.extra_fields["verl_ext_check"] = result.verdict_fields()
         return output
+
+    async def _complete_messages(
+        self, messages: list[dict[str, Any]], prompt_messages: int, recorder: _RecordingServer, data: AgentData | None
+    ) -> None:
+        """The stock loop returns before appending the last assistant message when it stops on the turn or length
+        limit; its tokens are fine, so add the message it would have parsed rather than report its absence."""
+        made = sum(1 for m in messages[prompt_messages:] if m.get("role") == "assistant")
+        if made >= len(recorder.calls) or data is None:
+            return
+        output = recorder.calls[-1][1]
+        content, calls = await self.tool_parser.extract_tool_calls(output.token_ids, [])
+        data.tool_calls = calls
+        messages.append(self._build_assistant_message(content, data))

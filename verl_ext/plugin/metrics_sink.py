@@ -35,15 +35,20 @@ class MetricsCollector:
             self._results.append(result)
             self._counters.update(counters)
 
-    def drain(self) -> dict[str, float]:
+    def take(self) -> tuple[list[CheckResult], Counter[str]]:
+        """Everything since the last take, handed over and forgotten here."""
         with self._lock:
-            results, counters = self._results, self._counters
+            taken = (self._results, self._counters)
             self._results, self._counters = [], Counter()
-        if not results:
-            return {}
-        metrics = aggregate(results)
-        metrics.update({f"{PREFIX}{k}": float(v) for k, v in counters.items()})
-        return metrics
+        return taken
+
+
+def _metrics(results: list[CheckResult], counters: Counter[str]) -> dict[str, float]:
+    if not results:
+        return {}
+    metrics = aggregate(results)
+    metrics.update({f"{PREFIX}{k}": float(v) for k, v in counters.items()})
+    return metrics
 
 
 _local = MetricsCollector()
@@ -74,8 +79,9 @@ def report(result: CheckResult, counters: Mapping[str, float]) -> None:
 
 
 def drain() -> dict[str, float]:
-    """Everything reported since the last drain, aggregated; {} when nothing was reported."""
-    metrics = _local.drain()
+    """Everything reported since the last drain (this process and the job's Ray workers), aggregated once;
+    {} when nothing was reported."""
+    results, counters = _local.take()
     try:
         import ray
 
@@ -83,11 +89,14 @@ def drain() -> dict[str, float]:
             try:
                 actor = ray.get_actor(ACTOR_NAME)
             except ValueError:
-                return metrics  # no verl_ext loop has reported in this job
-            metrics.update(ray.get(actor.drain.remote(), timeout=60))
+                actor = None  # no verl_ext loop has reported in this job
+            if actor is not None:
+                remote_results, remote_counters = ray.get(actor.take.remote(), timeout=60)
+                results += remote_results
+                counters.update(remote_counters)
     except ImportError:
         pass
-    return metrics
+    return _metrics(results, counters)
 
 
 def install_tracking_hook(tracking_module: Any) -> None:

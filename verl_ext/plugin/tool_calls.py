@@ -97,7 +97,9 @@ async def run_tool(
             response, reward, _ = normalize_function_tool_return(raw)
         else:
             kwargs = dict(tools_kwargs.get(call.name, {}) or {})
-            instance_id, _ = await tool.create(create_kwargs=kwargs.get("create_kwargs", {}))
+            instance_id, _ = await asyncio.wait_for(
+                tool.create(create_kwargs=kwargs.get("create_kwargs", {})), timeout_s
+            )
             response, reward, _ = await asyncio.wait_for(
                 tool.execute(instance_id, args, agent_data=agent_data), timeout_s
             )
@@ -108,5 +110,13 @@ async def run_tool(
         return outcome(f"Error: tool {call.name!r} failed: {type(exc).__name__}: {exc}", ToolStatus.ERROR)
     finally:
         if instance_id is not None and not isinstance(tool, FunctionTool):
-            await tool.release(instance_id)
+            await _release(tool, instance_id)
     return outcome(response.text or "", ToolStatus.OK, reward)
+
+
+async def _release(tool: Any, instance_id: str) -> None:
+    """A tool that fails to clean up has still answered: log it, keep the answer."""
+    try:
+        await tool.release(instance_id)
+    except Exception as exc:
+        log.error("tool %r failed to release instance %s: %s: %s", tool.name, instance_id, type(exc).__name__, exc)

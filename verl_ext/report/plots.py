@@ -29,6 +29,7 @@ CAUSE_COLORS: dict[str, str] = {
     Cause.CLOSE_MISSING: "#d62728",
     Cause.AMBIGUOUS_STOP_DUPLICATED: "#8c564b",
     Cause.SPECIAL_TOKEN_INJECTED: "#e377c2",
+    Cause.STOP_TEXT_IN_MESSAGE: "#f4a261",
     Cause.UNKNOWN: "#7b0000",
 }
 

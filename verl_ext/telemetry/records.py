@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCall, TrainerSample
+from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.probe import TemplateProfile
 
 log = logging.getLogger("verl_ext.records")
@@ -38,10 +38,11 @@ def rollout_record(
     kinds: Sequence[str] | None = None,
     repairs: Sequence[Mapping[str, Any]] = (),
     extra: Mapping[str, Any] | None = None,
+    prompt_messages: int | None = None,
 ) -> dict[str, Any]:
     """One rollout as a JSON object that ``verl-ext replay`` reads back (``sampled`` maps the k-th
     assistant message to engine call k) and ``verl-ext report`` renders."""
-    assistants = [i for i, m in enumerate(messages) if m.get("role") == "assistant"]
+    assistants = rollout_assistants(messages, len(calls), prompt_messages)
     by_message = list(zip(assistants, calls, strict=False))
     stream = list(sample.stream)
     p = len(sample.prompt_ids)
@@ -59,6 +60,7 @@ def rollout_record(
         "messages": [dict(m) for m in messages],
         "tools": [dict(t) for t in tools] if tools else None,
         "chat_template_kwargs": dict(chat_template_kwargs or {}),
+        "prompt_messages": prompt_messages if prompt_messages is not None else (assistants[0] if assistants else None),
         "sampled": {str(i): list(c.output_ids) for i, c in by_message},
         "logprobs": {str(i): list(c.logprobs) for i, c in by_message if c.logprobs is not None},
         "finish": {str(i): c.finish_reason for i, c in by_message if c.finish_reason in ("stop", "length")},

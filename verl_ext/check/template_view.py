@@ -39,7 +39,7 @@ def template_findings(
     native = renderer.render(messages, tools, add_generation_prompt=False, escape=False).ids
     rules = _Rules(loc, profile, renderer, messages, stream, native)
     out: list[Finding] = []
-    for tag, i1, i2, j1, j2 in _opcodes(stream, native):
+    for tag, i1, i2, j1, j2 in rules.opcodes:
         if tag == "equal":
             continue
         if i2 == len(stream) and j2 == len(native):
@@ -53,10 +53,10 @@ def template_findings(
         cause, detail = rules.classify(i1, i2, j1, j2)
         out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), native[j1:j2], detail))
 
-    escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
-    if escaped.escapes:
+    if renderer.escapes(messages):
         # Untrusted content holds special-token text. The native render turns it into special tokens,
         # so only a comparison with the escaped render shows a stream that did the same.
+        escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
         special = renderer.special_ids
         for tag, i1, i2, j1, j2 in _opcodes(stream, escaped.ids):
             s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
@@ -100,10 +100,10 @@ class _Rules:
         self.stream = stream
         self.rendered = rendered
         self.closes = profile.close_id_set
-        self.aliases = {s.id for s in profile.alias_stop_ids}
+        self.aliases = profile.alias_id_set
         self.stops = profile.stop_id_set
         self.assistants = [messages[i] for i in loc.assistant_indices]
-        self.opcodes = _opcodes(stream, rendered)
+        self.opcodes = _opcodes(stream, rendered)  # the alignment: computed once, read by every rule
 
     def end_close_suffix(self, ids: Sequence[int]) -> int:
         """How many of ``ids``' last tokens are the template's END close and/or trailer (0 if none)."""

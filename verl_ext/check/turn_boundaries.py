@@ -22,7 +22,7 @@ def turn_end_findings(
 ) -> list[Finding]:
     out: list[Finding] = []
     closes = profile.close_id_set
-    aliases = {s.id for s in profile.alias_stop_ids}
+    aliases = profile.alias_id_set
     end_has_close = bool(profile.boundary(END).close_ids)
     decode = loc.renderer.decode
     for k, call in enumerate(loc.calls):
@@ -42,15 +42,17 @@ def turn_end_findings(
         if stop is not None and stop in aliases:
             detail = f"stopped on {decode([stop])!r}, a stop id the template never renders; kept as sampled"
             out.append(_finding(loc, Cause.EOS_ALIAS, allowed, k, Span(end - 1, end), detail))
-        if close and role != END and tuple(stream[end : end + len(close)]) != close:
+        if not close:
+            continue
+        inserted = tuple(stream[end : end + len(close)]) == close
+        if not inserted and role != END:
             detail = f"the turn ended without the template's close {decode(close)!r}, and none was inserted"
             out.append(_finding(loc, Cause.CLOSE_MISSING, allowed, k, Span(end, end), detail))
-        elif close and tuple(stream[end : end + len(close)]) == close:
-            why = (
-                "the length limit"
-                if call.finish_reason == "length"
-                else repr(decode([stop]) if stop is not None else "")
-            )
+        elif inserted:
+            if call.finish_reason == "length":
+                why = "the length limit"
+            else:
+                why = repr(decode([stop])) if stop is not None else "an empty output"
             detail = f"the turn ended on {why}; the template's close {decode(close)!r} was inserted (mask 0)"
             out.append(_finding(loc, Cause.SYNTHETIC_CLOSE, allowed, k, Span(end, end + len(close)), detail))
     return out

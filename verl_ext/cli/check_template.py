@@ -37,7 +37,7 @@ def _tok(renderer: ChatRenderer, ids: tuple[int, ...]) -> str:
 def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str) -> str:
     lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}", ""]
     lines.append("stop ids an engine may end a turn on:")
-    aliases = {s.id for s in p.alias_stop_ids}
+    aliases = p.alias_id_set
     for s in p.stop_ids:
         role = "alias: gets a synthetic close" if s.id in aliases else "closes a turn"
         lines.append(f"  {s.text:<16} {s.id:>7}  {role:<30} ({', '.join(s.sources)})")

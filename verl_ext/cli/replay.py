@@ -5,33 +5,22 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
 from verl_ext.core.invariants import check_invariants
 from verl_ext.core.rendering import ChatRenderer
-from verl_ext.core.replay import RecordError, ReplayRecord, replay
+from verl_ext.core.replay import RecordError, ReplayRecord, read_json_lines, replay
 from verl_ext.core.trajectory import TokenTrajectory
 
 
 def read_records(path: str) -> Iterator[tuple[int, ReplayRecord]]:
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"replay file {path!r} does not exist")
     count = 0
-    with file.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            if isinstance(obj, dict) and obj.get("type") == "header":
-                continue  # a rollout records file's header (the template profile); not a conversation
-            count += 1
-            yield line_no, ReplayRecord.from_json(obj, where=f"{path}:{line_no}")
+    for line_no, obj in read_json_lines(path, "replay file"):
+        if isinstance(obj, dict) and obj.get("type") == "header":
+            continue  # a rollout records file's header (the template profile); not a conversation
+        count += 1
+        yield line_no, ReplayRecord.from_json(obj, where=f"{path}:{line_no}")
     if count == 0:
         raise RecordError(f"{path}: no records (the file is empty); write one JSON object per line")
 

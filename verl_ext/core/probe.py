@@ -134,10 +134,14 @@ class TemplateProfile:
         closes = self.close_id_set
         return tuple(s for s in self.stop_ids if s.id not in closes)
 
+    @property
+    def alias_id_set(self) -> frozenset[int]:
+        return frozenset(s.id for s in self.alias_stop_ids)
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["verdict"] = self.verdict.value
-        data["alias_stop_ids"] = [s.id for s in self.alias_stop_ids]
+        data["alias_stop_ids"] = sorted(self.alias_id_set)
         return data
 
 

@@ -189,6 +189,10 @@ class ChatRenderer:
         return [self.decode([i]) for i in ids]
 
     # -- escaping ---------------------------------------------------------------------------------
+    def escapes(self, messages: Sequence[Message]) -> tuple[Escape, ...]:
+        """The special-token strings in untrusted content that an escaping render would keep as text (no render)."""
+        return () if self._added_re is None else tuple(self._protect(messages)[2])
+
     def _protect(self, messages: Sequence[Message]) -> tuple[list[dict[str, Any]], list[str], list[Escape]]:
         """Swap special-token strings in untrusted content for ASCII placeholders."""
         assert self._added_re is not None

@@ -13,8 +13,11 @@ An assistant message without sampled ids is taken as the model's canonical outpu
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from verl_ext.core.errors import TemplateError, TrajectoryError
@@ -25,6 +28,23 @@ from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 
 class RecordError(ValueError):
     """A replay record is malformed; the message names the field and the fix."""
+
+
+def read_json_lines(path: str | os.PathLike[str], what: str, hint: str = "") -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) for each non-blank line of a JSONL file. A missing file raises
+    FileNotFoundError naming ``what``; a line that is not JSON raises RecordError naming file and line."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
+    with file.open(encoding="utf-8") as fh:
+        for line_no, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno}){hint}") from None
+            yield line_no, obj
 
 
 @dataclass(frozen=True)

@@ -305,6 +305,20 @@ class TokenTrajectory:
             raise TrajectoryError(f"{operation}() is not allowed now: {hint}")
 
     # -- export -----------------------------------------------------------------------------------
+    def repair_log(self) -> list[dict[str, Any]]:
+        """The edit log as JSON objects (with each edit's decoded text)."""
+        return [
+            {
+                "kind": e.kind.value,
+                "turn": e.turn,
+                "position": e.position,
+                "token_ids": list(e.token_ids),
+                "text": self.renderer.decode(e.token_ids),
+                "detail": e.detail,
+            }
+            for e in self.edits
+        ]
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "input_ids": list(self.input_ids),
@@ -312,17 +326,7 @@ class TokenTrajectory:
             "logprobs": list(self.logprobs),
             "kinds": [k.value for k in self.kinds],
             "turns": list(self.turn_of),
-            "repairs": [
-                {
-                    "kind": e.kind.value,
-                    "turn": e.turn,
-                    "position": e.position,
-                    "token_ids": list(e.token_ids),
-                    "text": self.renderer.decode(e.token_ids),
-                    "detail": e.detail,
-                }
-                for e in self.edits
-            ],
+            "repairs": self.repair_log(),
             "engine_calls": [
                 {
                     "turn": t.index,

@@ -8,7 +8,6 @@ oldest beyond ``max_files`` is deleted, and that deletion is logged.
 
 from __future__ import annotations
 
-import bisect
 import json
 import logging
 import os
@@ -17,9 +16,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.probe import TemplateProfile
+from verl_ext.core.replay import read_json_lines
 
 log = logging.getLogger("verl_ext.records")
 
@@ -51,8 +52,7 @@ def rollout_record(
         kinds = ["prompt" if i < p else "sampled" if i in sampled else "context" for i in range(len(stream))]
     if len(kinds) < len(stream):
         raise ValueError(f"rollout_record: {len(kinds)} kinds for a stream of {len(stream)} tokens; pass one per token")
-    starts = [c.output_start for c in calls]
-    turn_of = [max(bisect.bisect_right(starts, i) - 1, 0) for i in range(len(stream))]
+    turn_of = [turn_at(calls, i) for i in range(len(stream))]
     return {
         "type": "rollout",
         "version": RECORD_VERSION,
@@ -155,22 +155,12 @@ def read_records(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[dict[str
     headers: list[dict[str, Any]] = []
     rollouts: list[dict[str, Any]] = []
     for path in paths:
-        p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"records file {str(path)!r} does not exist")
-        with p.open(encoding="utf-8") as fh:
-            for n, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{path}:{n}: not valid JSON ({exc.msg}); is this a records file?") from None
-                kind = obj.get("type") if isinstance(obj, dict) else None
-                if kind == "header":
-                    headers.append(obj)
-                elif kind == "rollout":
-                    rollouts.append(obj)
-                else:
-                    raise ValueError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
+        for n, obj in read_json_lines(path, "records file", hint="; is this a records file?"):
+            kind = obj.get("type") if isinstance(obj, dict) else None
+            if kind == "header":
+                headers.append(obj)
+            elif kind == "rollout":
+                rollouts.append(obj)
+            else:
+                raise ValueError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
     return headers, rollouts

@@ -33,7 +33,7 @@ from verl_ext.check.policy import CheckMode, Enforcer
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
-from verl_ext.core.trajectory import FinishReason, RepairKind, TokenTrajectory
+from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
@@ -67,6 +67,54 @@ class _Runtime:
         """Stop ids that end a turn (template closes, eos and its aliases): not message content. A stop id only
         the user configured (e.g. </tool_call>) is part of the text the tool parser needs."""
         return frozenset(s.id for s in self.profile.stop_ids if set(s.sources) - {"user"})
+
+    def conclude(
+        self,
+        calls: Sequence[EngineCall],
+        sample: TrainerSample,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        *,
+        step: int,
+        prompt_messages: int,
+        response_length: int,
+        counters: Counter[str],
+        repairs: Counter[str] | None = None,
+        record: Mapping[str, Any] | None = None,
+    ) -> CheckResult:
+        """The end of every rollout, in either loop: check it, record it, report its metrics, apply the policy.
+        ``record`` holds extra ``rollout_record`` arguments (kinds, repair log, ...)."""
+        if self.checker.policy.mode is CheckMode.OFF:
+            n_sampled = sum(len(c.output_ids) for c in calls)
+            result = CheckResult((), (), False, False, 0, len(calls), n_sampled, repairs or Counter())
+        else:
+            result = self.checker.check(
+                calls,
+                sample,
+                messages,
+                tools,
+                repairs=repairs,
+                prompt_messages=prompt_messages,
+                response_length=response_length,
+            )
+        if self.writer is not None:
+            self.write_record(
+                rollout_record(
+                    calls,
+                    sample,
+                    messages,
+                    result,
+                    tools=tools,
+                    chat_template_kwargs=self.renderer.template_kwargs,
+                    step=step,
+                    prompt_messages=prompt_messages,
+                    **(record or {}),
+                ),
+                counters,
+            )
+        metrics_sink.report(result, counters)
+        self.enforcer.enforce(result, step)
+        return result
 
     def write_record(self, record: Mapping[str, Any], counters: Counter[str]) -> None:
         """Records are diagnostics: a failed write is logged with its cause and counted, and training goes on."""
@@ -205,7 +253,22 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         t.finish()
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
-        result = self._check(t, calls, sample, tools, counters, kwargs, extra_fields.get("global_steps"), len(messages))
+        result = rt.conclude(
+            calls,
+            sample,
+            t.messages,
+            tools,
+            step=training_step(kwargs, extra_fields.get("global_steps")),
+            prompt_messages=len(messages),
+            response_length=self.response_length,
+            counters=counters,
+            repairs=Counter(e.kind.value for e in t.edits),
+            record={
+                "kinds": [k.value for k in t.kinds[: len(sample.stream)]],
+                "repairs": t.repair_log(),
+                "extra": {"data_source": kwargs.get("data_source"), "index": _plain_index(kwargs.get("index"))},
+            },
+        )
         extra_fields["verl_ext_check"] = result.verdict_fields()
         extra_fields.update({"turn_scores": [], "tool_rewards": tool_rewards})
         return AgentLoopOutput(
@@ -284,53 +347,6 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         else:
             text = text[: limit // 2] + "...(truncated)..." + text[-(limit // 2) :]
         return dataclasses.replace(outcome, message={**outcome.message, "content": text})
-
-    def _check(
-        self,
-        t: TokenTrajectory,
-        calls: Sequence[EngineCall],
-        sample: TrainerSample,
-        tools: Sequence[Mapping[str, Any]] | None,
-        counters: Counter[str],
-        kwargs: Mapping[str, Any],
-        step_hint: Any = None,
-        prompt_messages: int | None = None,
-    ) -> CheckResult:
-        rt = self.rt
-        repairs = Counter(e.kind.value for e in t.edits)
-        if self.options.check.mode is CheckMode.OFF:
-            result = CheckResult((), (), False, False, 0, len(calls), sum(len(c.output_ids) for c in calls), repairs)
-        else:
-            result = rt.checker.check(
-                calls,
-                sample,
-                t.messages,
-                tools,
-                repairs=repairs,
-                prompt_messages=prompt_messages,
-                response_length=self.response_length,
-            )
-        step = training_step(kwargs, step_hint)
-        if rt.writer is not None:
-            rt.write_record(
-                rollout_record(
-                    calls,
-                    sample,
-                    t.messages,
-                    result,
-                    tools=tools,
-                    chat_template_kwargs=rt.renderer.template_kwargs,
-                    step=step,
-                    kinds=[k.value for k in t.kinds[: len(sample.stream)]],
-                    repairs=[r for r in t.to_dict()["repairs"] if r["kind"] in {k.value for k in RepairKind}],
-                    extra={"data_source": kwargs.get("data_source"), "index": _plain_index(kwargs.get("index"))},
-                    prompt_messages=prompt_messages,
-                ),
-                counters,
-            )
-        metrics_sink.report(result, counters)
-        rt.enforcer.enforce(result, step)
-        return result
 
 
 def training_step(kwargs: Mapping[str, Any], served_weight_version: Any) -> int:

@@ -17,10 +17,8 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.policy import CheckMode
-from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.agent_loop import finish_reason, runtime_for, training_step
 from verl_ext.plugin.options import LoopOptions
-from verl_ext.telemetry.records import rollout_record
 
 AUDIT_AGENT_NAME = "verl_ext_audited_tool_agent"
 
@@ -40,10 +38,6 @@ class _RecordingServer:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
-
-
-def _last_output(recorder: _RecordingServer) -> Any:
-    return recorder.calls[-1][1] if recorder.calls else None
 
 
 class AuditedToolAgentLoop(ToolAgentLoop):
@@ -82,29 +76,17 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         prompt_messages = len(kwargs["raw_prompt"])
         await self._complete_messages(messages, prompt_messages, recorder, data)
         tools = (getattr(data, "_active_tool_schemas", None) if data is not None else None) or self.tool_schemas or None
-        result = self.rt.checker.check(
-            calls, sample, messages, tools, prompt_messages=prompt_messages, response_length=self.response_length
+        result = self.rt.conclude(
+            calls,
+            sample,
+            messages,
+            tools,
+            # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
+            step=training_step(kwargs, output.extra_fields.get("global_steps")),
+            prompt_messages=prompt_messages,
+            response_length=self.response_length,
+            counters=Counter(),
         )
-        step = training_step(
-            kwargs, (o.extra_fields or {}).get("global_steps") if (o := _last_output(recorder)) else None
-        )
-        counters: Counter[str] = Counter()
-        if self.rt.writer is not None:
-            self.rt.write_record(
-                rollout_record(
-                    calls,
-                    sample,
-                    messages,
-                    result,
-                    tools=tools,
-                    chat_template_kwargs=self.rt.renderer.template_kwargs,
-                    step=step,
-                    prompt_messages=prompt_messages,
-                ),
-                counters,
-            )
-        metrics_sink.report(result, counters)
-        self.rt.enforcer.enforce(result, step)
         output.extra_fields["verl_ext_check"] = result.verdict_fields()
         return output
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from verl_ext.demo.run import shipped_tokenizers
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -17,19 +18,10 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
 
-def _load_unpack_module() -> Any:
-    path = REPO_ROOT / "scripts" / "unpack_tokenizers.py"
-    spec = importlib.util.spec_from_file_location("_verl_ext_unpack_tokenizers", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def tokenizer_dirs() -> dict[str, Path]:
     """name -> unpacked tokenizer folder (qwen3, qwen2.5, gpt-oss, mistral-7b-v0.3)."""
-    return _load_unpack_module().ensure_unpacked()
+    return shipped_tokenizers()
 
 
 @pytest.fixture(scope="session")

@@ -76,18 +76,19 @@ def format_step(step: int, total: int, metrics: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
-def _unpack_tokenizer() -> Path:
+def shipped_tokenizers() -> dict[str, Path]:
+    """Unpack the real tokenizers shipped with the repository (tests/fixtures) if needed; name -> folder."""
     script = REPO / "scripts" / "unpack_tokenizers.py"
     if not script.is_file():
         raise FileNotFoundError(
             f"{script} is missing: `verl-ext demo` runs from a clone of the verl_ext repository (it uses the Qwen3 "
             "tokenizer shipped under tests/fixtures)"
         )
-    spec = importlib.util.spec_from_file_location("_verl_ext_unpack", script)
+    spec = importlib.util.spec_from_file_location("_verl_ext_unpack_tokenizers", script)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.ensure_unpacked()["qwen3"]
+    return module.ensure_unpacked()
 
 
 def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
@@ -95,7 +96,7 @@ def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
     from verl_ext.demo.model import build_tiny_qwen3
 
     out.mkdir(parents=True, exist_ok=True)
-    tokenizer = _unpack_tokenizer()
+    tokenizer = shipped_tokenizers()["qwen3"]
     model = out / "tiny-qwen3"
     if not (model / "config.json").is_file():
         build_tiny_qwen3(model, tokenizer, seed=0)

@@ -57,6 +57,9 @@ def register_agent_loops() -> None:
     def add_loop(module: Any) -> None:
         module._agent_loop_registry[AGENT_LOOP_NAME] = {"_target_": _AGENT_LOOP_PATH}
         module._agent_loop_registry[AUDIT_LOOP_NAME] = {"_target_": _AUDIT_LOOP_PATH}
+        from verl_ext.plugin.loop_routing import install_routing
+
+        install_routing(module)  # rows whose agent_name column names another loop cannot bypass verl_ext unseen
 
     def hook_tracking(module: Any) -> None:
         from verl_ext.plugin.metrics_sink import install_tracking_hook

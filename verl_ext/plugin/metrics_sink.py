@@ -30,9 +30,10 @@ class MetricsCollector:
         self._counters: Counter[str] = Counter()
         self._lock = threading.Lock()
 
-    def add(self, result: CheckResult, counters: Mapping[str, float]) -> None:
+    def add(self, result: CheckResult | None, counters: Mapping[str, float]) -> None:
         with self._lock:
-            self._results.append(result)
+            if result is not None:
+                self._results.append(result)
             self._counters.update(counters)
 
     def take(self) -> tuple[list[CheckResult], Counter[str]]:
@@ -44,9 +45,10 @@ class MetricsCollector:
 
 
 def _metrics(results: list[CheckResult], counters: Counter[str]) -> dict[str, float]:
-    if not results:
+    if not results and not counters:
         return {}
-    metrics = aggregate(results)
+    # counters alone (every rollout bypassed verl_ext's loops) still show, without check metrics
+    metrics = aggregate(results) if results else {}
     metrics.update({f"{PREFIX}{k}": float(v) for k, v in counters.items()})
     return metrics
 
@@ -65,7 +67,7 @@ def _ray_collector() -> Any:
     return _actor
 
 
-def report(result: CheckResult, counters: Mapping[str, float]) -> None:
+def report(result: CheckResult | None, counters: Mapping[str, float]) -> None:
     """Send one rollout's result (fire-and-forget under Ray)."""
     try:
         import ray
@@ -76,6 +78,11 @@ def report(result: CheckResult, counters: Mapping[str, float]) -> None:
     except ImportError:
         pass
     _local.add(result, counters)
+
+
+def count(counters: Mapping[str, float]) -> None:
+    """Send counters that belong to no check result (which loop ran a rollout)."""
+    report(None, counters)
 
 
 def drain() -> dict[str, float]:
@@ -99,6 +106,27 @@ def drain() -> dict[str, float]:
     return _metrics(results, counters)
 
 
+def warn_if_bypassed(metrics: Mapping[str, float], step: Any) -> None:
+    """Once per step: rollouts that ran a loop other than verl_ext's while a verl_ext loop is the default."""
+    bypassed = int(metrics.get(f"{PREFIX}loop/bypassed", 0))
+    if not bypassed:
+        return
+    skip = {f"{PREFIX}loop/bypassed", f"{PREFIX}loop/switched"}
+    ran = {
+        k[len(f"{PREFIX}loop/") :]: int(v) for k, v in metrics.items() if k.startswith(f"{PREFIX}loop/") and k not in skip
+    }
+    log.warning(
+        "verl_ext: step %s: %d of %d rollouts bypassed verl_ext (loops run: %s): their dataset rows name another "
+        "loop in the `agent_name` column, which overrides rollout.agent.default_agent_loop; their tokens were "
+        "not checked. Fix: set those rows' agent_name to the verl_ext loop or drop the column; rows naming "
+        "tool_agent switch by themselves with verl_ext.agent_name_column=switch (the default).",
+        step,
+        bypassed,
+        sum(ran.values()),
+        ", ".join(f"{name} {n}" for name, n in sorted(ran.items())),
+    )
+
+
 def install_tracking_hook(tracking_module: Any) -> None:
     """Wrap ``Tracking.log`` so each step's metrics include the tito/ metrics of the rollouts since the last step."""
     tracking = tracking_module.Tracking
@@ -112,6 +140,7 @@ def install_tracking_hook(tracking_module: Any) -> None:
         except Exception:  # a metrics hiccup must not stop training; but it must be seen
             log.exception("verl_ext: could not collect tito/ metrics for step %s", step)
             tito = {}
+        warn_if_bypassed(tito, step)
         return original(self, {**data, **tito} if tito else data, step, *args, **kwargs)
 
     log_with_tito._verl_ext = True  # type: ignore[attr-defined]

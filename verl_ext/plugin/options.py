@@ -3,19 +3,20 @@
 Options come from two places, merged in this order (later wins):
 1. a top-level ``verl_ext:`` section of verl's config (``+verl_ext.check.mode=strict`` on the command line);
 2. the ``verl_ext:`` key of the loop's entry in ``actor_rollout_ref.rollout.agent.agent_loop_config_path``.
-See configs/verl_ext.yaml for every key with its default.
+See verl_ext/configs/verl_ext/default.yaml for every key with its default.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from verl_ext.check.policy import CheckPolicy
 
 _KNOWN: dict[str, set[str]] = {
-    "": {"check", "records", "escape_special_tokens", "tool_timeout_s", "extra_stop_tokens"},
+    "": {"check", "records", "escape_special_tokens", "tool_timeout_s", "extra_stop_tokens", "agent_name_column"},
     "check": {"mode", "allowed_causes", "template_view_rate", "logprob_atol"},
     "records": {"dir", "max_bytes", "max_files"},
 }
@@ -23,6 +24,16 @@ _KNOWN: dict[str, set[str]] = {
 
 class OptionsError(ValueError):
     """A verl_ext option is unknown or has a bad value."""
+
+
+class AgentNameColumn(StrEnum):
+    """What to do with dataset rows whose ``agent_name`` column names another loop than verl_ext's default one
+    (verl's own tool-agent preprocessing writes ``agent_name: tool_agent`` into every row, and that column
+    overrides ``rollout.agent.default_agent_loop`` row by row)."""
+
+    SWITCH = "switch"  # rows naming verl's stock tool_agent run the default verl_ext loop; other names run as named
+    STOP = "stop"  # any row naming a loop that is not verl_ext's stops the run, naming the column and the fix
+    KEEP = "keep"  # every row runs the loop it names (counted, and warned about once per step)
 
 
 @dataclass(frozen=True)
@@ -39,17 +50,24 @@ class LoopOptions:
     escape_special_tokens: bool = True  # special-token text in tool/user content stays text
     tool_timeout_s: float = 30.0
     extra_stop_tokens: tuple[str, ...] = ()  # stop tokens the engine is configured with beyond the template's
+    agent_name_column: AgentNameColumn = AgentNameColumn.SWITCH
 
     @classmethod
     def from_sources(cls, *sources: Mapping[str, Any] | None) -> LoopOptions:
         merged: dict[str, Any] = {}
         for source in sources:
-            if source:
-                _merge(merged, _plain(source))
+            if source is None:
+                continue
+            source = _plain(source)
+            if not isinstance(source, Mapping):
+                raise OptionsError(_not_a_mapping(source))
+            _merge(merged, source)
         return cls.from_mapping(merged)
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> LoopOptions:
+        if not isinstance(options, Mapping):
+            raise OptionsError(_not_a_mapping(options))
         _reject_unknown("verl_ext", options, _KNOWN[""])
         check = options.get("check") or {}
         records = options.get("records") or {}
@@ -71,7 +89,29 @@ class LoopOptions:
             escape_special_tokens=_bool("verl_ext.escape_special_tokens", options.get("escape_special_tokens", True)),
             tool_timeout_s=_positive_float("verl_ext.tool_timeout_s", options.get("tool_timeout_s", 30.0)),
             extra_stop_tokens=tuple(str(s) for s in options.get("extra_stop_tokens") or ()),
+            agent_name_column=_choice(
+                "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", "switch")
+            ),
         )
+
+
+def _not_a_mapping(value: Any) -> str:
+    hint = ""
+    if isinstance(value, str):
+        # `+verl_ext=strict` without verl_ext's Hydra config group on the search path adds the plain string
+        hint = (
+            f" `+verl_ext={value}` selects a preset only when Hydra finds verl_ext's config group: add "
+            "`hydra.searchpath=[pkg://verl_ext.configs]` to the command line (the installed verl_ext adds it by "
+            "itself; see docs/verl-integration.md), or set single options with `+verl_ext.check.mode=strict`."
+        )
+    return f"verl_ext must be a mapping of options, got {value!r}.{hint}"
+
+
+def _choice(key: str, enum: type[StrEnum], value: Any) -> Any:
+    try:
+        return enum(value)
+    except ValueError:
+        raise OptionsError(f"{key} must be one of {[e.value for e in enum]}, got {value!r}") from None
 
 
 def _plain(value: Any) -> Any:

@@ -1,0 +1,164 @@
+"""Which agent loop runs each rollout when a verl_ext loop is verl's default: nothing bypasses verl_ext unseen.
+
+verl 0.9.1 picks the loop per dataset row: ``AgentLoopWorker.generate_sequences`` (v0) and
+``AgentLoopWorkerTQ.generate_sequences`` (v1) fill the ``agent_name`` column with
+``rollout.agent.default_agent_loop`` only when the dataset has no such column, and both then call
+``AgentLoopWorker._run_agent_loop(..., agent_name=...)`` once per rollout. verl's own tool-agent preprocessing writes
+``agent_name: tool_agent`` into every row, so with ``default_agent_loop=verl_ext_tool_agent`` the stock loop would run
+and verl_ext would be silently off. The plugin wraps ``_run_agent_loop`` (the one place both trainers pass through):
+
+- ``verl_ext.agent_name_column=switch`` (default): rows naming verl's stock ``tool_agent`` run the default verl_ext
+  loop; rows naming any other loop run it;
+- ``stop``: a row naming a loop that is not verl_ext's stops the run, with the column and the fix;
+- ``keep``: every row runs the loop it names.
+
+Every rollout is counted as ``tito/loop/<name>`` (plus ``tito/loop/switched`` and ``tito/loop/bypassed``), and the
+tracker hook warns once per step when any rollout bypassed verl_ext (metrics_sink). Nothing changes when the default
+loop is not a verl_ext loop.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.plugin.options import AgentNameColumn, LoopOptions
+
+log = logging.getLogger("verl_ext.plugin")
+
+STOCK_TOOL_AGENT = "tool_agent"  # the loop verl_ext_tool_agent (and its audited twin) stands in for
+VERL_EXT_LOOP_TARGETS = frozenset(
+    {"verl_ext.plugin.agent_loop.VerlExtToolAgentLoop", "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"}
+)
+DEFAULT_LOOP_KEY = "actor_rollout_ref.rollout.agent.default_agent_loop"
+
+
+def is_verl_ext_target(target: str | None) -> bool:
+    """A registry entry's ``_target_`` is verl_ext's loop, its audited twin, or a subclass of either."""
+    if not target:
+        return False
+    if target in VERL_EXT_LOOP_TARGETS:
+        return True
+    if not target.startswith("verl_ext.") and "." in target:
+        module_name, _, attr = target.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as exc:
+            # verl fails on this name with its own error when a row uses it; here it cannot be one of ours
+            log.debug("verl_ext: agent loop target %s does not import (%s)", target, exc)
+            return False
+        from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
+        from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
+
+        return isinstance(cls, type) and issubclass(cls, (VerlExtToolAgentLoop, AuditedToolAgentLoop))
+    return False
+
+
+class BypassError(ValueError):
+    """A dataset row names a loop that is not verl_ext's while ``verl_ext.agent_name_column=stop``."""
+
+
+def bypass_message(agent_name: str, default_loop: str, where: str = "a dataset row") -> str:
+    return (
+        f"verl_ext: {where} has agent_name={agent_name!r}: the dataset's `agent_name` column overrides "
+        f"{DEFAULT_LOOP_KEY}={default_loop}, so verl would run its {agent_name} loop and bypass verl_ext's token "
+        f"guarantee and check. Fix: drop the `agent_name` column from the dataset (or set it to {default_loop!r})"
+        + (
+            ", or set verl_ext.agent_name_column=switch to run those rows with verl_ext's loop."
+            if agent_name == STOCK_TOOL_AGENT
+            else f"; or set verl_ext.agent_name_column=keep to let {agent_name} run unchecked (counted and warned)."
+        )
+    )
+
+
+@dataclass(frozen=True)
+class Route:
+    """The loop one rollout runs, and why."""
+
+    loop: str
+    switched: bool  # the row named another loop; verl_ext's runs instead
+    verl_ext: bool  # the loop that runs is a verl_ext loop (the check watches it)
+
+    def counters(self) -> dict[str, int]:
+        counts = {f"loop/{self.loop}": 1}
+        if self.switched:
+            counts["loop/switched"] = 1
+        if not self.verl_ext:
+            counts["loop/bypassed"] = 1
+        return counts
+
+
+class LoopRouter:
+    """Routes rows for one worker: built from verl's config and agent-loop registry."""
+
+    def __init__(self, default_loop: str, column: AgentNameColumn, registry: Mapping[str, Any]) -> None:
+        self.default_loop = default_loop
+        self.column = column
+        self._registry = registry
+        self._is_ours: dict[str, bool] = {}
+
+    @classmethod
+    def from_config(cls, config: Any, registry: Mapping[str, Any]) -> LoopRouter | None:
+        """None when the default loop is not a verl_ext loop: then verl_ext routes nothing and counts nothing."""
+        default_loop = str(config.actor_rollout_ref.rollout.agent.default_agent_loop)
+        router = cls(default_loop, AgentNameColumn.SWITCH, registry)
+        if not router.is_verl_ext(default_loop):
+            return None
+        options = LoopOptions.from_sources(config.get("verl_ext"), _loop_options(registry.get(default_loop)))
+        router.column = options.agent_name_column
+        return router
+
+    def is_verl_ext(self, name: str) -> bool:
+        if name not in self._is_ours:
+            entry = self._registry.get(name)
+            target = entry.get("_target_") if entry is not None and hasattr(entry, "get") else None
+            self._is_ours[name] = is_verl_ext_target(None if target is None else str(target))
+        return self._is_ours[name]
+
+    def route(self, agent_name: str) -> Route:
+        if agent_name == self.default_loop or self.is_verl_ext(agent_name):
+            return Route(agent_name, switched=False, verl_ext=True)
+        if self.column is AgentNameColumn.STOP:
+            raise BypassError(bypass_message(agent_name, self.default_loop))
+        if self.column is AgentNameColumn.SWITCH and agent_name == STOCK_TOOL_AGENT:
+            return Route(self.default_loop, switched=True, verl_ext=True)
+        return Route(agent_name, switched=False, verl_ext=False)
+
+
+def _loop_options(entry: Any) -> Any:
+    return entry.get("verl_ext") if entry is not None and hasattr(entry, "get") else None
+
+
+_UNSET = object()
+
+
+def install_routing(agent_loop_module: Any) -> None:
+    """Wrap ``AgentLoopWorker._run_agent_loop`` (v0, and v1's AgentLoopWorkerTQ, which inherits it)."""
+    worker_cls = agent_loop_module.AgentLoopWorker
+    original = worker_cls._run_agent_loop
+    if getattr(original, "_verl_ext", False):
+        return
+    registry = agent_loop_module._agent_loop_registry
+
+    async def _run_agent_loop(
+        self: Any, sampling_params: dict[str, Any], trajectory: dict[str, Any], *, agent_name: str, **kwargs: Any
+    ) -> Any:
+        router = self.__dict__.get("_verl_ext_router", _UNSET)
+        if router is _UNSET:
+            # the worker loaded agent_loop_config_path into the registry in its __init__: it is complete now
+            router = self.__dict__["_verl_ext_router"] = LoopRouter.from_config(self.config, registry)
+        if router is None:
+            return await original(self, sampling_params, trajectory, agent_name=agent_name, **kwargs)
+        route = router.route(str(agent_name))
+        output = await original(self, sampling_params, trajectory, agent_name=route.loop, **kwargs)
+        from verl_ext.plugin import metrics_sink
+
+        metrics_sink.count(route.counters())
+        return output
+
+    _run_agent_loop._verl_ext = True  # type: ignore[attr-defined]
+    _run_agent_loop.__wrapped__ = original  # type: ignore[attr-defined]
+    worker_cls._run_agent_loop = _run_agent_loop

@@ -5,8 +5,12 @@ setup(
     version="0.1.0",
     description="verl plugin guaranteeing that training tokens == inference tokens in multi-turn rollouts",
     license="Apache-2.0",
-    packages=find_packages(include=["verl_ext*"]),
-    package_data={"verl_ext.report": ["templates/*.j2", "templates/*.css"]},  # the report's Jinja templates
+    # hydra_plugins.verl_ext_searchpath: Hydra finds it and adds pkg://verl_ext.configs (the `verl_ext` config group)
+    packages=find_packages(include=["verl_ext*"]) + ["hydra_plugins.verl_ext_searchpath"],
+    package_data={
+        "verl_ext.report": ["templates/*.j2", "templates/*.css"],  # the report's Jinja templates
+        "verl_ext.configs": ["*.yaml", "verl_ext/*.yaml"],  # the config group's presets, agent_loops, cpu_demo
+    },
     python_requires=">=3.10",
     install_requires=[
         "transformers>=5.5.3,<5.11,!=5.6.0",

@@ -4,14 +4,19 @@ consistency check's records, and run the CPU demo of verl's GRPO trainer with ve
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
-from verl_ext.core.errors import TemplateError, TrajectoryError
+from verl_ext import __version__
+
+# Nothing heavy at module level: `verl-ext --help` and `--version` must not wait for transformers (each command
+# imports what it needs once the arguments are parsed).
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-ext", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"verl-ext {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     check = sub.add_parser("check-template", help="derive a template's turn boundaries and give a verdict")
@@ -57,24 +62,42 @@ def _add_template_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "check-template":
+        from verl_ext.cli.check_template import run_check_template
+
+        return run_check_template(args)
+    if args.command == "demo":
+        from verl_ext.cli.demo import run_demo_command
+
+        return run_demo_command(args)
+    if args.command == "report":
+        from verl_ext.cli.report import run_report
+
+        return run_report(args)
+    from verl_ext.cli.replay import run_replay
+
+    return run_replay(args)
+
+
+def _stdout_closed() -> int:
+    """The reader went away (`verl-ext replay ... --tokens | head`): stop quietly, as a shell tool does. Point
+    stdout at /dev/null so the interpreter's final flush does not raise again."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 141  # 128 + SIGPIPE, what the shell reports for a tool killed by the closed pipe
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    from verl_ext.core.errors import TemplateError, TrajectoryError
+
     try:
-        if args.command == "check-template":
-            from verl_ext.cli.check_template import run_check_template
-
-            return run_check_template(args)
-        if args.command == "demo":
-            from verl_ext.cli.demo import run_demo_command
-
-            return run_demo_command(args)
-        if args.command == "report":
-            from verl_ext.cli.report import run_report
-
-            return run_report(args)
-        from verl_ext.cli.replay import run_replay
-
-        return run_replay(args)
+        code = _run(args)
+        sys.stdout.flush()  # a closed pipe surfaces here, inside the handler, not at interpreter exit
+        return code
+    except BrokenPipeError:
+        return _stdout_closed()
     except (TemplateError, TrajectoryError, FileNotFoundError, IsADirectoryError, ValueError) as exc:
         print(f"verl-ext {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -1,8 +1,8 @@
 """``verl-ext demo``: verl's real GRPO trainer on CPU, with verl_ext's loop, check, metrics and report.
 
 Steps: unpack the real Qwen3 tokenizer shipped with the repository, build a tiny random Qwen3-architecture model and
-an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with configs/cpu_demo.yaml (Ray, FSDP2
-on gloo, the ``verl_ext_cpu`` engine), print progress and each step's ``tito/`` metrics, then write the HTML report
+an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with verl_ext/configs/cpu_demo.yaml (Ray,
+FSDP2 on gloo, the ``verl_ext_cpu`` engine), print progress and each step's ``tito/`` metrics, then write the HTML report
 from the rollout records. Everything lands in ``--out`` (default build/demo); the trainer's full log is train.log.
 
 A random model never calls a tool, so the demo sets the CPU engine's TEST/DEMO-ONLY hook that teacher-forces a
@@ -23,6 +23,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from verl_ext.configs import CONFIG_DIR
 
 REPO = Path(__file__).resolve().parents[2]
 FORCED_TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
@@ -110,7 +112,7 @@ def trainer_command(paths: dict[str, Path], out: Path, steps: int, trainer: str,
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
-        f"--config-path={REPO / 'configs'}",
+        f"--config-path={CONFIG_DIR}",
         "--config-name=cpu_demo",
         f"actor_rollout_ref.model.path={paths['model']}",
         f"data.train_files={paths['train']}",

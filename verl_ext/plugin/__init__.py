@@ -66,8 +66,14 @@ def register_agent_loops() -> None:
 
         install_tracking_hook(module)
 
+    def hook_validate_config(module: Any) -> None:
+        from verl_ext.plugin.preflight import wrap_validate_config
+
+        wrap_validate_config(module)  # verl's drivers call it before ray.init: verl_ext's options are checked there
+
     when_imported("verl.experimental.agent_loop.agent_loop", add_loop)
     when_imported("verl.utils.tracking", hook_tracking)
+    when_imported("verl.utils.config", hook_validate_config)
 
 
 def _load() -> None:

@@ -32,7 +32,7 @@ tokenizers: venv
 	$(BIN)/python scripts/unpack_tokenizers.py
 
 lint: venv
-	$(BIN)/ruff check verl_ext tests scripts
+	$(BIN)/ruff check verl_ext tests scripts hydra_plugins
 
 # The report's browser test needs Debian's headless chromium. With VERL_EXT_REQUIRE_BROWSER=1 (the default here)
 # the test fails rather than skips without it; `make test VERL_EXT_REQUIRE_BROWSER=0` skips it on a machine where
@@ -44,7 +44,7 @@ browser:
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null)
 
 test: venv tokenizers browser
-	$(BIN)/ruff check verl_ext tests scripts
+	$(BIN)/ruff check verl_ext tests scripts hydra_plugins
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The main job: verl's GRPO trainer on CPU with verl_ext switched on; writes build/demo/report.html.

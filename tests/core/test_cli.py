@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,39 @@ def test_docs_example_replays_as_documented(tokenizer_dirs, tmp_path, capsys):
     (rec,) = json.loads(capsys.readouterr().out)
     assert [(r["kind"], r["text"]) for r in rec["repairs"]] == [("boundary", "\n"), ("synthetic_close", "<|im_end|>")]
     assert rec["input_ids"][-2:] == [151643, 151645] and rec["loss_mask"][-2:] == [1, 0]
+
+
+def test_version(capsys):
+    from verl_ext import __version__
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"verl-ext {__version__}"
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_help_does_not_import_transformers_or_torch():
+    # `verl-ext --help` took 7 s (24 s on a loaded 2-core box) importing the token core; it needs none of it
+    out = _python(
+        "import sys\nfrom verl_ext.cli.main import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('transformers', 'torch', 'verl', 'tokenizers') if m in sys.modules))"
+    )
+    assert out.returncode == 0, out.stderr
+    assert "check-template" in out.stdout and out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_a_closed_pipe_ends_quietly(tokenizer_dirs):
+    # `verl-ext replay ... --tokens | head`: the reader is gone before the first line is written
+    qwen3 = str(tokenizer_dirs["qwen3"])
+    cmd = [sys.executable, "-m", "verl_ext.cli.main", "replay", str(EXAMPLE), "--tokenizer", qwen3, "--tokens"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO)
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=300) == 141  # 128 + SIGPIPE, as a shell tool killed by the closed pipe
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr

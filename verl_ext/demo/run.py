@@ -1,9 +1,10 @@
 """``verl-ext demo``: verl's real GRPO trainer on CPU, with verl_ext's loop, check, metrics and report.
 
 Steps: unpack the real Qwen3 tokenizer shipped with the repository, build a tiny random Qwen3-architecture model and
-an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with verl_ext/configs/cpu_demo.yaml (Ray,
-FSDP2 on gloo, the ``verl_ext_cpu`` engine), print progress and each step's ``tito/`` metrics, then write the HTML report
-from the rollout records. Everything lands in ``--out`` (default build/demo); the trainer's full log is train.log.
+an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with verl_ext/configs/cpu_demo.yaml
+(Ray, FSDP2 on gloo, the ``verl_ext_cpu`` engine), print progress and each step's ``tito/`` metrics, then write the
+HTML report from the rollout records. Everything lands in ``--out`` (default build/demo); the trainer's full log is
+train.log.
 
 A random model never calls a tool, so the demo sets the CPU engine's TEST/DEMO-ONLY hook that teacher-forces a
 calculator call as every trajectory's first assistant turn (its logprobs are still the model's); later turns are

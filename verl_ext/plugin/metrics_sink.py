@@ -111,10 +111,10 @@ def warn_if_bypassed(metrics: Mapping[str, float], step: Any) -> None:
     bypassed = int(metrics.get(f"{PREFIX}loop/bypassed", 0))
     if not bypassed:
         return
-    skip = {f"{PREFIX}loop/bypassed", f"{PREFIX}loop/switched"}
-    ran = {
-        k[len(f"{PREFIX}loop/") :]: int(v) for k, v in metrics.items() if k.startswith(f"{PREFIX}loop/") and k not in skip
-    }
+    loop = f"{PREFIX}loop/"
+    ran = {k[len(loop) :]: int(v) for k, v in metrics.items() if k.startswith(loop)}
+    ran.pop("bypassed", None)
+    ran.pop("switched", None)
     log.warning(
         "verl_ext: step %s: %d of %d rollouts bypassed verl_ext (loops run: %s): their dataset rows name another "
         "loop in the `agent_name` column, which overrides rollout.agent.default_agent_loop; their tokens were "

@@ -3,7 +3,7 @@
 Options come from two places, merged in this order (later wins):
 1. a top-level ``verl_ext:`` section of verl's config (``+verl_ext.check.mode=strict`` on the command line);
 2. the ``verl_ext:`` key of the loop's entry in ``actor_rollout_ref.rollout.agent.agent_loop_config_path``.
-See verl_ext/configs/verl_ext/default.yaml for every key with its default.
+See verl_ext/configs/verl_ext/warn.yaml for every key with its default.
 """
 
 from __future__ import annotations

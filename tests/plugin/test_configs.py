@@ -114,3 +114,21 @@ def test_a_misspelled_option_stops_main_ppo_in_the_driver_with_the_error_last():
     assert out.returncode == 2, out.stderr[-2000:]
     assert out.stderr.strip().splitlines()[-1].strip().startswith("unknown option verl_ext.chek; known keys")
     assert "Traceback" not in out.stderr and "ray init" not in out.stdout
+
+
+def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
+    import shutil
+    import zipfile
+
+    src = tmp_path / "src"  # built from a copy: an in-tree build leaves build/ and egg-info beside the checkout
+    for package in ("verl_ext", "hydra_plugins"):
+        shutil.copytree(REPO / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml"):
+        shutil.copy(REPO / name, src / name)
+    cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path), "."]
+    subprocess.run(cmd, cwd=src, check=True, capture_output=True, timeout=300)
+    (wheel,) = tmp_path.glob("verl_ext-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    presets = {f"verl_ext/configs/verl_ext/{p}.yaml" for p in PRESETS}
+    shipped = {"verl_ext/configs/agent_loops.yaml", "verl_ext/configs/cpu_demo.yaml"}
+    assert presets | shipped | {"hydra_plugins/verl_ext_searchpath/__init__.py"} <= names

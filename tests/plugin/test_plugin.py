@@ -63,6 +63,11 @@ def test_entry_point_registers_both_agent_loops_and_the_metrics_hook() -> None:
     assert registry["verl_ext_tool_agent"]["_target_"] == "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
     assert registry["verl_ext_audited_tool_agent"]["_target_"] == "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"
     assert getattr(tracking.Tracking.log, "_verl_ext", False)
+    # the per-row loop routing (v1's AgentLoopWorkerTQ inherits it) and the driver-side preflight
+    assert getattr(agent_loop.AgentLoopWorker._run_agent_loop, "_verl_ext", False)
+    import verl.utils.config as verl_config_module
+
+    assert getattr(verl_config_module.validate_config, "_verl_ext", False)
 
 
 def test_a_failing_plugin_load_is_logged_at_error_not_swallowed() -> None:

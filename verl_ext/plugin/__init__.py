@@ -52,6 +52,7 @@ def register_cpu_rollout() -> None:
 def register_agent_loops() -> None:
     """Register ``verl_ext_tool_agent`` in verl's agent-loop registry, and the tito/ metrics hook on verl's tracker,
     when verl imports those modules (importing them from here, inside ``import verl``, would be circular)."""
+    from verl_ext.plugin.hydra_group import register_searchpath_plugin
     from verl_ext.plugin.post_import import when_imported
 
     def add_loop(module: Any) -> None:
@@ -74,6 +75,7 @@ def register_agent_loops() -> None:
     when_imported("verl.experimental.agent_loop.agent_loop", add_loop)
     when_imported("verl.utils.tracking", hook_tracking)
     when_imported("verl.utils.config", hook_validate_config)
+    when_imported("hydra", register_searchpath_plugin)  # once hydra is fully imported: Hydra's scan needs it
 
 
 def _load() -> None:

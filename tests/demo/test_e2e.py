@@ -50,6 +50,7 @@ def test_engine_view_passes_on_every_rollout(demo: DemoResult) -> None:
         assert metrics["tito/rollouts_checked"] == 4 and metrics["tito/engine_view_failures"] == 0
         assert metrics["tito/tool/calls"] == 4 and metrics["tito/tool/ok"] == 4
         assert metrics["tito/lost_sampled_tokens"] == 0  # each turn asked only for the budget left
+        assert metrics["tito/loop/verl_ext_tool_agent"] == 4 and "tito/loop/bypassed" not in metrics  # which loop ran
     records = rollouts(demo)
     assert len(records) == 8 and all(r["check"]["engine_ok"] for r in records)
     assert {r["step"] for r in records} == {1, 2}

@@ -11,10 +11,10 @@ The two sides are almost always equal but for a few local divergences, and long 
 4. each small divergent region is re-aligned by ``difflib`` (as the check always did) or, when too large for
    difflib's worst case, by the longest common subsequence, so as many tokens as possible stay equal.
 
-A middle small enough is step 4 alone: there the opcodes are ``difflib``'s, exactly. Every native call's cost is
-predicted from the one before it; when the next would end past the deadline, ``BudgetExceeded`` is raised
-instead (the caller reports the check as skipped, never hangs). Opcodes read like ``difflib``'s: adjacent edits
-are one ``replace`` (or ``insert``/``delete``).
+A middle of at most ``DIFFLIB_CELLS`` (512 × 512 tokens) is step 4 alone: there the opcodes are ``difflib``'s,
+exactly. Every native call's cost is predicted from the one before it; when the next would end past the deadline,
+``BudgetExceeded`` is raised instead (the caller reports the check as skipped, never hangs). Opcodes read like
+``difflib``'s: adjacent edits are one ``replace`` (or ``insert``/``delete``).
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from difflib import SequenceMatcher
 from pathlib import Path
 
@@ -46,13 +47,30 @@ def old_alignment(a: list[int], b: list[int]) -> None:
     SequenceMatcher(None, a[lo : len(a) - hi], b[lo : len(b) - hi], autojunk=False).get_opcodes()
 
 
-def best_of(runs: int, fn) -> float:  # noqa: ANN001
+def best_of(runs: int, fn: Callable[[], object]) -> float:
     times = []
     for _ in range(runs):
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
     return min(times)
+
+
+def measure(r: ChatRenderer, checker: ConsistencyChecker, name: str, size: int, runs: int, difflib_up_to: int) -> str:
+    """One table row: the rollout, its render and check times, their ratio, what the check found."""
+    ro = SCENARIOS[name](r, size)
+    tools = None if name == "stripped" else TOOLS
+    render_s = best_of(runs, lambda: r.render(ro.messages, tools, add_generation_prompt=False))
+    results = []
+    check_s = best_of(runs, lambda: results.append(checker.check(ro.calls, ro.sample, ro.messages, tools)))
+    assert results[-1].template_view
+    causes = ", ".join(f"{c}×{n}" for c, n in sorted(results[-1].cause_counts().items())) or "none"
+    row = f"{ro.name:<42} {ro.tokens:>8} {render_s:>9.3f} {check_s:>9.3f} {check_s / render_s:>13.2f}  {causes}"
+    if difflib_up_to and ro.tokens <= difflib_up_to:
+        rendered = list(r.render(ro.messages, tools, add_generation_prompt=False, escape=False).ids)
+        old_s = best_of(1, lambda: old_alignment(list(ro.sample.stream), rendered))
+        row += f"  (old difflib alignment alone: {old_s:.2f} s = {old_s / render_s:.1f}× render)"
+    return row
 
 
 def tokenizer_dir() -> Path:
@@ -82,25 +100,8 @@ def main(argv: list[str] | None = None) -> int:
     for size in sizes:
         for name in args.scenarios:
             print(f"[{len(rows) + 1}/{total}] building {name} at ~{size} tokens ...", flush=True)
-            ro = SCENARIOS[name](r, size)
-            tools = None if name == "stripped" else TOOLS
-            render_s = best_of(args.runs, lambda: r.render(ro.messages, tools, add_generation_prompt=False))
-            result = None
-
-            def check() -> None:
-                nonlocal result
-                result = checker.check(ro.calls, ro.sample, ro.messages, tools)
-
-            check_s = best_of(args.runs, check)
-            assert result is not None and result.template_view
-            causes = ", ".join(f"{c}×{n}" for c, n in sorted(result.cause_counts().items())) or "none"
-            row = f"{ro.name:<42} {ro.tokens:>8} {render_s:>9.3f} {check_s:>9.3f} {check_s / render_s:>13.2f}  {causes}"
-            if args.difflib_up_to and ro.tokens <= args.difflib_up_to:
-                rendered = r.render(ro.messages, tools, add_generation_prompt=False, escape=False).ids
-                old_s = best_of(1, lambda: old_alignment(list(ro.sample.stream), list(rendered)))
-                row += f"  (old difflib alignment alone: {old_s:.2f} s = {old_s / render_s:.1f}× render)"
-            rows.append(row)
-            print("    " + row, flush=True)
+            rows.append(measure(r, checker, name, size, args.runs, args.difflib_up_to))
+            print("    " + rows[-1], flush=True)
     print()
     print(header)
     print("\n".join(rows))

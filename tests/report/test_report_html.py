@@ -324,3 +324,22 @@ def test_errors_name_the_problem_and_exit_2(setup, message, built_report, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("verl-ext report: error:") and message in err
     assert not Path(out).exists()
+
+
+def test_a_rollout_whose_check_ran_out_of_time_makes_the_verdict_amber(tmp_path, renderer_for, tokenizer_dirs):
+    from long_rollouts import repetitive_tool_output
+
+    from verl_ext.check import CheckPolicy, ConsistencyChecker
+    from verl_ext.telemetry.records import rollout_record
+
+    r = renderer_for("qwen3")
+    ro = repetitive_tool_output(r, 2000, turns=1)
+    result = ConsistencyChecker(r, policy=CheckPolicy(template_view_budget_s=1e-6)).check(
+        ro.calls, ro.sample, ro.messages, TOOLS
+    )
+    assert result.template_view_skipped
+    record = rollout_record(ro.calls, ro.sample, ro.messages, result, tools=TOOLS, step=0)
+    html = report_of([record], tmp_path, tokenizer_dirs["qwen3"])
+    verdict = text_of(section(html, "verdict"))
+    assert verdict.startswith("Tokens are consistent, but the template view was skipped on 1 rollout")
+    assert "template_view_budget_s" in verdict and "template view skipped" in section(html, "rollouts")

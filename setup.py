@@ -21,6 +21,7 @@ setup(
         "fastapi",
         "uvicorn",
         "matplotlib",
+        "rapidfuzz>=3.9",  # the check's alignment: banded edit distance in C, near-linear on long rollouts
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff"],

@@ -88,6 +88,7 @@ def test_length_cut_turn_gets_a_synthetic_close_and_stays_in_budget(make_loop):
         ({"chek": {"mode": "warn"}}, "verl_ext.chek"),
         ({"check": {"mode": "loud"}}, "mode"),
         ({"check": {"template_view_rate": 3}}, "template_view_rate"),
+        ({"check": {"template_view_budget_s": 0}}, "template_view_budget_s"),
         ({"records": {"max_files": 0}}, "verl_ext.records.max_files"),
         ({"escape_special_tokens": "yes"}, "verl_ext.escape_special_tokens"),
     ],

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import pytest
 from report_rollouts import HOSTILE
+from rollouts import TOOLS
 
 from verl_ext.check.findings import Cause
 from verl_ext.cli.main import main
 
-SECTIONS = ("summary", "steps", "turns", "examples", "audit")
+SECTIONS = ("verdict", "summary", "fixes", "steps", "turns", "rollouts", "examples", "audit")
 PRESENT = {  # causes the records hold (see report_rollouts.py)
     Cause.BPE_REMERGE,
     Cause.REASONING_INSERTED,
@@ -139,19 +140,157 @@ def test_check_template_html_is_the_reports_audit_section(built_report, tmp_path
     assert "before tool" in audit and "&#39;\\n&#39;" in audit  # the repair "\n", decoded and escaped
 
 
-def test_clean_records_say_so(tmp_path, renderer_for, tokenizer_dirs):
-    from report_rollouts import build_records
-
+def report_of(records, directory, tokenizer_dir) -> str:
+    """The report the CLI builds from ``records`` (written with a real header), as HTML text."""
     from verl_ext.core.probe import probe_template
+    from verl_ext.core.rendering import load_renderer
     from verl_ext.telemetry.records import RecordWriter, header_record
 
+    writer = RecordWriter(directory, header_record(probe_template(load_renderer(tokenizer_dir))))
+    for record in records:
+        writer.write(record)
+    out = directory / "report.html"
+    assert main(["report", str(writer.path), "-o", str(out), "--tokenizer", str(tokenizer_dir)]) == 0
+    return out.read_text(encoding="utf-8")
+
+
+def text_of(html: str) -> str:
+    page = _Page()
+    page.feed(html)
+    return re.sub(r"\s+", " ", "".join(page.text)).strip()
+
+
+@pytest.fixture(scope="module")
+def all_records(renderer_for):
+    from report_rollouts import build_records
+
+    return build_records(renderer_for("qwen3"))
+
+
+def test_clean_records_say_so(tmp_path, all_records, tokenizer_dirs):
+    html = report_of(all_records[:1], tmp_path, tokenizer_dirs["qwen3"])
+    verdict = text_of(section(html, "verdict"))
+    assert verdict.startswith("All clear: 1 rollout checked; each trains on exactly the tokens the engine sampled")
+    assert "What to do" not in verdict and "No rollout has an engine failure or a finding." in html
+
+
+def test_the_verdict_leads_with_everything_and_says_what_to_do(built_report):
+    verdict = text_of(section(built_report.html, "verdict"))
+    assert verdict.startswith("Not safe to train: in 1 rollout the trainer's tokens, mask or logprobs are not what")
+    assert "5 of 11 rollouts (45.5%) have an engine failure or a defect" in verdict
+    # Worst first: the engine failure, then each defect cause with its fix, then tokens lost, then what is allowed.
+    order = [
+        "engine view: 1 failure of kind logprob",
+        "calculate_log_probs=true",
+        "special_token_injected: 2 defects",
+        "escape_special_tokens=true",
+        "boundary_missing: 1 defect",
+        "close_missing: 1 defect",
+        "--stop",
+        "unknown: 1 defect",
+        "of sampled tokens lost to truncation",
+        "response_length",
+        "findings allowed",
+    ]
+    positions = [verdict.find(text) for text in order]
+    assert -1 not in positions and positions == sorted(positions), list(zip(order, positions, strict=True))
+
+
+def test_a_run_where_every_rollout_has_a_defect_is_not_green(tmp_path, all_records, tokenizer_dirs):
+    defective = [r for r in all_records if not r["check"]["ok"] and r["check"]["engine_ok"]]
+    html = report_of(defective, tmp_path, tokenizer_dirs["qwen3"])
+    verdict = text_of(section(html, "verdict"))
+    assert verdict.startswith(
+        f"Fix before training: {len(defective)} of {len(defective)} rollouts (100.0%) have a defect"
+    )
+    assert "All clear" not in html
+
+
+def test_tokens_lost_to_truncation_are_a_warning_with_their_share(tmp_path, all_records, tokenizer_dirs):
+    truncated = [r for r in all_records if r["check"]["truncated"]]
+    check = truncated[0]["check"]
+    share = 100 * check["lost_sampled_tokens"] / check["num_sampled"]
+    html = report_of(truncated, tmp_path, tokenizer_dirs["qwen3"])
+    verdict = text_of(section(html, "verdict"))
+    assert verdict.startswith(f"Tokens are consistent, but {share:.1f}% of sampled tokens were cut by truncation")
+    assert "response_length" in verdict
+
+
+def test_every_cause_and_engine_failure_kind_has_a_one_line_fix(built_report):
+    from verl_ext.check.findings import FailureKind
+    from verl_ext.report.fixes import CAUSE_FIXES, ENGINE_FIXES
+
+    missing = [c.value for c in Cause if c.value not in CAUSE_FIXES] + [
+        k.value for k in FailureKind if k.value not in ENGINE_FIXES
+    ]
+    assert not missing, f"add a line for {missing} to verl_ext/report/fixes.py"
+    assert all("\n" not in fix and fix.strip() for fix in [*CAUSE_FIXES.values(), *ENGINE_FIXES.values()])
+    fixes = section(built_report.html, "fixes")
+    for cause in Cause:
+        assert f'id="fix-{cause.value}"' in fixes
+
+
+def test_every_link_resolves_to_an_element_of_the_page(built_report):
+    html = built_report.html
+    ids = re.findall(r'\sid="([^"]+)"', html)
+    assert len(ids) == len(set(ids)), "duplicate ids"
+    targets = re.findall(r'href="#([^"]+)"', html)
+    assert targets and set(targets) <= set(ids), sorted(set(targets) - set(ids))
+
+
+def test_each_finding_links_to_its_tokens_and_its_fix_and_back(built_report):
+    examples = section(built_report.html, "examples")
+    chunks = examples.split('<div class="finding')[1:]
+    assert len(chunks) == 5  # the five worst rollouts' findings
+    for chunk in chunks:
+        finding_id = re.match(r'[^"]*" id="([^"]+)"', chunk).group(1)
+        marker = re.search(r'href="#([^"]+-m\d+)"', chunk).group(1)
+        # The marker in the token view carries that id and links back to the finding.
+        assert re.search(rf'id="{marker}" href="#{finding_id}"', examples)
+        assert re.search(r'href="#fix-[a-z_]+">all fixes', chunk)
+    failure = re.search(r'<div class="failure" id="([^"]+)">.*?href="#([^"]+)">position', examples, re.DOTALL)
+    assert failure and re.search(rf'id="{failure.group(2)}" href="#{failure.group(1)}"', examples)
+
+
+def test_a_cause_the_policy_allows_is_not_drawn_as_a_defect(tmp_path, renderer_for, tokenizer_dirs):
+    from report_rollouts import build_records
+
+    from verl_ext.check import ALLOWED_BY_DESIGN, CheckPolicy
+    from verl_ext.report.plots import CAUSE_COLORS
+
+    policy = CheckPolicy(allowed_causes=ALLOWED_BY_DESIGN | {Cause.CLOSE_MISSING})
+    html = report_of(build_records(renderer_for("qwen3"), policy), tmp_path, tokenizer_dirs["qwen3"])
+    row = re.search(
+        r"<tr[^>]*>\s*<td><span class=\"swatch\"[^>]*></span><code>close_missing</code>.*?</tr>",
+        section(html, "summary"),
+        re.DOTALL,
+    ).group(0)
+    assert "allowed by policy" in row and ">defect<" not in row
+    assert CAUSE_COLORS[Cause.CLOSE_MISSING] not in row  # its warm defect colour is not used
+    assert "close_missing" not in text_of(section(html, "verdict")).split("findings allowed")[0]
+
+
+def test_turn_numbers_say_they_count_from_zero(built_report):
+    assert "Turns count from 0: turn 0 is the first engine call" in section(built_report.html, "turns")
+    assert "· turn 0 of 0–1 ·" in section(built_report.html, "examples")
+
+
+def test_a_long_turn_is_folded_out_of_the_page(tmp_path, renderer_for, tokenizer_dirs):
+    """A rollout whose single tool result is about 40k tokens (a defect, so it is shown token by token): the page
+    stays about the size of the small report and names what it left out."""
+    from long_rollouts import naive_repetitive
+
+    from verl_ext.check import ConsistencyChecker
+    from verl_ext.telemetry.records import rollout_record
+
     r = renderer_for("qwen3")
-    writer = RecordWriter(tmp_path, header_record(probe_template(r)))
-    writer.write(build_records(r)[0])
-    out = tmp_path / "clean.html"
-    assert main(["report", str(writer.path), "-o", str(out), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 0
-    html = out.read_text(encoding="utf-8")
-    assert 'class="banner good"' in html and "No rollout has an engine failure or a finding." in html
+    ro = naive_repetitive(r, 40_000, turns=1)
+    result = ConsistencyChecker(r).check(ro.calls, ro.sample, ro.messages, TOOLS)
+    record = rollout_record(ro.calls, ro.sample, ro.messages, result, tools=TOOLS, step=0)
+    html = report_of([record], tmp_path, tokenizer_dirs["qwen3"])
+    assert ro.tokens > 40_000 and len(html.encode()) < 200_000
+    assert re.search(r"⋯ \d{5} context tokens not shown \(positions \d+–\d+\)", html)
+    assert "boundary_missing" in section(html, "examples")
 
 
 @pytest.mark.parametrize(
@@ -185,3 +324,22 @@ def test_errors_name_the_problem_and_exit_2(setup, message, built_report, tmp_pa
     err = capsys.readouterr().err
     assert err.startswith("verl-ext report: error:") and message in err
     assert not Path(out).exists()
+
+
+def test_a_rollout_whose_check_ran_out_of_time_makes_the_verdict_amber(tmp_path, renderer_for, tokenizer_dirs):
+    from long_rollouts import repetitive_tool_output
+
+    from verl_ext.check import CheckPolicy, ConsistencyChecker
+    from verl_ext.telemetry.records import rollout_record
+
+    r = renderer_for("qwen3")
+    ro = repetitive_tool_output(r, 2000, turns=1)
+    result = ConsistencyChecker(r, policy=CheckPolicy(template_view_budget_s=1e-6)).check(
+        ro.calls, ro.sample, ro.messages, TOOLS
+    )
+    assert result.template_view_skipped
+    record = rollout_record(ro.calls, ro.sample, ro.messages, result, tools=TOOLS, step=0)
+    html = report_of([record], tmp_path, tokenizer_dirs["qwen3"])
+    verdict = text_of(section(html, "verdict"))
+    assert verdict.startswith("Tokens are consistent, but the template view was skipped on 1 rollout")
+    assert "template_view_budget_s" in verdict and "template view skipped" in section(html, "rollouts")

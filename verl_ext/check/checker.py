@@ -8,6 +8,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from verl_ext.check.align import BudgetExceeded
 from verl_ext.check.engine_view import check_engine_view
 from verl_ext.check.findings import CheckResult, FailureKind
 from verl_ext.check.inputs import EngineCall, TrainerSample
@@ -63,6 +64,7 @@ class ConsistencyChecker:
         ev = check_engine_view(calls, sample, self.policy.logprob_atol, response_length)
         findings = []
         ran_template = False
+        skipped = ""
         if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
             stream = sample.stream if len(sample.stream) >= len(ev.engine_stream) else ev.engine_stream
             loc = Locator.build(calls, messages, stream, self.renderer, prompt_messages)
@@ -72,13 +74,30 @@ class ConsistencyChecker:
                 template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
             if template_view:
                 explained = {i for f in findings for i in range(f.stream.start, f.stream.end)}
-                rendered = template_findings(
-                    loc, self.profile, self.renderer, messages, tools, explained, self.policy.allows
-                )
-                # Where both views found the same thing, keep the template view's (it has both sides).
-                located = {(f.cause, f.turn) for f in rendered}
-                findings = [f for f in findings if (f.cause, f.turn) not in located] + rendered
-                ran_template = True
+                budget = self.policy.template_view_budget_s
+                view_started = time.perf_counter()
+                try:
+                    rendered = template_findings(
+                        loc,
+                        self.profile,
+                        self.renderer,
+                        messages,
+                        tools,
+                        explained,
+                        self.policy.allows,
+                        deadline=None if budget is None else view_started + budget,
+                    )
+                except BudgetExceeded as exc:
+                    # A long, divergent rollout must not stall the step: count it and say why, keep the rest.
+                    skipped = (
+                        f"over its {budget:g} s budget after {time.perf_counter() - view_started:.1f} s on "
+                        f"{len(stream)} tokens: {exc} (raise verl_ext.check.template_view_budget_s)"
+                    )
+                else:
+                    # Where both views found the same thing, keep the template view's (it has both sides).
+                    located = {(f.cause, f.turn) for f in rendered}
+                    findings = [f for f in findings if (f.cause, f.turn) not in located] + rendered
+                    ran_template = True
         return CheckResult(
             engine_failures=ev.failures,
             findings=tuple(sorted(findings, key=lambda f: (f.stream.start, f.cause.value))),
@@ -89,4 +108,5 @@ class ConsistencyChecker:
             num_sampled=sum(len(c.output_ids) for c in calls),
             repairs=Counter(repairs or {}),
             seconds=time.perf_counter() - started,
+            template_view_skipped=skipped,
         )

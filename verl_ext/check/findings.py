@@ -128,6 +128,9 @@ class CheckResult:
     num_sampled: int
     repairs: Counter[str] = field(default_factory=Counter)  # edit-log kind -> count, when known
     seconds: float = 0.0
+    # Why the template view stopped before its end (its time budget ran out); "" when it ran or was not drawn.
+    # A skipped rollout keeps its engine view and turn-end findings; ``check_skipped`` in tito/ counts them.
+    template_view_skipped: str = ""
 
     @property
     def engine_ok(self) -> bool:
@@ -157,6 +160,8 @@ class CheckResult:
             parts.append(", ".join(f"{c}×{n}" for c, n in sorted(self.cause_counts().items())))
         if self.truncated:
             parts.append(f"truncated ({self.lost_sampled_tokens} sampled tokens lost)")
+        if self.template_view_skipped:
+            parts.append(f"template view skipped: {self.template_view_skipped}")
         return "; ".join(parts)
 
     def verdict_fields(self) -> dict[str, Any]:
@@ -168,6 +173,7 @@ class CheckResult:
             "causes": dict(self.cause_counts()),
             "truncated": self.truncated,
             "lost_sampled_tokens": self.lost_sampled_tokens,
+            "template_view_skipped": self.template_view_skipped,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -183,4 +189,5 @@ class CheckResult:
             "num_sampled": self.num_sampled,
             "repairs": dict(self.repairs),
             "seconds": round(self.seconds, 6),
+            "template_view_skipped": self.template_view_skipped,
         }

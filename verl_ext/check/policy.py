@@ -34,21 +34,27 @@ class CheckPolicy:
     allowed_causes: frozenset[Cause] = ALLOWED_BY_DESIGN
     template_view_rate: float = 1.0  # fraction of rollouts that also get the (full-render) template view
     logprob_atol: float = 1e-5
+    # Seconds the template view may take on one rollout; past them it stops and the rollout counts as
+    # ``check_skipped`` with the reason. None: no limit.
+    template_view_budget_s: float | None = 10.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.template_view_rate <= 1.0 or math.isnan(self.template_view_rate):
             raise ValueError(f"template_view_rate must be in [0, 1], got {self.template_view_rate}")
         if not self.logprob_atol >= 0.0:
             raise ValueError(f"logprob_atol must be >= 0, got {self.logprob_atol}")
+        budget = self.template_view_budget_s
+        if budget is not None and not (budget > 0.0 and math.isfinite(budget)):
+            raise ValueError(f"template_view_budget_s must be a positive number of seconds or null, got {budget}")
 
     def allows(self, cause: Cause) -> bool:
         return cause in self.allowed_causes
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> CheckPolicy:
-        """Build from config keys ``mode``, ``allowed_causes``, ``template_view_rate``, ``logprob_atol``.
-        An unknown key or a bad value raises ValueError naming it and what is accepted."""
-        known = {"mode", "allowed_causes", "template_view_rate", "logprob_atol"}
+        """Build from config keys ``mode``, ``allowed_causes``, ``template_view_rate``, ``logprob_atol``,
+        ``template_view_budget_s``. An unknown key or a bad value raises ValueError naming it and what is accepted."""
+        known = {"mode", "allowed_causes", "template_view_rate", "logprob_atol", "template_view_budget_s"}
         unknown = sorted(set(options) - known)
         if unknown:
             raise ValueError(f"unknown check option(s) {unknown}; known: {sorted(known)}")
@@ -57,8 +63,10 @@ class CheckPolicy:
             kwargs["mode"] = _parse_enum(CheckMode, options["mode"], "mode")
         if "allowed_causes" in options:
             kwargs["allowed_causes"] = parse_causes(options["allowed_causes"])
-        for key in ("template_view_rate", "logprob_atol"):
-            if key in options:
+        for key in ("template_view_rate", "logprob_atol", "template_view_budget_s"):
+            if key == "template_view_budget_s" and options.get(key, 0) is None:
+                kwargs[key] = None
+            elif key in options:
                 try:
                     kwargs[key] = float(options[key])
                 except (TypeError, ValueError):
@@ -97,13 +105,22 @@ class Enforcer:
     _step: int | None = None
 
     def enforce(self, result: CheckResult, step: int = 0) -> None:
-        if self.policy.mode is CheckMode.OFF or result.ok:
+        if self.policy.mode is CheckMode.OFF:
             return
-        if self.policy.mode is CheckMode.STRICT:
-            raise ConsistencyError(explain(result), result)
         if step != self._step:  # steps may interleave (async rollouts): forget only steps well behind
             self._step = step
             self._warned = {(s, k) for s, k in self._warned if s >= step - 2}
+        if result.template_view_skipped:  # never raises, even in strict mode: nothing was found to be wrong
+            self._warn_once(
+                step,
+                "skipped",
+                f"template view skipped, {result.template_view_skipped} (further skips this step are counted in "
+                "tito/check_skipped, not logged)",
+            )
+        if result.ok:
+            return
+        if self.policy.mode is CheckMode.STRICT:
+            raise ConsistencyError(explain(result), result)
         for f in result.engine_failures:
             self._warn_once(step, f"engine:{f.kind.value}", f"ENGINE VIEW FAILED ({f.kind.value}): {f.detail}")
         for f in result.defects:

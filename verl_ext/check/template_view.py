@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from difflib import SequenceMatcher
 from typing import Any
 
+from verl_ext.check.align import align, check_deadline
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.locate import Locator
 from verl_ext.core.probe import END, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
-
-Opcode = tuple[str, int, int, int, int]
 
 
 def template_findings(
@@ -29,19 +27,22 @@ def template_findings(
     tools: Sequence[Mapping[str, Any]] | None,
     explained: set[int],
     allowed: Callable[[Cause], bool],
+    deadline: float | None = None,
 ) -> list[Finding]:
     """Findings for every divergence between ``loc.stream`` and the template's rendering of ``messages``.
 
     ``explained`` holds stream positions already covered by turn-end findings; a divergence made only of
-    those positions is not reported twice.
+    those positions is not reported twice. Past ``deadline`` (a ``time.perf_counter()`` value) it raises
+    ``BudgetExceeded`` saying how far it got, rather than run on.
     """
     stream = loc.stream
     native = renderer.render(messages, tools, add_generation_prompt=False, escape=False).ids
-    rules = _Rules(loc, profile, renderer, messages, stream, native)
+    check_deadline(deadline, f"after rendering the conversation ({len(native)} tokens)")
+    rules = _Rules(loc, profile, renderer, messages, stream, native, deadline)
     out: list[Finding] = []
-    for tag, i1, i2, j1, j2 in rules.opcodes:
-        if tag == "equal":
-            continue
+    divergent = [op for op in rules.opcodes if op[0] != "equal"]
+    for k, (_tag, i1, i2, j1, j2) in enumerate(divergent):
+        check_deadline(deadline, f"explaining divergence {k + 1} of {len(divergent)}")
         if i2 == len(stream) and j2 == len(native):
             # Nothing is trained after the last token: the END close and trailer the template renders there (and
             # a stream cut before them) change nothing. Compare what comes before them.
@@ -57,31 +58,15 @@ def template_findings(
         # Untrusted content holds special-token text. The native render turns it into special tokens,
         # so only a comparison with the escaped render shows a stream that did the same.
         escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
+        check_deadline(deadline, "after rendering the conversation with special-token text escaped")
         special = renderer.special_ids
-        for tag, i1, i2, j1, j2 in _opcodes(stream, escaped.ids):
+        for tag, i1, i2, j1, j2 in align(stream, escaped.ids, deadline):
             s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
             if tag == "replace" and set(s_ids) & special and renderer.decode(s_ids) == renderer.decode(e_ids):
                 detail = "special-token text in tool/user/system content became a real special token"
                 cause = Cause.SPECIAL_TOKEN_INJECTED
                 out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), e_ids, detail))
     return sorted(out, key=lambda f: (f.stream.start, f.cause.value))
-
-
-def _opcodes(a: Sequence[int], b: Sequence[int]) -> list[Opcode]:
-    """Alignment opcodes; the common prefix and suffix are trimmed first (the usual case is a long one)."""
-    n = min(len(a), len(b))
-    lo = 0
-    while lo < n and a[lo] == b[lo]:
-        lo += 1
-    hi = 0
-    while hi < n - lo and a[len(a) - 1 - hi] == b[len(b) - 1 - hi]:
-        hi += 1
-    ops: list[Opcode] = [("equal", 0, lo, 0, lo)] if lo else []
-    middle = SequenceMatcher(None, a[lo : len(a) - hi], b[lo : len(b) - hi], autojunk=False).get_opcodes()
-    ops += [(tag, i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2 in middle]
-    if hi:
-        ops.append(("equal", len(a) - hi, len(a), len(b) - hi, len(b)))
-    return ops
 
 
 class _Rules:
@@ -93,6 +78,7 @@ class _Rules:
         messages: Sequence[Mapping[str, Any]],
         stream: Sequence[int],
         rendered: Sequence[int],
+        deadline: float | None = None,
     ) -> None:
         self.loc = loc
         self.profile = profile
@@ -103,7 +89,7 @@ class _Rules:
         self.aliases = profile.alias_id_set
         self.stops = profile.stop_id_set
         self.assistants = [messages[i] for i in loc.assistant_indices]
-        self.opcodes = _opcodes(stream, rendered)  # the alignment: computed once, read by every rule
+        self.opcodes = align(stream, rendered, deadline)  # the alignment: computed once, read by every rule
 
     def end_close_suffix(self, ids: Sequence[int]) -> int:
         """How many of ``ids``' last tokens are the template's END close and/or trailer (0 if none)."""

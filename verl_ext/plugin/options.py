@@ -17,7 +17,7 @@ from verl_ext.check.policy import CheckPolicy
 
 _KNOWN: dict[str, set[str]] = {
     "": {"check", "records", "escape_special_tokens", "tool_timeout_s", "extra_stop_tokens", "agent_name_column"},
-    "check": {"mode", "allowed_causes", "template_view_rate", "logprob_atol"},
+    "check": {"mode", "allowed_causes", "template_view_rate", "logprob_atol", "template_view_budget_s"},
     "records": {"dir", "max_bytes", "max_files"},
 }
 

@@ -7,14 +7,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from verl_ext.check.findings import ALLOWED_BY_DESIGN
+from verl_ext.check.findings import FailureKind
 from verl_ext.report.audit import audit_view
 from verl_ext.report.examples import worst_examples
+from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
 from verl_ext.report.html import render
+from verl_ext.report.listing import filter_options, rollout_rows
 from verl_ext.report.load import Records, load_records
 from verl_ext.report.plots import findings_over_steps
 from verl_ext.report.summary import Summary, summarize
 from verl_ext.report.tokens import Decode
+from verl_ext.report.verdict import verdict
 
 
 @dataclass(frozen=True)
@@ -49,13 +52,23 @@ def build_report(records: Records | Sequence[str | os.PathLike[str]], decode: De
         )
     if not records.profiles:
         warnings.append("the record files have no header line, so the template audit is missing")
-    allowed = {c.value for c in ALLOWED_BY_DESIGN}
+    shown = worst_examples(records.rollouts, decode, examples)
+    rows, rows_left_out = rollout_rows(records.rollouts, {ex.label: ex.anchor for ex in shown})
+    kinds = [k.value for k in FailureKind] + sorted(set(summary.engine_failure_kinds) - {k.value for k in FailureKind})
     html = render(
         "report.html.j2",
         files=records.files,
         summary=summary,
-        plot=findings_over_steps(summary, allowed),
-        examples=worst_examples(records.rollouts, decode, examples),
+        verdict=verdict(summary),
+        plot=findings_over_steps(summary, {r.cause for r in summary.causes if not r.is_defect}),
+        examples=shown,
+        rows=rows,
+        rows_left_out=rows_left_out,
+        filters=filter_options(rows),
+        cause_fixes={r.cause: cause_fix(r.cause) for r in summary.causes},
+        engine_fixes={k: engine_fix(k) for k in kinds},
+        truncation_fix=TRUNCATION_FIX,
+        skipped_fix=SKIPPED_FIX,
         audits=[audit_view(p, decode) for p in records.profiles],
         warnings=warnings,
     )

@@ -12,8 +12,10 @@ matplotlib.use("Agg")  # headless: the report is built on training hosts and in 
 import matplotlib.pyplot as plt  # noqa: E402
 from markupsafe import Markup  # noqa: E402
 
-from verl_ext.check.findings import Cause  # noqa: E402
+from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause  # noqa: E402
 from verl_ext.report.summary import Summary  # noqa: E402
+
+_BY_DESIGN = {c.value for c in ALLOWED_BY_DESIGN}
 
 # Defects in warm colours, causes allowed by design in cool ones, so the plot reads at a glance.
 CAUSE_COLORS: dict[str, str] = {
@@ -34,7 +36,14 @@ CAUSE_COLORS: dict[str, str] = {
 }
 
 
-def cause_color(cause: str) -> str:
+ALLOWED_BY_POLICY_COLOR = "#5e81ac"  # a defect cause the run's policy allowed: drawn cool, like the allowed ones
+
+
+def cause_color(cause: str, defect: bool | None = None) -> str:
+    """The cause's colour; a cause that is a defect by design but was allowed in these records (``defect`` False)
+    is not drawn in its warm defect colour."""
+    if defect is False and cause not in _BY_DESIGN:
+        return ALLOWED_BY_POLICY_COLOR
     return CAUSE_COLORS.get(cause, "#444444")
 
 
@@ -72,7 +81,7 @@ def _lines(ax: plt.Axes, steps: list[int], series: dict[str, list[int]], defect:
             [s + shift for s in steps],
             counts,
             label=cause,
-            color=cause_color(cause),
+            color=cause_color(cause, defect),
             linestyle="-" if defect else "--",
             linewidth=2.4 if defect else 1.7,
             marker=("s" if defect else "o") if len(steps) <= 40 else None,
@@ -87,12 +96,12 @@ def _lines(ax: plt.Axes, steps: list[int], series: dict[str, list[int]], defect:
         ax.text(0.5, 0.5, note, ha="center", va="center", transform=ax.transAxes, color="#1e8e3e" if defect else "#666")
 
 
-def findings_over_steps(summary: Summary, allowed_by_design: set[str]) -> Markup:
-    """Three panels over the steps: defect findings per cause (should stay empty), allowed findings per cause,
-    and the share of rollouts with a defect or an engine failure."""
+def findings_over_steps(summary: Summary, allowed: set[str]) -> Markup:
+    """Three panels over the steps: defect findings per cause (should stay empty), findings of ``allowed`` causes
+    (by design or by the run's policy), and the share of rollouts with a defect or an engine failure."""
     steps = list(summary.steps)
-    defects = {c: n for c, n in summary.findings_by_step.items() if c not in allowed_by_design}
-    allowed = {c: n for c, n in summary.findings_by_step.items() if c in allowed_by_design}
+    defects = {c: n for c, n in summary.findings_by_step.items() if c not in allowed}
+    allowed = {c: n for c, n in summary.findings_by_step.items() if c in allowed}
     with plt.rc_context(_STYLE):
         fig, (top, middle, bottom) = plt.subplots(
             3, 1, figsize=(10, 6.2), sharex=True, gridspec_kw={"height_ratios": [2, 2, 1.1], "hspace": 0.28}
@@ -101,7 +110,7 @@ def findings_over_steps(summary: Summary, allowed_by_design: set[str]) -> Markup
         top.set_title("defects per cause (must stay at 0)", loc="left", fontsize=11, color="#d62728")
         top.set_ylabel("findings")
         _lines(middle, steps, allowed, defect=False)
-        middle.set_title("allowed by design, per cause", loc="left", fontsize=11, color="#6d3fd1")
+        middle.set_title("allowed (by design or policy), per cause", loc="left", fontsize=11, color="#6d3fd1")
         middle.set_ylabel("findings")
         rate = [100 * r for r in summary.defect_rate_by_step]
         bars = bottom.bar(steps, rate, color=["#d62728" if r else "#2ca02c" for r in rate], width=0.6)

@@ -26,6 +26,11 @@ class CauseRow:
     def total(self) -> int:
         return self.allowed + self.defects
 
+    @property
+    def is_defect(self) -> bool:
+        """Drawn as a defect: some finding of it was one in these records (a cause the policy allowed is not)."""
+        return self.defects > 0 or (self.total == 0 and not self.allowed_by_design)
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -45,6 +50,14 @@ class Summary:
     findings_by_step: dict[str, list[int]] = field(default_factory=dict)  # cause -> count per step in ``steps``
     defect_rate_by_step: list[float] = field(default_factory=list)
     findings_by_turn: dict[int, dict[str, int]] = field(default_factory=dict)  # turn -> cause -> count
+    template_view_skipped: int = 0  # rollouts whose template view ran out of its time budget
+    engine_failure_kinds: dict[str, int] = field(default_factory=dict)  # kind -> failures
+    truncated_rollouts_lost: int = 0  # rollouts that lost at least one sampled token to truncation
+
+    @property
+    def lost_share(self) -> float:
+        """Share of the engine's sampled tokens cut by the response length (never trained)."""
+        return self.lost_sampled_tokens / self.sampled_tokens if self.sampled_tokens else 0.0
 
     @property
     def defect_rate(self) -> float:
@@ -137,4 +150,9 @@ def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
         findings_by_step={c: by_step[c] for c in names if c in by_step},
         defect_rate_by_step=[b / n if n else 0.0 for b, n in zip(bad_by_step, all_by_step, strict=True)],
         findings_by_turn={t: dict(by_turn[t]) for t in sorted(by_turn)},
+        template_view_skipped=sum(bool(c.get("template_view_skipped")) for c in checks),
+        engine_failure_kinds=dict(
+            Counter(str(f.get("kind")) for c in checks for f in c.get("engine_failures") or []).most_common()
+        ),
+        truncated_rollouts_lost=sum(int(c.get("lost_sampled_tokens") or 0) > 0 for c in checks),
     )

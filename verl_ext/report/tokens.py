@@ -1,7 +1,9 @@
 """One rollout as a token-by-token view: every token with its kind, mask, logprob and the findings over it.
 
 Records hold ids, not text, so tokens are decoded one id at a time with the tokenizer the report was given.
-Long prompt/context runs with no finding in them are folded so a page of several examples stays short.
+Long runs of tokens with no finding or failure in them are folded so a page of several examples stays short: a
+run of a few hundred tokens can be unfolded in the page; a longer one is left out of the page (its positions are
+named), so a 200k-token turn costs the page a few lines, not tens of megabytes.
 """
 
 from __future__ import annotations
@@ -14,8 +16,10 @@ from verl_ext.report.text import Piece, pieces
 
 Decode = Callable[[Sequence[int]], str]
 
-FOLD_MIN = 48  # runs of unremarkable prompt/context tokens longer than this are folded
+FOLD_MIN = 48  # runs of unremarkable tokens longer than this are folded
 FOLD_KEEP = (12, 16)  # tokens left visible before and after a fold
+FOLD_EMBED = 600  # a folded run up to this long is in the page (click to show); a longer one is left out
+FOLD_EDGE = 8  # tokens always shown on each side of where a finding starts and ends
 
 
 @dataclass(frozen=True)
@@ -59,11 +63,18 @@ class Marker:
 
 @dataclass
 class Fold:
-    tokens: list[Token] = field(default_factory=list)
+    tokens: list[Token] = field(default_factory=list)  # empty when the run is left out of the page
+    start: int = 0  # stream positions [start, end) of the folded run
+    end: int = 0
+    kinds: str = ""
 
     @property
-    def kinds(self) -> str:
-        return "/".join(sorted({t.kind for t in self.tokens}))
+    def count(self) -> int:
+        return self.end - self.start
+
+    @property
+    def left_out(self) -> bool:
+        return not self.tokens
 
 
 Item = Token | Marker | Fold
@@ -109,11 +120,19 @@ def token_view(record: dict[str, Any], decode: Decode) -> list[Item]:
         marker = Marker(f"E{k}", f"engine: {f.get('kind')}", True, None, title, failure=True)
         markers.setdefault(min(p, n), []).append(marker)
 
+    # Tokens near where a finding starts or ends, or where the engine view failed, are always shown; runs of
+    # other tokens (inside a long finding too) are folded. Tokens are built only where shown.
+    loud = set(markers) | set(failed)
+    for f in findings:
+        start, end = (int(x) for x in f.get("stream") or (0, 0))
+        for edge in (start, end):
+            loud.update(range(max(0, edge - FOLD_EDGE), min(n, edge + FOLD_EDGE)))
+
     def turn_at(p: int) -> int:
         return sum(1 for s in starts if s <= p) - 1
 
-    tokens = [
-        Token(
+    def token(p: int) -> Token:
+        return Token(
             position=p,
             id=ids[p],
             kind=kinds[p],
@@ -125,35 +144,27 @@ def token_view(record: dict[str, Any], decode: Decode) -> list[Item]:
             defect=owner.get(p, (0, False))[1],
             failure=failed.get(p),
         )
-        for p in range(n)
-    ]
+
     items: list[Item] = []
-    for p in range(n + 1):
-        items += markers.get(p, [])
-        if p < n:
-            items.append(tokens[p])
-    return _fold(items)
-
-
-def _quiet(item: Item) -> bool:
-    return isinstance(item, Token) and item.kind in ("prompt", "context") and item.finding is None and not item.failure
-
-
-def _fold(items: list[Item]) -> list[Item]:
-    out: list[Item] = []
-    i = 0
-    while i < len(items):
-        j = i
-        while j < len(items) and _quiet(items[j]):
-            j += 1
-        if j - i > FOLD_MIN:
-            head, tail = FOLD_KEEP
-            out += items[i : i + head]
-            out.append(Fold([t for t in items[i + head : j - tail] if isinstance(t, Token)]))
-            out += items[j - tail : j]
+    p = 0
+    while p < n:
+        if p in loud:
+            items += markers.get(p, [])
+            items.append(token(p))
+            p += 1
+            continue
+        q = p
+        while q < n and q not in loud:
+            q += 1
+        head, tail = FOLD_KEEP
+        if q - p > FOLD_MIN:
+            middle = range(p + head, q - tail)
+            items += [token(x) for x in range(p, middle.start)]
+            embedded = [token(x) for x in middle] if len(middle) <= FOLD_EMBED else []
+            items.append(Fold(embedded, middle.start, middle.stop, "/".join(sorted(set(kinds[p + head : q - tail])))))
+            items += [token(x) for x in range(middle.stop, q)]
         else:
-            out += items[i:j]
-        if j < len(items):
-            out.append(items[j])
-        i = j + 1
-    return out
+            items += [token(x) for x in range(p, q)]
+        p = q
+    items += markers.get(n, [])
+    return items

@@ -14,6 +14,8 @@ def aggregate(results: Iterable[CheckResult]) -> dict[str, float]:
     """Every metric is present (zero when nothing happened), so trackers draw continuous lines.
 
     - ``tito/rollouts_checked``, ``tito/template_view_rollouts``
+    - ``tito/check_skipped``: rollouts whose template view ran past its time budget and stopped (reason in the
+      rollout's record and in the log)
     - ``tito/engine_view_failures``: failures summed over rollouts; must be 0
     - ``tito/findings/<cause>``: findings per cause, summed
     - ``tito/repairs/<kind>``: edit-log entries per kind, summed
@@ -25,6 +27,7 @@ def aggregate(results: Iterable[CheckResult]) -> dict[str, float]:
     m: dict[str, float] = {
         f"{PREFIX}rollouts_checked": float(len(results)),
         f"{PREFIX}template_view_rollouts": float(sum(r.template_view for r in results)),
+        f"{PREFIX}check_skipped": float(sum(bool(r.template_view_skipped) for r in results)),
         f"{PREFIX}engine_view_failures": float(sum(len(r.engine_failures) for r in results)),
         f"{PREFIX}rollouts_with_defects": float(sum(not r.ok for r in results)),
         f"{PREFIX}defect_rate": sum(not r.ok for r in results) / len(results) if results else 0.0,

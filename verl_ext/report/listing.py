@@ -1,0 +1,79 @@
+"""Every rollout as one row of the report's list, worst first, with what the list filters on (causes, step)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from verl_ext.report.examples import severity
+from verl_ext.report.load import RolloutRef
+from verl_ext.report.summary import check_of, step_of
+
+LIST_LIMIT = 2000  # rows in the page; the rest are counted, worst first kept
+
+
+@dataclass(frozen=True)
+class RolloutRow:
+    label: str
+    step: int
+    engine_failures: tuple[str, ...]  # failure kinds
+    defect_causes: tuple[str, ...]
+    allowed_causes: tuple[str, ...]
+    findings: int
+    tokens: int
+    turns: int
+    lost_sampled_tokens: int
+    skipped: bool
+    example: str | None  # anchor of its token-by-token view, when the page has one
+
+    @property
+    def filter_keys(self) -> tuple[str, ...]:
+        """What the list filters this row by: its causes, "engine", "truncated", "skipped", "clean"."""
+        keys = [*self.defect_causes, *self.allowed_causes]
+        keys += ["engine"] if self.engine_failures else []
+        keys += ["truncated"] if self.lost_sampled_tokens else []
+        keys += ["skipped"] if self.skipped else []
+        return tuple(keys) or ("clean",)
+
+    @property
+    def status(self) -> str:
+        if self.engine_failures:
+            return "bad"
+        return "bad" if self.defect_causes else ("warn" if self.lost_sampled_tokens or self.skipped else "good")
+
+
+def rollout_rows(rollouts: Sequence[RolloutRef], examples: Mapping[str, str]) -> tuple[list[RolloutRow], int]:
+    """Rows worst first (ties in file order) and how many were left out past ``LIST_LIMIT``.
+    ``examples``: rollout label -> anchor of its example."""
+    ranked = sorted(rollouts, key=lambda r: tuple(-x for x in severity(r)))
+    rows = []
+    for ref in ranked[:LIST_LIMIT]:
+        check = check_of(ref)
+        findings = check.get("findings") or []
+        defect = sorted({str(f.get("cause")) for f in findings if not f.get("allowed")})
+        allowed = sorted({str(f.get("cause")) for f in findings if f.get("allowed")} - set(defect))
+        rows.append(
+            RolloutRow(
+                label=ref.label,
+                step=step_of(ref),
+                engine_failures=tuple(sorted({str(f.get("kind")) for f in check.get("engine_failures") or []})),
+                defect_causes=tuple(defect),
+                allowed_causes=tuple(allowed),
+                findings=len(findings),
+                tokens=len(ref.record.get("input_ids") or []),
+                turns=int(check.get("num_turns") or 0),
+                lost_sampled_tokens=int(check.get("lost_sampled_tokens") or 0),
+                skipped=bool(check.get("template_view_skipped")),
+                example=examples.get(ref.label),
+            )
+        )
+    return rows, max(0, len(ranked) - LIST_LIMIT)
+
+
+def filter_options(rows: Sequence[RolloutRow]) -> list[tuple[str, int]]:
+    """(key, rollouts) for every filter key present, most common first."""
+    counts: dict[str, int] = {}
+    for row in rows:
+        for key in row.filter_keys:
+            counts[key] = counts.get(key, 0) + 1
+    return sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))

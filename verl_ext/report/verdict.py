@@ -1,0 +1,86 @@
+"""The report's first line: one verdict over everything the check saw, and the list of what to do, worst first.
+
+Red when any rollout would train on tokens that are not the engine's or that differ from the template by a defect;
+amber when the tokens are right but something was lost (sampled tokens cut by truncation, template views skipped);
+green only when nothing of that happened.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
+from verl_ext.report.summary import Summary
+
+
+@dataclass(frozen=True)
+class Action:
+    level: str  # "bad" | "warn" | "info"
+    text: str  # what happened, with counts
+    fix: str  # the one-line fix
+    link: str  # anchor of its row in the fixes table
+
+
+@dataclass(frozen=True)
+class Verdict:
+    level: str  # "bad" | "warn" | "good"
+    headline: str
+    actions: tuple[Action, ...]
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def verdict(s: Summary) -> Verdict:
+    actions: list[Action] = []
+    for kind, n in s.engine_failure_kinds.items():
+        actions.append(
+            Action("bad", f"engine view: {_n(n, 'failure')} of kind {kind}", engine_fix(kind), f"fix-engine-{kind}")
+        )
+    for row in sorted((r for r in s.causes if r.defects), key=lambda r: -r.defects):
+        text = f"{row.cause}: {_n(row.defects, 'defect')} in {_n(row.rollouts, 'rollout')}"
+        actions.append(Action("bad", text, cause_fix(row.cause), f"fix-{row.cause}"))
+    if s.lost_sampled_tokens:
+        text = (
+            f"{100 * s.lost_share:.1f}% of sampled tokens lost to truncation ({s.lost_sampled_tokens} of "
+            f"{s.sampled_tokens}, in {_n(s.truncated_rollouts_lost, 'rollout')}): sampled, never trained"
+        )
+        actions.append(Action("warn", text, TRUNCATION_FIX, "fix-truncation"))
+    if s.template_view_skipped:
+        text = f"template view skipped on {_n(s.template_view_skipped, 'rollout')}: it ran out of its time budget"
+        actions.append(Action("warn", text, SKIPPED_FIX, "fix-skipped"))
+    allowed = [r for r in s.causes if r.allowed]
+    if allowed:
+        counts = ", ".join(f"{r.cause}×{r.allowed}" for r in allowed)
+        text = f"{_n(sum(r.allowed for r in allowed), 'finding')} allowed ({counts})"
+        actions.append(Action("info", text, "Nothing to do: verl_ext keeps the engine's tokens there on purpose.", ""))
+
+    bad = s.defect_rollouts
+    if s.engine_failures:
+        level = "bad"
+        headline = (
+            f"Not safe to train: in {_n(s.engine_failed_rollouts, 'rollout')} the trainer's tokens, mask or logprobs "
+            f"are not what the engine sampled, and {bad} of {s.rollouts} rollouts ({100 * s.defect_rate:.1f}%) have "
+            "an engine failure or a defect"
+        )
+    elif bad:
+        level = "bad"
+        headline = (
+            f"Fix before training: {bad} of {s.rollouts} rollouts ({100 * s.defect_rate:.1f}%) have a defect: "
+            "their training tokens differ from the chat template's in a way verl_ext does not allow"
+        )
+    elif s.lost_sampled_tokens or s.template_view_skipped:
+        level = "warn"
+        headline = "Tokens are consistent, but " + (
+            f"{100 * s.lost_share:.1f}% of sampled tokens were cut by truncation and never trained"
+            if s.lost_sampled_tokens
+            else f"the template view was skipped on {_n(s.template_view_skipped, 'rollout')}"
+        )
+    else:
+        level = "good"
+        headline = (
+            f"All clear: {_n(s.rollouts, 'rollout')} checked; each trains on exactly the tokens the engine sampled, "
+            "and every difference from the chat template is allowed by design"
+        )
+    return Verdict(level, headline, tuple(actions))

@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from verl_ext.cli.replay import run_replay
 
         return run_replay(args)
-    except (TemplateError, TrajectoryError, FileNotFoundError, IsADirectoryError, ValueError) as exc:
+    except (TemplateError, TrajectoryError, OSError, ValueError) as exc:  # user error: one line, exit code 2
         print(f"verl-ext {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

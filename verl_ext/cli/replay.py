@@ -33,11 +33,16 @@ def run_replay(args: argparse.Namespace) -> int:
     for line_no, record in read_records(args.file):
         t = replay(renderer, record, stops)
         report = check_invariants(t)
-        all_ok &= report.ok
+        ok = report.ok and not t.output_problems  # an invalid engine output is never a clean replay
+        all_ok &= ok
         if args.json:
-            results.append({"line": line_no, **t.to_dict(), "ok": report.ok, "failures": list(report.failures)})
+            results.append({"line": line_no, **t.to_dict(), "ok": ok, "failures": list(report.failures)})
         else:
             print(format_trajectory(renderer, t, f"{args.file}:{line_no}", per_token=args.tokens))
+            if t.output_problems:
+                print("engine output: REJECTED (these tokens are not trained)")
+                for turn, problem in t.output_problems:
+                    print(f"  - turn {turn} [{problem.kind.value}]: {problem.detail}")
             print("invariants: " + ("all hold" if report.ok else "FAILED"))
             for failure in report.failures:
                 print(f"  - {failure}")

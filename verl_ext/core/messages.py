@@ -37,7 +37,7 @@ def message_problem(message: Any) -> str | None:
         return f"must be an object with a string 'role', got {json_type(message)}"
     role = message.get("role")
     if not isinstance(role, str) or not role:
-        return f"'role' must be a non-empty string such as \"user\" or \"assistant\", got {json_type(role)}"
+        return f'\'role\' must be a non-empty string such as "user" or "assistant", got {json_type(role)}'
     content = message.get("content")
     if content is not None and not isinstance(content, str):
         if not isinstance(content, list):

@@ -195,7 +195,7 @@ def _logprobs(value: Any) -> tuple[float, ...]:
 
 
 def _finish(value: Any) -> FinishReason | str:
-    """"stop", "length", or SGLang's finish_reason object ({"type": ..., "matched": ...}); a NaN stop is kept as
+    """``"stop"``, ``"length"``, or SGLang's finish_reason object ({"type": ..., "matched": ...}); a NaN stop is kept as
     SGLang's "NaN happened" so the trajectory rejects the substituted stop id."""
     if isinstance(value, Mapping):
         if reports_nan(value):

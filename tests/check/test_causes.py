@@ -276,13 +276,13 @@ def test_a_short_response_not_at_the_length_cap_is_a_stream_failure(renderer_for
     assert not result.engine_ok and [f.kind.value for f in result.engine_failures] == ["stream"]
 
 
-def test_fewer_logprobs_than_ids_is_a_record_failure_not_a_crash(renderer_for):
+def test_fewer_logprobs_than_ids_is_a_logprob_count_failure_not_a_crash(renderer_for):
     r = renderer_for("qwen3")
     ro = run(r, [Turn(qwen3_answer_turn(r), ANSWER)])
     call = ro.calls[0]
     short = EngineCall.of(call.prompt_ids, call.output_ids, call.logprobs[:-2], call.finish_reason)
     result = ConsistencyChecker(r).check([short], ro.sample(), ro.messages, TOOLS)
-    assert [f.kind.value for f in result.engine_failures] == ["record"]
+    assert [f.kind.value for f in result.engine_failures] == ["logprob_count"]
 
 
 def test_compatibility_forms_the_tokenizer_keeps_are_not_bpe_remerge(renderer_for):

@@ -227,8 +227,9 @@ def test_misuse_is_refused_with_a_fix(renderer_for):
     t = qwen3_trajectory(renderer_for)
     with pytest.raises(TrajectoryError, match="next call is add_sampled"):
         t.append_messages([TOOL_RESULT])
-    with pytest.raises(TrajectoryError, match="2 output ids but 1 logprobs"):
-        t.add_sampled([1, 2], [0.0])
+    bad = qwen3_trajectory(renderer_for)
+    bad.add_sampled([1, 2], [0.0])  # an engine's count mismatch is recorded and nothing of the turn trained
+    assert [p.kind.value for _, p in bad.output_problems] == ["logprob_count"] and 1 not in bad.loss_mask
     t.add_sampled([9454, IM_END], None)
     with pytest.raises(TrajectoryError, match="must come from the engine"):
         t.append_messages([{"role": "assistant", "content": "x"}])

@@ -10,7 +10,7 @@ from typing import Any
 
 from verl_ext.check.align import BudgetExceeded
 from verl_ext.check.engine_view import check_engine_view
-from verl_ext.check.findings import CheckResult, FailureKind
+from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, CheckResult, FailureKind
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.locate import Locator
 from verl_ext.check.policy import CheckPolicy
@@ -20,7 +20,10 @@ from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
 
 # When the stream itself is not the engine's, findings would describe the wrong tokens.
-_BREAKS_ALIGNMENT = {FailureKind.LENGTH, FailureKind.RECORD, FailureKind.PREFIX, FailureKind.STREAM}
+# Invalid engine output too: its turn was cut (or holds ids no template renders), so the locator's turns are off.
+_BREAKS_ALIGNMENT = {FailureKind.LENGTH, FailureKind.RECORD, FailureKind.PREFIX, FailureKind.STREAM} | set(
+    ENGINE_OUTPUT_FAILURES
+)
 
 
 class ConsistencyChecker:
@@ -61,7 +64,14 @@ class ConsistencyChecker:
         when it is exactly that long; without it, any shorter response is taken as a cut.
         """
         started = time.perf_counter()
-        ev = check_engine_view(calls, sample, self.policy.logprob_atol, response_length)
+        ev = check_engine_view(
+            calls,
+            sample,
+            self.policy.logprob_atol,
+            response_length,
+            vocab_size=self.renderer.vocab_size,
+            stop_ids=self.profile.stop_id_set,
+        )
         findings = []
         ran_template = False
         skipped = ""

@@ -7,11 +7,12 @@ reported as truncation, with the number of sampled tokens lost.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from verl_ext.check.findings import EngineFailure, FailureKind
 from verl_ext.check.inputs import EngineCall, TrainerSample
+from verl_ext.core.engine_output import OutputProblemKind, trainable_length, validate_engine_output
 
 
 @dataclass(frozen=True)
@@ -33,8 +34,16 @@ def turn_at(calls: Sequence[EngineCall], position: int) -> int:
 
 
 def check_engine_view(
-    calls: Sequence[EngineCall], sample: TrainerSample, logprob_atol: float, response_length: int | None = None
+    calls: Sequence[EngineCall],
+    sample: TrainerSample,
+    logprob_atol: float,
+    response_length: int | None = None,
+    *,
+    vocab_size: int | None = None,
+    stop_ids: Collection[int] = (),
 ) -> EngineViewResult:
+    """``vocab_size`` (the tokenizer's) and ``stop_ids`` (the template profile's) let the view name invalid engine
+    output: ids the tokenizer cannot decode, NaN/inf/positive logprobs, SGLang's NaN stop, logprob counts."""
     fail: list[EngineFailure] = []
 
     def failure(kind: FailureKind, position: int | None, detail: str) -> None:
@@ -51,27 +60,37 @@ def check_engine_view(
         failure(FailureKind.RECORD, None, "no engine call was recorded for this rollout")
         return EngineViewResult(tuple(fail), False, 0, (), ())
     bad_logprobs: set[int] = set()
+    reject_at: int | None = None  # the first stream position of invalid engine output: nothing from there trains
     for k, call in enumerate(calls):
-        if call.logprobs is not None and len(call.logprobs) != len(call.output_ids):
-            bad_logprobs.add(k)
-            fail.append(
-                EngineFailure(
-                    FailureKind.RECORD,
-                    k,
-                    None,
-                    f"engine call {k} returned {len(call.output_ids)} ids but {len(call.logprobs)} logprobs",
-                )
-            )
+        problems = validate_engine_output(
+            call.output_ids, call.logprobs, vocab_size, stop_ids=stop_ids, finish_reason=call.finish_reason
+        )
+        for p in problems:
+            if p.kind is OutputProblemKind.LOGPROB_COUNT:
+                bad_logprobs.add(k)
+            pos = call.output_start + p.index
+            fail.append(EngineFailure(FailureKind(p.kind.value), k, pos, f"engine call {k}: {p.detail}"))
+        if problems and reject_at is None:
+            reject_at = call.output_start + trainable_length(problems, len(call.output_ids))
 
     last = calls[-1]
     engine = last.prompt_ids + last.output_ids
+    if reject_at is not None:
+        # A rollout that cut the invalid output (verl_ext's trajectory) departs from the engine at the cut or masks
+        # it (a synthetic close can equal SGLang's substituted stop): compare up to the cut, and what follows must be
+        # mask 0. One that kept the output (a stock loop) is compared whole.
+        departs = _first_difference(sample.stream, engine)
+        p = len(sample.prompt_ids)
+        masked = p <= reject_at < p + n_resp and sample.response_mask[reject_at - p] == 0
+        if masked or (departs is not None and departs >= reject_at):
+            engine = engine[:reject_at]
     sampled = [False] * len(engine)
     engine_logprob: dict[int, float] = {}
     for k, call in enumerate(calls):
         # Each output must reach the next prompt unchanged: a re-tokenized turn fails here.
-        if engine[call.output_start : call.output_end] != call.output_ids or engine[: call.output_start] != (
-            call.prompt_ids
-        ):
+        end = min(call.output_end, len(engine))  # a rejected output is compared up to its cut
+        kept = call.output_ids[: max(0, end - call.output_start)]
+        if engine[: call.output_start] != call.prompt_ids or engine[call.output_start : end] != kept:
             pos = _first_difference(engine, call.prompt_ids + call.output_ids)
             fail.append(
                 EngineFailure(
@@ -83,7 +102,7 @@ def check_engine_view(
                 )
             )
             continue
-        for i in range(call.output_start, call.output_end):
+        for i in range(call.output_start, end):
             sampled[i] = True
             if call.logprobs is not None and k not in bad_logprobs:
                 engine_logprob[i] = call.logprobs[i - call.output_start]

@@ -54,7 +54,27 @@ class FailureKind(StrEnum):
     STREAM = "stream"  # the stream is not the engine's final prompt + final output
     MASK = "mask"  # loss mask is not 1 exactly on engine-sampled tokens
     LOGPROB = "logprob"  # a logprob differs from the engine's
-    RECORD = "record"  # the engine record itself is inconsistent (e.g. logprob count != output count)
+    RECORD = "record"  # the engine record itself is inconsistent (e.g. no engine call recorded)
+    # invalid engine output (verl_ext.core.engine_output): never a training token
+    NEGATIVE_ID = "negative_id"  # a negative output id
+    ID_OUT_OF_VOCAB = "id_out_of_vocab"  # an output id the tokenizer cannot decode
+    LOGPROB_COUNT = "logprob_count"  # not one logprob per output id
+    LOGPROB_NOT_FINITE = "logprob_not_finite"  # a NaN or infinite logprob
+    LOGPROB_POSITIVE = "logprob_positive"  # a logprob above 0
+    NAN_STOP = "nan_stop"  # a stop id the engine substituted for a NaN sample (SGLang's "NaN happened")
+
+
+# The failures that are the engine's output itself being invalid (rather than the rollout changing it).
+ENGINE_OUTPUT_FAILURES: frozenset[FailureKind] = frozenset(
+    {
+        FailureKind.NEGATIVE_ID,
+        FailureKind.ID_OUT_OF_VOCAB,
+        FailureKind.LOGPROB_COUNT,
+        FailureKind.LOGPROB_NOT_FINITE,
+        FailureKind.LOGPROB_POSITIVE,
+        FailureKind.NAN_STOP,
+    }
+)
 
 
 @dataclass(frozen=True)

@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_closed()
-    except (TemplateError, TrajectoryError, FileNotFoundError, IsADirectoryError, ValueError) as exc:
+    except (TemplateError, TrajectoryError, OSError, ValueError) as exc:  # user error: one line, exit code 2
         print(f"verl-ext {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

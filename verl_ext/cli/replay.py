@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +13,8 @@ from verl_ext.core.invariants import check_invariants
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import RecordError, ReplayRecord, read_json_lines, replay
 from verl_ext.core.trajectory import TokenTrajectory
+
+LARGE_RECORD_IDS = 20_000  # about a second of replay on a contended 2-core machine
 
 
 def read_records(path: str) -> Iterator[tuple[int, ReplayRecord]]:
@@ -31,13 +34,25 @@ def run_replay(args: argparse.Namespace) -> int:
     results: list[dict[str, Any]] = []
     all_ok = True
     for line_no, record in read_records(args.file):
+        n_sampled = sum(len(ids) for ids in record.sampled.values())
+        if n_sampled >= LARGE_RECORD_IDS:  # seconds of work: say so, on stderr (stdout stays the result)
+            print(
+                f"replaying {args.file}:{line_no}: {len(record.messages)} messages, {n_sampled} sampled ids ...",
+                file=sys.stderr,
+                flush=True,
+            )
         t = replay(renderer, record, stops)
         report = check_invariants(t)
-        all_ok &= report.ok
+        ok = report.ok and not t.output_problems  # an invalid engine output is never a clean replay
+        all_ok &= ok
         if args.json:
-            results.append({"line": line_no, **t.to_dict(), "ok": report.ok, "failures": list(report.failures)})
+            results.append({"line": line_no, **t.to_dict(), "ok": ok, "failures": list(report.failures)})
         else:
             print(format_trajectory(renderer, t, f"{args.file}:{line_no}", per_token=args.tokens))
+            if t.output_problems:
+                print("engine output: REJECTED (these tokens are not trained)")
+                for turn, problem in t.output_problems:
+                    print(f"  - turn {turn} [{problem.kind.value}]: {problem.detail}")
             print("invariants: " + ("all hold" if report.ok else "FAILED"))
             for failure in report.failures:
                 print(f"  - {failure}")

@@ -16,13 +16,19 @@ import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from verl_ext.core.errors import TemplateError
+from verl_ext.core.tokenizer_files import (
+    check_tokenizer_folder,
+    explain_load_failure,
+    read_template_file,
+    refuse_unparsable,
+    template_origin,
+)
 
 Message = Mapping[str, Any]
 
@@ -57,18 +63,17 @@ def load_renderer(
     template_kwargs: Mapping[str, Any] | None = None,
     escape_special_tokens: bool = True,
 ) -> ChatRenderer:
-    """Load a tokenizer from a local folder (never from the Hub) and wrap it in a renderer."""
-    path = Path(tokenizer_dir)
-    if not path.is_dir():
-        raise FileNotFoundError(
-            f"tokenizer folder {str(path)!r} does not exist; pass the folder that holds tokenizer.json "
-            "and tokenizer_config.json"
-        )
+    """Load a tokenizer from a local folder (never from the Hub) and wrap it in a renderer. A damaged file in the
+    folder, or a template that does not parse, raises an error naming the file (and line) and the fix."""
+    path = check_tokenizer_folder(tokenizer_dir)
+    template = None if chat_template_file is None else read_template_file(chat_template_file)
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
-    template = None
-    if chat_template_file is not None:
-        template = Path(chat_template_file).read_text(encoding="utf-8")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path))
+    except Exception as exc:  # transformers raises many types for a damaged file; each is traced to the file
+        raise explain_load_failure(path, exc) from exc
+    if template is None and isinstance(tokenizer.chat_template, str):
+        refuse_unparsable(tokenizer.chat_template, template_origin(path))
     return ChatRenderer(
         tokenizer,
         chat_template=template,
@@ -100,6 +105,8 @@ class ChatRenderer:
                 f"tokenizer {tokenizer.name_or_path!r} has no chat template; pass one with "
                 "--chat-template FILE (or chat_template=...)"
             )
+        if isinstance(self.chat_template, str):
+            refuse_unparsable(self.chat_template)
         self.template_kwargs: dict[str, Any] = dict(template_kwargs or {})
         self.escape_special_tokens = escape_special_tokens
         self.escaped_roles = tuple(escaped_roles)
@@ -132,6 +139,15 @@ class ChatRenderer:
     @property
     def name(self) -> str:
         return str(self.tokenizer.name_or_path)
+
+    @functools.cached_property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer can decode (added tokens included): an engine id at or past it is no token. Cached:
+        ``len(tokenizer)`` takes a few hundred milliseconds in transformers 5."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return int(backend.get_vocab_size(with_added_tokens=True))
+        return len(self.tokenizer)
 
     # -- rendering --------------------------------------------------------------------------------
     def render_text(

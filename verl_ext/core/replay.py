@@ -6,7 +6,7 @@ One JSON object per line (see docs/replay-format.md):
 - ``chat_template_kwargs`` (optional): passed to the chat template (e.g. ``enable_thinking``);
 - ``sampled`` (optional): assistant message index (a string) -> the engine's output ids;
 - ``logprobs`` (optional): same keys -> one logprob per output id;
-- ``finish`` (optional): same keys -> ``"stop"`` or ``"length"``;
+- ``finish`` (optional): same keys -> ``"stop"``, ``"length"`` or SGLang's ``finish_reason`` object;
 - ``prompt_messages`` (optional): how many messages the first prompt has (chat history with assistant turns).
 An assistant message without sampled ids is taken as the model's canonical output.
 """
@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_ext.core.engine_output import NAN_HAPPENED, reports_nan
 from verl_ext.core.errors import TemplateError, TrajectoryError
+from verl_ext.core.messages import first_message_problem, json_type
 from verl_ext.core.probe import END, probe_template
 from verl_ext.core.rendering import ChatRenderer, Message
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
@@ -30,20 +32,56 @@ class RecordError(ValueError):
     """A replay record is malformed; the message names the field and the fix."""
 
 
-def read_json_lines(path: str | os.PathLike[str], what: str, hint: str = "") -> Iterator[tuple[int, Any]]:
-    """(line number, parsed JSON) for each non-blank line of a JSONL file. A missing file raises
-    FileNotFoundError naming ``what``; a line that is not JSON raises RecordError naming file and line."""
+# One line is one record held in memory at once; a longer line is refused rather than read whole.
+MAX_LINE_BYTES = 256 * 1024 * 1024
+
+
+def read_json_lines(
+    path: str | os.PathLike[str], what: str, hint: str = "", max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[int, Any]]:
+    """(line number, parsed JSON) for each non-blank line of a JSONL file, one line in memory at a time. Every
+    error names the file and line and says what to do: a missing file or a folder, bytes that are not UTF-8, a
+    line that is not JSON (or a last line cut off mid-record), a line over ``max_line_bytes``."""
     file = Path(path)
+    if file.is_dir():
+        raise IsADirectoryError(f"{what} {str(path)!r} is a folder; pass the JSONL file inside it")
     if not file.is_file():
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
-    with file.open(encoding="utf-8") as fh:
-        for line_no, line in enumerate(fh, 1):
+    with file.open("rb") as fh:
+        line_no = 0
+        while True:
+            raw = fh.readline(max_line_bytes + 1)
+            if not raw:
+                return
+            line_no += 1
+            if len(raw) > max_line_bytes:
+                raise RecordError(
+                    f"{path}:{line_no}: line is longer than {max_line_bytes} bytes; a record that large is not read "
+                    "into memory (split the rollout, or check that the file is JSONL: one record per line)"
+                )
+            if line_no == 1 and raw.startswith(b"\xef\xbb\xbf"):
+                raw = raw[3:]  # a UTF-8 byte-order mark some editors write
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise RecordError(
+                    f"{path}:{line_no}: not UTF-8 (byte 0x{raw[exc.start]:02x} at byte {exc.start + 1} of the line); "
+                    f"save the {what} as UTF-8 JSON{hint}"
+                ) from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as exc:
+                ends_early = exc.msg.startswith("Unterminated") or exc.pos >= len(line.rstrip()) - 1
+                if not raw.endswith(b"\n") and line.lstrip().startswith(("{", "[")) and ends_early:
+                    raise RecordError(
+                        f"{path}:{line_no}: the last line is cut off mid-record ({exc.msg}); the file was truncated "
+                        "or is still being written: remove the partial line or wait for the writer to finish"
+                    ) from None
                 raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno}){hint}") from None
+            except RecursionError:
+                raise RecordError(f"{path}:{line_no}: JSON nested too deeply to read{hint}") from None
             yield line_no, obj
 
 
@@ -54,37 +92,50 @@ class ReplayRecord:
     chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     sampled: Mapping[int, tuple[int, ...]] = field(default_factory=dict)
     logprobs: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
-    finish: Mapping[int, FinishReason] = field(default_factory=dict)
+    finish: Mapping[int, FinishReason | str] = field(default_factory=dict)  # str: SGLang's "NaN happened"
     prompt_messages: int | None = None  # messages in the first prompt; default: up to the first assistant message
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "record") -> ReplayRecord:
+        """Every field checked for its type; an error names the field (and message index) and the fix."""
         if not isinstance(obj, Mapping):
-            raise RecordError(f"{where}: expected a JSON object with a 'messages' list, got {type(obj).__name__}")
+            raise RecordError(f"{where}: expected a JSON object with a 'messages' list, got {json_type(obj)}")
         messages = obj.get("messages")
         if not isinstance(messages, list) or not messages:
-            raise RecordError(f"{where}: 'messages' must be a non-empty list of OpenAI-format messages")
-        for i, m in enumerate(messages):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str):
-                raise RecordError(f"{where}: messages[{i}] must be an object with a string 'role'")
+            got = "an empty list" if messages == [] else json_type(messages)
+            raise RecordError(f"{where}: 'messages' must be a non-empty list of OpenAI-format messages, got {got}")
+        problem = first_message_problem(messages)
+        if problem:
+            raise RecordError(f"{where}: {problem}")
         tools = obj.get("tools")
-        if tools is not None and not isinstance(tools, list):
-            raise RecordError(f"{where}: 'tools' must be a list of tool schemas")
-        kwargs = obj.get("chat_template_kwargs") or {}
-        if not isinstance(kwargs, Mapping):
-            raise RecordError(f"{where}: 'chat_template_kwargs' must be an object")
+        if tools is not None:
+            if not isinstance(tools, list):
+                raise RecordError(f"{where}: 'tools' must be a list of tool schemas (objects), got {json_type(tools)}")
+            for k, tool in enumerate(tools):
+                if not isinstance(tool, Mapping):
+                    raise RecordError(f"{where}: 'tools'[{k}] must be a tool schema object, got {json_type(tool)}")
+        kwargs = obj.get("chat_template_kwargs")
+        if kwargs is not None and not isinstance(kwargs, Mapping):
+            raise RecordError(
+                f"{where}: 'chat_template_kwargs' must be an object such as {{\"enable_thinking\": false}}, "
+                f"got {json_type(kwargs)}"
+            )
 
         def by_index(name: str, convert: Any) -> dict[int, Any]:
-            raw = obj.get(name) or {}
+            raw = obj.get(name)
+            if raw is None:
+                return {}
             if not isinstance(raw, Mapping):
-                raise RecordError(f"{where}: '{name}' must map assistant message indices (strings) to values")
+                raise RecordError(
+                    f"{where}: '{name}' must be an object mapping assistant message indices (strings such as "
+                    f'"1") to values, got {json_type(raw)}'
+                )
             out: dict[int, Any] = {}
             for key, value in raw.items():
-                try:
-                    index = int(key)
-                except (TypeError, ValueError):
-                    raise RecordError(f"{where}: '{name}' key {key!r} is not a message index") from None
-                if not 0 <= index < len(messages) or messages[index].get("role") != "assistant":
+                if not isinstance(key, str) or not key.isascii() or not key.isdigit():
+                    raise RecordError(f"{where}: '{name}' key {key!r} is not a message index (write it as \"1\")")
+                index = int(key)
+                if index >= len(messages) or messages[index].get("role") != "assistant":
                     raise RecordError(f"{where}: '{name}' key {key!r} does not point at an assistant message")
                 try:
                     out[index] = convert(value)
@@ -92,28 +143,71 @@ class ReplayRecord:
                     raise RecordError(f"{where}: '{name}'[{key!r}] is invalid: {exc}") from None
             return out
 
-        sampled = by_index("sampled", lambda v: tuple(int(i) for i in v))
-        logprobs = by_index("logprobs", lambda v: tuple(float(x) for x in v))
+        sampled = by_index("sampled", _token_ids)
+        logprobs = by_index("logprobs", _logprobs)
         for index, values in logprobs.items():
             if index not in sampled or len(values) != len(sampled[index]):
-                raise RecordError(f"{where}: 'logprobs'[{str(index)!r}] needs one value per id in 'sampled'")
-        finish = by_index("finish", FinishReason)
+                have = f"{len(sampled[index])} ids" if index in sampled else "no ids"
+                raise RecordError(
+                    f"{where}: 'logprobs'[{str(index)!r}] has {len(values)} values but 'sampled' has {have} there; "
+                    "give one logprob per sampled id"
+                )
+        finish = by_index("finish", _finish)
         prompt_messages = obj.get("prompt_messages")
         if prompt_messages is not None and (
-            not isinstance(prompt_messages, int) or not 0 < prompt_messages < len(messages)
+            isinstance(prompt_messages, bool)
+            or not isinstance(prompt_messages, int)
+            or not 0 < prompt_messages < len(messages)
         ):
-            raise RecordError(f"{where}: 'prompt_messages' must be an integer between 1 and {len(messages) - 1}")
+            raise RecordError(
+                f"{where}: 'prompt_messages' must be an integer between 1 and {len(messages) - 1}, "
+                f"got {prompt_messages!r}"
+            )
         if prompt_messages is not None and messages[prompt_messages].get("role") != "assistant":
             raise RecordError(f"{where}: 'prompt_messages' must point at the first assistant message the rollout made")
         return cls(
             tuple(dict(m) for m in messages),
-            tuple(tools) if tools else None,
-            dict(kwargs),
+            tuple(dict(t) for t in tools) if tools else None,
+            dict(kwargs or {}),
             sampled,
             logprobs,
             finish,
             prompt_messages,
         )
+
+
+def _token_ids(value: Any) -> tuple[int, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of token ids (integers), got {json_type(value)}")
+    for k, i in enumerate(value):
+        if isinstance(i, bool) or not isinstance(i, int):
+            raise TypeError(f"item {k} is {json_type(i)} ({i!r}), not an integer token id")
+    return tuple(value)
+
+
+def _logprobs(value: Any) -> tuple[float, ...]:
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list of numbers (one logprob per sampled id), got {json_type(value)}")
+    for k, x in enumerate(value):
+        if isinstance(x, bool) or not isinstance(x, int | float):
+            raise TypeError(f"item {k} is {json_type(x)} ({x!r}), not a number")
+    return tuple(float(x) for x in value)
+
+
+def _finish(value: Any) -> FinishReason | str:
+    """``"stop"``, ``"length"``, or SGLang's finish_reason object ({"type": ..., "matched": ...}); a NaN stop is kept as
+    SGLang's "NaN happened" so the trajectory rejects the substituted stop id."""
+    if isinstance(value, Mapping):
+        if reports_nan(value):
+            return NAN_HAPPENED
+        value = value.get("type")
+    if value == NAN_HAPPENED:
+        return NAN_HAPPENED
+    if value not in ("stop", "length"):
+        raise ValueError(
+            f'{value!r} is not a finish reason: write "stop" or "length" (or SGLang\'s finish_reason object)'
+        )
+    return FinishReason(value)
 
 
 def canonical_output(

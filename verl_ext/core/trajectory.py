@@ -18,7 +18,15 @@ from enum import Enum, StrEnum
 from typing import Any
 
 from verl_ext.core.deltas import render_context_delta
+from verl_ext.core.engine_output import (
+    OutputProblem,
+    describe,
+    reports_nan,
+    trainable_length,
+    validate_engine_output,
+)
 from verl_ext.core.errors import TrajectoryError
+from verl_ext.core.messages import first_message_problem
 from verl_ext.core.probe import END, TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
 
@@ -74,6 +82,12 @@ class TurnRecord:
     closed_by: str  # "sampled" | "synthetic" | "open" (no close yet) | "none" (template has no close)
 
 
+def _refuse_malformed(messages: Sequence[Message], first_index: int) -> None:
+    problem = first_message_problem(messages, first_index)
+    if problem:
+        raise TrajectoryError(f"{problem}; messages are OpenAI-format (see docs/replay-format.md)")
+
+
 def prompt_digest(ids: Sequence[int]) -> str:
     return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
 
@@ -107,6 +121,7 @@ class TokenTrajectory:
         self._with_system = False
         self._last_assistant: Message | None = None
         self._pending_close: str | None = None  # why the last turn still needs its close
+        self.output_problems: list[tuple[int, OutputProblem]] = []  # (turn, problem): invalid engine output, cut
 
     # -- views ------------------------------------------------------------------------------------
     @property
@@ -127,6 +142,7 @@ class TokenTrajectory:
         self._expect(_State.EMPTY, "start")
         if not messages:
             raise TrajectoryError("start() needs at least one message (the dataset prompt is empty)")
+        _refuse_malformed(messages, 0)
         if messages[-1].get("role") == "assistant":
             raise TrajectoryError(
                 "the first prompt ends with an assistant message; pass the messages before it and give "
@@ -151,29 +167,25 @@ class TokenTrajectory:
         """Append the engine's output ids exactly as sampled (stop token included, if any).
 
         ``message`` is the assistant message parsed from the output (its tool calls name the
-        tools in the next delta for templates that need them, such as GPT-OSS).
+        tools in the next delta for templates that need them, such as GPT-OSS). ``finish_reason`` may also be
+        SGLang's "NaN happened". Invalid engine output (ids outside the vocabulary, NaN/inf/positive logprobs, a
+        logprob count that disagrees) is kept only up to its first problem, logged in ``output_problems``; the turn
+        then gets a synthetic close. A rollout should end after such a turn.
         """
         self._expect(_State.AWAITING_SAMPLE, "add_sampled")
         ids = [int(i) for i in output_ids]
-        if any(i < 0 for i in ids):
-            raise TrajectoryError(f"negative token id in the engine output: {[i for i in ids if i < 0][:5]}")
-        if logprobs is None:
+        raw_logprobs = None if logprobs is None else [float(x) for x in logprobs]
+        ids, raw_logprobs, rejected = self._accept_engine_output(ids, raw_logprobs, finish_reason)
+        if raw_logprobs is None:
             self.has_logprobs = False
-            values = [0.0] * len(ids)
-        else:
-            values = [float(x) for x in logprobs]
-            if len(values) != len(ids):
-                raise TrajectoryError(
-                    f"engine returned {len(ids)} output ids but {len(values)} logprobs; pass one logprob per "
-                    "id (or None when the engine did not compute them)"
-                )
-        finish = FinishReason(finish_reason)
+        values = raw_logprobs if raw_logprobs is not None else [0.0] * len(ids)
+        finish = FinishReason.STOP if reports_nan(finish_reason) else FinishReason(finish_reason)
         turn = self.turn_index
         prompt_len = len(self.input_ids)
         sha = prompt_digest(self.input_ids)
         self._push(ids, TokenKind.SAMPLED, turn, values)
         stop = ids[-1] if ids else None
-        self._pending_close = self._close_status(stop, finish)
+        self._pending_close = rejected or self._close_status(stop, finish)
         closed = "open" if self._pending_close else "sampled"
         self.turns.append(TurnRecord(turn, prompt_len, sha, prompt_len, len(self.input_ids), finish, stop, closed))
         self._last_assistant = dict(message) if message is not None else None
@@ -186,6 +198,7 @@ class TokenTrajectory:
         self._expect(_State.AWAITING_CONTEXT, "append_messages")
         if not messages:
             raise TrajectoryError("append_messages() needs at least one message")
+        _refuse_malformed(messages, len(self.messages))
         if any(m.get("role") == "assistant" for m in messages):
             raise TrajectoryError(
                 "append_messages() takes tool, user or system messages; an assistant turn must come from "
@@ -215,6 +228,23 @@ class TokenTrajectory:
         self._state = _State.FINISHED
 
     # -- internals --------------------------------------------------------------------------------
+    def _accept_engine_output(
+        self, ids: list[int], logprobs: list[float] | None, finish_reason: Any
+    ) -> tuple[list[int], list[float] | None, str | None]:
+        """The output up to its first invalid token (an id the tokenizer cannot decode, a NaN/inf/positive
+        logprob, a stop id substituted after a NaN): nothing from there on is trained. Each problem goes to
+        ``output_problems``; the third value says why the turn still needs a close, when something was cut."""
+        problems = validate_engine_output(
+            ids, logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set, finish_reason=finish_reason
+        )
+        if not problems:
+            return ids, logprobs, None
+        self.output_problems += [(self.turn_index, p) for p in problems]
+        keep = trainable_length(problems, len(ids))
+        kept_logprobs = None if logprobs is None else logprobs[:keep]
+        why = f"engine output rejected from output position {keep}: {describe(problems)}"
+        return ids[:keep], kept_logprobs, why
+
     def _close_status(self, stop: int | None, finish: FinishReason) -> str | None:
         """Why the turn still needs the template's close, or None when the engine sampled one."""
         closes = self.profile.close_id_set
@@ -327,6 +357,7 @@ class TokenTrajectory:
             "kinds": [k.value for k in self.kinds],
             "turns": list(self.turn_of),
             "repairs": self.repair_log(),
+            "output_problems": [{"turn": turn, **p.to_dict()} for turn, p in self.output_problems],
             "engine_calls": [
                 {
                     "turn": t.index,

@@ -30,6 +30,7 @@ from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.policy import CheckMode, Enforcer
+from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
@@ -67,6 +68,10 @@ class _Runtime:
         """Stop ids that end a turn (template closes, eos and its aliases): not message content. A stop id only
         the user configured (e.g. </tool_call>) is part of the text the tool parser needs."""
         return frozenset(s.id for s in self.profile.stop_ids if set(s.sources) - {"user"})
+
+    def output_problems(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> tuple[OutputProblem, ...]:
+        """What is invalid in one engine output (the same test the trajectory and the check apply)."""
+        return validate_engine_output(ids, logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set)
 
     def conclude(
         self,
@@ -231,6 +236,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             finish = finish_reason(ids, remaining, stop_ids, rt.profile)
             calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
             merge_engine_extra_fields(extra_fields, out.extra_fields or {})
+            if rt.output_problems(ids, out.log_probs):
+                # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
+                # keeps the turn up to the first problem (nothing after it trains), the check names the failure,
+                # and no parser or next turn sees the rest.
+                t.add_sampled(ids, out.log_probs, finish)
+                counters["rollouts_ended_on_invalid_output"] += 1
+                break
             message, parsed, malformed = await self._parse(ids, turn, counters, active)
             t.add_sampled(ids, out.log_probs, finish, message=message)
             turn += 1

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from verl_ext.check.findings import Cause, CheckResult
+from verl_ext.check.findings import Cause, CheckResult, FailureKind
 from verl_ext.core.trajectory import RepairKind
 
 PREFIX = "tito/"
@@ -17,6 +17,8 @@ def aggregate(results: Iterable[CheckResult]) -> dict[str, float]:
     - ``tito/check_skipped``: rollouts whose template view ran past its time budget and stopped (reason in the
       rollout's record and in the log)
     - ``tito/engine_view_failures``: failures summed over rollouts; must be 0
+    - ``tito/engine_view/<kind>``: those failures per kind (``id_out_of_vocab``, ``logprob_not_finite``, ``nan_stop``,
+      ... for invalid engine output; ``stream``, ``mask``, ... for a rollout that changed the engine's tokens)
     - ``tito/findings/<cause>``: findings per cause, summed
     - ``tito/repairs/<kind>``: edit-log entries per kind, summed
     - ``tito/defect_rate``: rollouts with an engine failure or a defect / rollouts checked
@@ -37,11 +39,15 @@ def aggregate(results: Iterable[CheckResult]) -> dict[str, float]:
         f"{PREFIX}check_seconds_mean": sum(r.seconds for r in results) / len(results) if results else 0.0,
         f"{PREFIX}check_seconds_max": max((r.seconds for r in results), default=0.0),
     }
+    for kind in FailureKind:
+        m[f"{PREFIX}engine_view/{kind.value}"] = 0.0
     for cause in Cause:
         m[f"{PREFIX}findings/{cause.value}"] = 0.0
     for kind in RepairKind:
         m[f"{PREFIX}repairs/{kind.value}"] = 0.0
     for r in results:
+        for failure in r.engine_failures:
+            m[f"{PREFIX}engine_view/{failure.kind.value}"] += 1
         for cause, n in r.cause_counts().items():
             m[f"{PREFIX}findings/{cause}"] += n
         for kind, n in r.repairs.items():
@@ -54,7 +60,7 @@ def format_metrics(metrics: dict[str, float], skip_zero_counts: bool = True) -> 
     lines = []
     for name in sorted(metrics):
         value = metrics[name]
-        if skip_zero_counts and value == 0 and ("/findings/" in name or "/repairs/" in name):
+        if skip_zero_counts and value == 0 and any(k in name for k in ("/findings/", "/repairs/", "/engine_view/")):
             continue
         lines.append(f"{name:<40} {value:g}")
     return "\n".join(lines)

@@ -19,12 +19,14 @@ from typing import Any
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
+from verl_ext.core.engine_output import NAN_HAPPENED
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.replay import read_json_lines
 
 log = logging.getLogger("verl_ext.records")
 
 RECORD_VERSION = 1
+_REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
 
 
 def rollout_record(
@@ -63,7 +65,7 @@ def rollout_record(
         "prompt_messages": prompt_messages if prompt_messages is not None else (assistants[0] if assistants else None),
         "sampled": {str(i): list(c.output_ids) for i, c in by_message},
         "logprobs": {str(i): list(c.logprobs) for i, c in by_message if c.logprobs is not None},
-        "finish": {str(i): c.finish_reason for i, c in by_message if c.finish_reason in ("stop", "length")},
+        "finish": {str(i): c.finish_reason for i, c in by_message if c.finish_reason in _REPLAYABLE_FINISH},
         "prompt_length": len(sample.prompt_ids),
         "input_ids": stream,
         "loss_mask": [0] * p + list(sample.response_mask),

@@ -24,6 +24,7 @@ class Cause(StrEnum):
     REASONING_INSERTED = "reasoning_inserted"  # the template renders a (often empty) thinking block never sampled
     EOS_ALIAS = "eos_alias"  # the turn stopped on a stop id the template never renders (kept as sampled)
     SYNTHETIC_CLOSE = "synthetic_close"  # a close the engine did not sample, inserted (mask 0)
+    CLOSE_VARIANT = "close_variant"  # the turn ended on another of the template's turn ends (kept as its close)
     SPECIAL_TOKEN_ESCAPED = "special_token_escaped"  # special-token text in content kept as text
     AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
     BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
@@ -42,6 +43,7 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
         Cause.REASONING_INSERTED,
         Cause.EOS_ALIAS,
         Cause.SYNTHETIC_CLOSE,
+        Cause.CLOSE_VARIANT,
         Cause.SPECIAL_TOKEN_ESCAPED,
         Cause.AMBIGUOUS_STOP_KEPT,
     }

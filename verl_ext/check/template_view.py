@@ -57,7 +57,7 @@ def template_findings(
         # Untrusted content holds special-token text. The native render turns it into special tokens,
         # so only a comparison with the escaped render shows a stream that did the same.
         escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
-        special = renderer.special_ids
+        special = renderer.control_ids
         for tag, i1, i2, j1, j2 in _opcodes(stream, escaped.ids):
             s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
             if tag == "replace" and set(s_ids) & special and renderer.decode(s_ids) == renderer.decode(e_ids):
@@ -100,6 +100,7 @@ class _Rules:
         self.stream = stream
         self.rendered = rendered
         self.closes = profile.close_id_set
+        self.turn_ends = profile.turn_end_id_set
         self.aliases = profile.alias_id_set
         self.stops = profile.stop_id_set
         self.assistants = [messages[i] for i in loc.assistant_indices]
@@ -117,7 +118,7 @@ class _Rules:
     def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
         s_ids, r_ids = tuple(self.stream[i1:i2]), tuple(self.rendered[j1:j2])
         ds, dr = self.r.decode(s_ids), self.r.decode(r_ids)
-        special = self.r.special_ids
+        special = self.r.control_ids
         region = self.loc.region(min(i1, max(len(self.stream) - 1, 0)))
         at_boundary = region in ("boundary", "context") or (i1 == i2 and self._at_turn_end(i1))
 
@@ -128,6 +129,8 @@ class _Rules:
         if self._normalized(ds) == self._normalized(dr):
             return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
         at_end = self._touches_turn_end(i1, i2) or region == "boundary"
+        if at_end and len(s_ids) == 1 and s_ids[0] in self.turn_ends and len(r_ids) == 1 and r_ids[0] in self.closes:
+            return Cause.CLOSE_VARIANT, f"the turn ended on {ds!r}, one of the template's turn ends; it writes {dr!r} here"
         if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
         if at_end and set(r_ids) & self.closes and not set(s_ids) & self.closes:

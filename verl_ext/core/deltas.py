@@ -27,6 +27,7 @@ class ContextDelta:
     trailer_ids: tuple[int, ...]  # rendered after the close, never generated
     context_ids: tuple[int, ...]  # the new messages and the generation prompt
     escapes: tuple[Escape, ...]
+    escape_divergence: str = ""  # where the escaped render's text is not the template's (see Rendered)
 
     @property
     def boundary_ids(self) -> tuple[int, ...]:
@@ -69,7 +70,7 @@ def render_context_delta(
     # Number escapes by their position among the appended messages, not the synthetic history.
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
-    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes)
+    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes, full.escape_divergence)
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

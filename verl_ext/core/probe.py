@@ -89,7 +89,9 @@ class Boundary:
 class StopId:
     id: int
     text: str
-    sources: tuple[str, ...]  # "template close", "eos_token", "generation_config", "end-of-text name", "user"
+    # "template close", "template text" (the template writes it in some branch), "eos_token", "generation_config",
+    # "end-of-text name", "user"
+    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,18 @@ class TemplateProfile:
         return frozenset(i for b in self.boundaries for i in b.close_ids)
 
     @property
+    def turn_end_id_set(self) -> frozenset[int]:
+        """Ids that end an assistant turn as the template writes it: its closes for each following role, and stop
+        ids the template writes in another branch (Llama 3.x ``<|eom_id|>``, with builtin tools). A turn that stops
+        on one is closed: it gets no synthetic close, even where the template writes another close there."""
+        written = {s.id for s in self.stop_ids if "template text" in s.sources}
+        return self.close_id_set | written
+
+    @property
     def alias_stop_ids(self) -> tuple[StopId, ...]:
-        """Stop ids the template never renders as a turn close (a turn ending on one gets a synthetic close)."""
-        closes = self.close_id_set
-        return tuple(s for s in self.stop_ids if s.id not in closes)
+        """Stop ids the template never writes as a turn end (a turn ending on one gets a synthetic close)."""
+        ends = self.turn_end_id_set
+        return tuple(s for s in self.stop_ids if s.id not in ends)
 
     @property
     def alias_id_set(self) -> frozenset[int]:
@@ -145,15 +155,18 @@ class TemplateProfile:
         return data
 
 
-_PROFILE_CACHE: dict[tuple[str, tuple[int, ...]], TemplateProfile] = {}
-_NAMED_CACHE: dict[tuple[str, tuple[int, ...], str], TemplateProfile] = {}
+_ProbeKey = tuple[str, tuple[int, ...], tuple[int, ...]]
+_PROFILE_CACHE: dict[_ProbeKey, TemplateProfile] = {}
+_NAMED_CACHE: dict[tuple[str, tuple[int, ...], tuple[int, ...], str], TemplateProfile] = {}
 
 
 def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -> TemplateProfile:
-    """Probe ``renderer``'s template; cached per (tokenizer, template, template kwargs, stop ids)."""
-    key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))))
+    """Probe ``renderer``'s template; cached per (tokenizer, template, template kwargs, stop ids, and the eos ids of
+    the folder's generation_config.json: two folders with one tokenizer may stop on different ids)."""
+    generation_eos = tuple(_generation_config_eos(renderer.name))
+    key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))), generation_eos)
     if key not in _PROFILE_CACHE:
-        _PROFILE_CACHE[key] = _Prober(renderer, key[1]).run()
+        _PROFILE_CACHE[key] = _Prober(renderer, key[1], generation_eos).run()
     # The same tokenizer and template may live in several folders: probe once, name the folder asked about.
     named = (*key, renderer.name)
     if named not in _NAMED_CACHE:
@@ -198,9 +211,12 @@ _ASSISTANT_MARKERS = ("QXASSISTANT", "QXARG")
 
 
 class _Prober:
-    def __init__(self, renderer: ChatRenderer, extra_stop_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, renderer: ChatRenderer, extra_stop_ids: tuple[int, ...], generation_config_eos: tuple[int, ...] = ()
+    ) -> None:
         self.r = renderer
         self.extra_stop_ids = extra_stop_ids
+        self.generation_config_eos = generation_config_eos
         self.reasons: list[Reason] = []
         self.examples: dict[str, str] = {}
         self.head: list[Message] = [_SYSTEM, _USER]
@@ -326,7 +342,7 @@ class _Prober:
     def trailer(self, ids: tuple[int, ...], start: int) -> tuple[int, ...]:
         """Whitespace-only text tokens right after a close: rendered by the template, never sampled."""
         end = start
-        while end < len(ids) and ids[end] not in self.r.added_ids and not self.r.decode([ids[end]]).strip():
+        while end < len(ids) and ids[end] not in self.r.control_ids and not self.r.decode([ids[end]]).strip():
             end += 1
         return ids[start:end]
 
@@ -364,13 +380,20 @@ class _Prober:
             for i in b.close_ids:
                 add(i, "template close")
         add(self.r.tokenizer.eos_token_id, "eos_token")
-        for i in _generation_config_eos(self.r.name):
+        for i in self.generation_config_eos:
             add(i, "generation_config")
         for i in self.r.special_ids:
             if _END_OF_TEXT_NAME.search(self.r.decode([i])):
                 add(i, "end-of-text name")
         for i in self.extra_stop_ids:
             add(i, "user")
+        # A model's own end id (not a user stop such as </tool_call>) that the template writes in some branch is a
+        # turn end of the template's, not an alias (Llama 3.x <|eom_id|> after a builtin-tool call).
+        template = self.r.chat_template or ""
+        for i, src in sources.items():
+            own_end = set(src) & {"eos_token", "generation_config", "end-of-text name"}
+            if own_end and "template close" not in src and i in self.r.special_ids and self.r.decode([i]) in template:
+                src.append("template text")
         return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
 
     # -- template habits --------------------------------------------------------------------------
@@ -421,8 +444,21 @@ class _Prober:
         closes = {b.next_role: self.r.decode(b.close_ids) for b in boundaries if b.close_ids}
         if len(set(closes.values())) > 1:
             listing = ", ".join(f"{role}: {text}" for role, text in closes.items())
-            self.note(Severity.REPAIR, f"the turn close depends on what follows ({listing})")
-        aliases = [s for s in stop_ids if s.id not in {i for b in boundaries for i in b.close_ids}]
+            self.note(
+                Severity.REPAIR,
+                f"the turn close depends on what follows ({listing}); a turn that stopped on another of these "
+                "closes keeps it (no second close is added), and the check names it close_variant",
+            )
+        close_ids = {i for b in boundaries for i in b.close_ids}
+        written = [s for s in stop_ids if s.id not in close_ids and "template text" in s.sources]
+        if written:
+            listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in written)
+            self.note(
+                Severity.NOTE,
+                f"stop ids the template writes as a turn end in another branch: {listing}; a turn ending on one "
+                "keeps it as its close (no synthetic close), and the check names the difference close_variant",
+            )
+        aliases = [s for s in stop_ids if s.id not in close_ids and "template text" not in s.sources]
         if aliases:
             listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in aliases)
             self.note(

@@ -45,10 +45,16 @@ class Escape:
 
 @dataclass(frozen=True)
 class Rendered:
-    """Token ids of one render, and the special-token strings that were kept as text."""
+    """Token ids of one render, and the special-token strings that were kept as text.
+
+    ``escape_divergence`` is empty when the escaped render's text is the template's own text (only the token
+    split of the escaped strings differs); otherwise it says where the template treated the escaped content
+    differently (a filter that changed it, a placeholder it dropped).
+    """
 
     ids: tuple[int, ...]
     escapes: tuple[Escape, ...] = ()
+    escape_divergence: str = ""
 
 
 def load_renderer(
@@ -106,7 +112,14 @@ class ChatRenderer:
         added = tokenizer.added_tokens_decoder
         self.added_ids: frozenset[int] = frozenset(added)
         self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
-        strings = sorted({tok.content for tok in added.values() if tok.content}, key=len, reverse=True)
+        # Control tokens: what could open or close a turn. Special tokens, and added tokens the template itself
+        # writes (Qwen's non-special <tool_call>). Not every added token: Gemma holds thousands of plain ones
+        # (HTML tags, whitespace runs) that are ordinary text in a message.
+        template = self.chat_template or ""
+        self.control_ids: frozenset[int] = frozenset(
+            i for i, tok in added.items() if tok.special or (tok.content.strip() and tok.content in template)
+        )
+        strings = sorted({added[i].content for i in self.control_ids if added[i].content}, key=len, reverse=True)
         self._added_re = re.compile("|".join(re.escape(s) for s in strings)) if strings else None
         self._text_only = _text_only_tokenizer(tokenizer)
 
@@ -171,7 +184,8 @@ class ChatRenderer:
         text = self.render_text(protected, tools, add_generation_prompt)
         if not literals:
             return Rendered(tuple(self.encode(text)))
-        return Rendered(tuple(self._encode_with_literals(text, literals)), tuple(escapes))
+        divergence = self._escape_divergence(text, literals, self.render_text(messages, tools, add_generation_prompt))
+        return Rendered(tuple(self._encode_with_literals(text, literals)), tuple(escapes), divergence)
 
     def encode(self, text: str) -> list[int]:
         """Encode rendered template text; special-token strings become special tokens."""
@@ -224,6 +238,23 @@ class ChatRenderer:
                     ]
             out.append(msg)
         return out, literals, escapes
+
+    def _escape_divergence(self, text: str, literals: Sequence[str], plain: str) -> str:
+        """Empty when ``text`` with its placeholders put back is the plain render's text; else what differs."""
+        found = [int(m.group(1)) for m in _PLACEHOLDER_RE.finditer(text)]
+        restored = _PLACEHOLDER_RE.sub(lambda m: literals[int(m.group(1))], text)
+        if restored == plain and sorted(found) == list(range(len(literals))):
+            return ""
+        if sorted(found) != list(range(len(literals))):
+            return (
+                f"the template rendered {len(found)} of the {len(literals)} escaped strings as given (it transformed "
+                "or dropped the others); the escaped text is not the template's"
+            )
+        k = next((i for i, (a, b) in enumerate(zip(restored, plain, strict=False)) if a != b), min(len(restored), len(plain)))
+        return (
+            f"the template treats the escaped content differently at character {k}: escaped render "
+            f"{restored[max(0, k - 20) : k + 20]!r}, plain render {plain[max(0, k - 20) : k + 20]!r}"
+        )
 
     def _encode_with_literals(self, text: str, literals: Sequence[str]) -> list[int]:
         ids: list[int] = []

@@ -23,6 +23,7 @@ CAUSE_COLORS: dict[str, str] = {
     Cause.REASONING_INSERTED: "#9467bd",
     Cause.EOS_ALIAS: "#7f7f7f",
     Cause.SYNTHETIC_CLOSE: "#006d77",
+    Cause.CLOSE_VARIANT: "#5f9ea0",
     Cause.SPECIAL_TOKEN_ESCAPED: "#bcbd22",
     Cause.AMBIGUOUS_STOP_KEPT: "#aec7e8",
     Cause.BOUNDARY_MISSING: "#ff7f0e",

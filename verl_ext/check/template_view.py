@@ -140,6 +140,11 @@ class _Rules:
             return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
         if i1 > 0 and len(s_ids) == 1 and not r_ids and s_ids[0] in self.stops and self.stream[i1 - 1] == s_ids[0]:
             return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
+        if region == "context" and self._call_names_swapped(ds, dr):
+            return Cause.TOOL_RESULT_LABELLED, (
+                f"the tool result is labelled with its own call's name {ds.strip(_NAME_EDGE)!r}; the template labels "
+                f"it {dr.strip(_NAME_EDGE)!r}, another call of the same turn (it names every result after one call)"
+            )
         if at_boundary and not s_ids and not dr.strip():
             return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
         no_stop = not set(r_ids) & self.stops
@@ -163,6 +168,17 @@ class _Rules:
                 f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
             )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+
+    def _call_names_swapped(self, ds: str, dr: str) -> bool:
+        """Both sides are names of tool calls one assistant turn made, and they differ."""
+        a, b = ds.strip(_NAME_EDGE), dr.strip(_NAME_EDGE)
+        if not a or not b or a == b:
+            return False
+        for m in self.assistants:
+            names = {str((c.get("function") or c).get("name", "")) for c in m.get("tool_calls") or [] if isinstance(c, Mapping)}
+            if a in names and b in names:
+                return True
+        return False
 
     def _assistant_texts(self) -> set[str]:
         """Stop-token strings that appear in assistant message content."""
@@ -203,6 +219,9 @@ class _Rules:
             if i1 <= i < i2 or (i == i2 and tag != "equal"):
                 return j1 + (i - i1) if tag == "equal" else (j1 if i == i1 else j2)
         return len(self.rendered)
+
+
+_NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
 
 
 def _squash(text: str) -> str:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.rendering import ChatRenderer, Message
+from verl_ext.core.rendering import ChatRenderer, Message, round_trip_failures
 
 APPEND_ROLES: tuple[str, ...] = ("tool", "user", "system")
 END = "end"  # pseudo-role: the assistant turn is the last message of the conversation
@@ -229,6 +229,7 @@ class _Prober:
         return text, tuple(self.r.encode(text))
 
     def run(self) -> TemplateProfile:
+        self.round_trip()
         try:
             _, gen_ids = self.render(self.head, gen=True)
             _, last_ids = self.render([*self.head, _assistant_text()], gen=False)
@@ -395,6 +396,20 @@ class _Prober:
             if own_end and "template close" not in src and i in self.r.special_ids and self.r.decode([i]) in template:
                 src.append("template text")
         return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
+
+    def round_trip(self) -> None:
+        """A tokenizer that does not give plain text back changes every prompt it encodes (spaces lost)."""
+        failures = round_trip_failures(self.r.tokenizer)
+        if failures:
+            text, back = failures[0]
+            self.note(
+                Severity.UNSUPPORTED,
+                f"the tokenizer does not round-trip plain text: {text!r} decodes as {back!r}, so every prompt it "
+                "encodes differs from the text. transformers 5 replaces tokenizer.json's pre-tokenizer when "
+                "tokenizer_config.json names another class (huggingface/transformers#45488); load the folder with "
+                "verl_ext.core.rendering.load_tokenizer (the verl-ext CLI does), or set \"tokenizer_class\" to "
+                "\"PreTrainedTokenizerFast\" in tokenizer_config.json",
+            )
 
     # -- template habits --------------------------------------------------------------------------
     def reasoning_stripping(self) -> bool | None:

@@ -12,6 +12,7 @@ import copy
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -30,6 +31,8 @@ Message = Mapping[str, Any]
 DEFAULT_ESCAPED_ROLES: tuple[str, ...] = ("user", "tool", "system")
 
 # ASCII, so that templates which ``|tojson``, ``|trim`` or ``|string`` the content keep it intact.
+log = logging.getLogger(__name__)
+
 _PLACEHOLDER = "zqVXESC{}Xqz"
 _PLACEHOLDER_RE = re.compile(r"zqVXESC(\d+)Xqz")
 
@@ -70,8 +73,7 @@ def load_renderer(
             f"tokenizer folder {str(path)!r} does not exist; pass the folder that holds tokenizer.json "
             "and tokenizer_config.json"
         )
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    tokenizer = AutoTokenizer.from_pretrained(str(path))
+    tokenizer = load_tokenizer(path)
     template = None
     if chat_template_file is not None:
         template = Path(chat_template_file).read_text(encoding="utf-8")
@@ -81,6 +83,54 @@ def load_renderer(
         template_kwargs=template_kwargs,
         escape_special_tokens=escape_special_tokens,
     )
+
+
+# Plain text every chat tokenizer encodes and decodes back unchanged (no space before punctuation, which
+# ``clean_up_tokenization_spaces`` would legitimately remove).
+ROUND_TRIP_TEXTS: tuple[str, ...] = ("Hello world, how are you?", "Line one.\nLine two:  two spaces.")
+
+
+def round_trip_failures(tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, str]]:
+    """(text, what it decodes back to) for each plain text the tokenizer does not round-trip."""
+    out = []
+    for text in ROUND_TRIP_TEXTS:
+        back = str(tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=False))
+        if back != text:
+            out.append((text, back))
+    return out
+
+
+def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer`` from a local folder, as its tokenizer.json defines it.
+
+    transformers 5 rebuilds the normalizer, pre-tokenizer and decoder of a class named in tokenizer_config.json
+    (``tokenizer_class``) instead of taking tokenizer.json's. A byte-level tokenizer.json whose config names
+    ``LlamaTokenizerFast`` (DeepSeek V3/R1) then gets a Metaspace pre-tokenizer and decodes "Hello world" as
+    "Helloworld" (huggingface/transformers#45488). When the loaded tokenizer does not round-trip plain text, the
+    folder is loaded again with the generic class, which takes tokenizer.json as it is, and that one is used if
+    it round-trips.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    failures = round_trip_failures(tokenizer)
+    if not failures or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        return tokenizer
+    faithful = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    if round_trip_failures(faithful):
+        return tokenizer  # the file itself does not round-trip: the probe reports it
+    text, back = failures[0]
+    log.warning(
+        "verl_ext: %s loaded as %s decodes %r as %r (transformers replaced tokenizer.json's pre-tokenizer, "
+        "huggingface/transformers#45488); using tokenizer.json as it is (%s) instead",
+        tokenizer_dir,
+        type(tokenizer).__name__,
+        text,
+        back,
+        type(faithful).__name__,
+    )
+    return faithful
 
 
 class ChatRenderer:
@@ -184,8 +234,12 @@ class ChatRenderer:
         text = self.render_text(protected, tools, add_generation_prompt)
         if not literals:
             return Rendered(tuple(self.encode(text)))
-        divergence = self._escape_divergence(text, literals, self.render_text(messages, tools, add_generation_prompt))
-        return Rendered(tuple(self._encode_with_literals(text, literals)), tuple(escapes), divergence)
+        plain = self.render_text(messages, tools, add_generation_prompt)
+        ids = tuple(self._encode_with_literals(text, literals))
+        divergence = self._escape_divergence(text, literals, plain)
+        if not divergence and self.decode(ids) != self.decode(self.encode(plain)):
+            divergence = "the escaped pieces, encoded apart, decode to other text than the template's"
+        return Rendered(ids, tuple(escapes), divergence)
 
     def encode(self, text: str) -> list[int]:
         """Encode rendered template text; special-token strings become special tokens."""
@@ -257,16 +311,51 @@ class ChatRenderer:
         )
 
     def _encode_with_literals(self, text: str, literals: Sequence[str]) -> list[int]:
+        """Encode ``text`` piece by piece, each escaped literal as plain text. A piece that does not start the text
+        is encoded as a continuation: a Metaspace pre-tokenizer that marks only the start of the input with "▁"
+        (SentencePiece-style, prepend_scheme "first") would otherwise add a space before every piece."""
         ids: list[int] = []
         pos = 0
+        mid = self._continuation
         for match in _PLACEHOLDER_RE.finditer(text):
             if match.start() > pos:
-                ids += self.encode(text[pos : match.start()])
-            ids += self.encode_as_text(literals[int(match.group(1))])
+                piece = text[pos : match.start()]
+                ids += self.encode(piece) if pos == 0 or mid is None else mid[0].encode(piece, add_special_tokens=False).ids
+            literal = literals[int(match.group(1))]
+            if match.start() == 0 or mid is None:
+                ids += self.encode_as_text(literal)
+            else:
+                ids += mid[1].encode(literal, add_special_tokens=False).ids
             pos = match.end()
         if pos < len(text):
-            ids += self.encode(text[pos:])
+            piece = text[pos:]
+            ids += self.encode(piece) if pos == 0 or mid is None else mid[0].encode(piece, add_special_tokens=False).ids
         return ids
+
+    @functools.cached_property
+    def _continuation(self) -> tuple[Tokenizer, Tokenizer] | None:
+        """(tokenizer, text-only tokenizer) that do not mark the start of their input, when the backend does."""
+        spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
+        if not _no_start_marker(spec.get("pre_tokenizer")):
+            return None
+        text_only = json.loads(self._text_only.to_str())
+        _no_start_marker(text_only.get("pre_tokenizer"))
+        plain, literal = Tokenizer.from_str(json.dumps(spec)), Tokenizer.from_str(json.dumps(text_only))
+        literal.encode_special_tokens = True
+        return plain, literal
+
+
+def _no_start_marker(pre_tokenizer: Any) -> bool:
+    """Switch a Metaspace pre-tokenizer that marks only the input's start (prepend_scheme "first") to "never", in
+    place, also inside a Sequence; True when one was switched."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any([_no_start_marker(p) for p in pre_tokenizer.get("pretokenizers") or []])
+    if pre_tokenizer.get("type") == "Metaspace" and pre_tokenizer.get("prepend_scheme") == "first":
+        pre_tokenizer["prepend_scheme"] = "never"
+        return True
+    return False
 
 
 def _text_only_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:

@@ -81,7 +81,14 @@ def test_template_markers_that_are_not_special_are_escaped(renderer_for):
     tool_call = r.encode("<tool_call>")[0]
     assert tool_call not in r.special_ids and tool_call in r.control_ids  # Qwen's template writes it
     plain = sorted(r.decode([i]) for i in r.added_ids - r.control_ids)  # fill-in-the-middle tokens: never escaped
-    assert plain == ["<|file_sep|>", "<|fim_middle|>", "<|fim_pad|>", "<|fim_prefix|>", "<|fim_suffix|>", "<|repo_name|>"]
+    assert plain == [
+        "<|file_sep|>",
+        "<|fim_middle|>",
+        "<|fim_pad|>",
+        "<|fim_prefix|>",
+        "<|fim_suffix|>",
+        "<|repo_name|>",
+    ]
 
 
 def test_an_escaped_render_that_differs_from_the_template_text_says_so(renderer_for):
@@ -175,7 +182,9 @@ def test_gpt_oss_results_of_two_calls_carry_their_own_names(renderer_for):
     body = canonical_output(r, [*prompt, calling], 1, OSS_TOOLS)
     final = canonical_output(r, [*prompt, calling, *results, answer], 4, OSS_TOOLS)
     ro = run(r, [Turn(body, calling, results), Turn(final, answer)], prompt=prompt, tools=OSS_TOOLS)
-    context = r.decode([i for i, k in zip(ro.trajectory.input_ids, ro.trajectory.kinds) if k is TokenKind.CONTEXT])
+    context = r.decode(
+        [i for i, k in zip(ro.trajectory.input_ids, ro.trajectory.kinds, strict=True) if k is TokenKind.CONTEXT]
+    )
     assert context.index("<|start|>functions.calculator to=assistant") < context.index(
         "<|start|>functions.search to=assistant"
     )
@@ -195,7 +204,9 @@ def test_gpt_oss_return_before_a_user_turn_follows_the_template(renderer_for):
     ]
     first = canonical_output(r, chat, 1)
     assert r.decode(first[-1:]) == "<|return|>"  # what the model samples: the final message of its generation
-    ro = run(r, [Turn(first, chat[1], [chat[2]]), Turn(canonical_output(r, chat, 3), chat[3])], prompt=chat[:1], tools=None)
+    ro = run(
+        r, [Turn(first, chat[1], [chat[2]]), Turn(canonical_output(r, chat, 3), chat[3])], prompt=chat[:1], tools=None
+    )
     t = ro.trajectory
     assert "<|return|><|end|>" not in r.decode(t.input_ids) and t.edits == []
     template = r.encode(r.render_text(chat))

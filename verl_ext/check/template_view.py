@@ -7,6 +7,7 @@ profile only (never at a model name), in a fixed order; what no rule explains is
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -130,7 +131,10 @@ class _Rules:
             return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
         at_end = self._touches_turn_end(i1, i2) or region == "boundary"
         if at_end and len(s_ids) == 1 and s_ids[0] in self.turn_ends and len(r_ids) == 1 and r_ids[0] in self.closes:
-            return Cause.CLOSE_VARIANT, f"the turn ended on {ds!r}, one of the template's turn ends; it writes {dr!r} here"
+            return (
+                Cause.CLOSE_VARIANT,
+                f"the turn ended on {ds!r}, one of the template's turn ends; it writes {dr!r} here",
+            )
         if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
         if at_end and set(r_ids) & self.closes and not set(s_ids) & self.closes:
@@ -140,6 +144,12 @@ class _Rules:
             return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
         if i1 > 0 and len(s_ids) == 1 and not r_ids and s_ids[0] in self.stops and self.stream[i1 - 1] == s_ids[0]:
             return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
+        moved = self._moved(ds, dr, region)
+        if moved:
+            return Cause.CONTEXT_MOVED, (
+                f"the template renders {moved!r} at another place of the final conversation (Mistral moves the tool "
+                "list to the last user message); the stream keeps it where the engine saw it"
+            )
         if region == "context" and self._call_names_swapped(ds, dr):
             return Cause.TOOL_RESULT_LABELLED, (
                 f"the tool result is labelled with its own call's name {ds.strip(_NAME_EDGE)!r}; the template labels "
@@ -169,13 +179,39 @@ class _Rules:
             )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
 
+    def _moved(self, ds: str, dr: str, region: str) -> str:
+        """The text of a one-sided divergence (only in the stream, or only in the render) in the prompt or the context
+        when the other side holds it elsewhere: a moved block, not a lost or an added one. In the context, a block
+        one side holds more often than the other is duplicated, not moved. Short texts never count."""
+        if bool(ds) == bool(dr) or region not in ("prompt", "context"):
+            return ""
+        text = (ds or dr).strip()
+        mine, other = (self._stream_text, self._rendered_text) if ds else (self._rendered_text, self._stream_text)
+        held = other.count(text)
+        if len(text) < _MOVED_MIN_CHARS or not held:
+            return ""
+        # The first prompt is what the engine saw first: a block the template later renders elsewhere moved there.
+        return text if region == "prompt" or mine.count(text) <= held else ""
+
+    @functools.cached_property
+    def _rendered_text(self) -> str:
+        return self.r.decode(self.rendered)
+
+    @functools.cached_property
+    def _stream_text(self) -> str:
+        return self.r.decode(self.stream)
+
     def _call_names_swapped(self, ds: str, dr: str) -> bool:
         """Both sides are names of tool calls one assistant turn made, and they differ."""
         a, b = ds.strip(_NAME_EDGE), dr.strip(_NAME_EDGE)
         if not a or not b or a == b:
             return False
         for m in self.assistants:
-            names = {str((c.get("function") or c).get("name", "")) for c in m.get("tool_calls") or [] if isinstance(c, Mapping)}
+            names = {
+                str((c.get("function") or c).get("name", ""))
+                for c in m.get("tool_calls") or []
+                if isinstance(c, Mapping)
+            }
             if a in names and b in names:
                 return True
         return False
@@ -221,6 +257,7 @@ class _Rules:
         return len(self.rendered)
 
 
+_MOVED_MIN_CHARS = 24
 _NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
 
 

@@ -55,7 +55,9 @@ def render_context_delta(
         _delta(renderer, profile, [result], tools, call_turn, with_system, add_generation_prompt=k == len(per_call) - 1)
         for k, (call_turn, result) in enumerate(per_call)
     ]
-    escapes = tuple(dataclasses.replace(e, message_index=e.message_index + k) for k, p in enumerate(pieces) for e in p.escapes)
+    escapes = tuple(
+        dataclasses.replace(e, message_index=e.message_index + k) for k, p in enumerate(pieces) for e in p.escapes
+    )
     divergence = "; ".join(p.escape_divergence for p in pieces if p.escape_divergence)
     context = tuple(i for p in pieces for i in p.context_ids)
     return ContextDelta(pieces[0].close_ids, pieces[0].trailer_ids, context, escapes, divergence)

@@ -303,13 +303,19 @@ class _Prober:
             close = (last_ids[last_close],) if last_close is not None else ()
             self.examples[END] = self.r.decode(last_ids[len(gen_ids) :] if placed else last_ids)
             divergence = "" if placed else self.divergence(gen_ids, last_ids, "the generation prompt")
-            return Boundary(END, close, self.trailer(last_ids, len(engine_view)), (), placed, divergence)
+            # Whatever the template writes after the close at the very end (Qwen "\n", Phi "\n" + eos) is never sampled.
+            trailer = tuple(last_ids[last_close + 1 :]) if last_close is not None else ()
+            return Boundary(END, close, trailer, (), placed, divergence)
 
         text, ids = self.render([*self.head, assistant, *appended], gen=True)
         marker = str(appended[0]["content"])
         if marker not in text:
             raise TemplateError(f"the template drops the content of an appended {role!r} message")
         close_at = self.close_index(text, ids)
+        common = self.common_close(text, ids, last_text, last_ids)
+        if common is not None:
+            close_at, last_close = common
+            engine_view = last_ids[: last_close + 1]
         if close_at is None:
             raise TemplateError(f"no special token follows the assistant turn when a {role!r} message comes next")
         close = (ids[close_at],)
@@ -325,16 +331,33 @@ class _Prober:
 
     def close_index(self, text: str, ids: tuple[int, ...]) -> int | None:
         """Index of the first special token after the assistant's last marker (its close)."""
+        start = self.after_marker(text, ids)
+        return next((i for i in range(start, len(ids)) if ids[i] in self.r.special_ids), None)
+
+    def after_marker(self, text: str, ids: tuple[int, ...]) -> int:
+        """Index of the first token after the assistant's last marker."""
         marker_end = max((text.rfind(m) + len(m) for m in _ASSISTANT_MARKERS if m in text), default=-1)
         if marker_end < 0:
             raise TemplateError("the template does not render the assistant's content or tool call")
         offsets = self.offsets(text)
         if len(offsets) != len(ids):
             raise TemplateError("token offsets do not line up with the rendered ids")
-        for i in range(len(ids)):
-            if offsets[i][0] >= marker_end and ids[i] in self.r.special_ids:
-                return i
-        return None
+        return next((i for i in range(len(ids)) if offsets[i][0] >= marker_end), len(ids))
+
+    def common_close(
+        self, text: str, ids: tuple[int, ...], last_text: str, last_ids: tuple[int, ...]
+    ) -> tuple[int, int] | None:
+        """The turn's close when its ending has several special tokens: the last one the turn ends with both as the
+        conversation's last message and before the next message (Kimi-K2 ends a tool call with <|tool_call_end|>
+        <|tool_calls_section_end|><|im_end|>: the close is <|im_end|>, the others are the call's own syntax).
+        (index in ``ids``, index in ``last_ids``), or None when the two endings share no special token."""
+        a, b = self.after_marker(text, ids), self.after_marker(last_text, last_ids)
+        k, last = 0, None
+        while a + k < len(ids) and b + k < len(last_ids) and ids[a + k] == last_ids[b + k]:
+            if ids[a + k] in self.r.special_ids:
+                last = k
+            k += 1
+        return None if last is None else (a + last, b + last)
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         enc = self.r.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -407,8 +430,8 @@ class _Prober:
                 f"the tokenizer does not round-trip plain text: {text!r} decodes as {back!r}, so every prompt it "
                 "encodes differs from the text. transformers 5 replaces tokenizer.json's pre-tokenizer when "
                 "tokenizer_config.json names another class (huggingface/transformers#45488); load the folder with "
-                "verl_ext.core.rendering.load_tokenizer (the verl-ext CLI does), or set \"tokenizer_class\" to "
-                "\"PreTrainedTokenizerFast\" in tokenizer_config.json",
+                'verl_ext.core.rendering.load_tokenizer (the verl-ext CLI does), or set "tokenizer_class" to '
+                '"PreTrainedTokenizerFast" in tokenizer_config.json',
             )
 
     # -- template habits --------------------------------------------------------------------------

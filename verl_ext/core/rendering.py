@@ -148,6 +148,7 @@ class ChatRenderer:
         template_kwargs: Mapping[str, Any] | None = None,
         escape_special_tokens: bool = True,
         escaped_roles: Sequence[str] = DEFAULT_ESCAPED_ROLES,
+        _text_only: Tokenizer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template: str | None = chat_template or tokenizer.chat_template
@@ -171,7 +172,7 @@ class ChatRenderer:
         )
         strings = sorted({added[i].content for i in self.control_ids if added[i].content}, key=len, reverse=True)
         self._added_re = re.compile("|".join(re.escape(s) for s in strings)) if strings else None
-        self._text_only = _text_only_tokenizer(tokenizer)
+        self._text_only = _text_only or _text_only_tokenizer(tokenizer)
 
     def with_template_kwargs(self, template_kwargs: Mapping[str, Any] | None) -> ChatRenderer:
         """The same tokenizer and template with other template kwargs (shares the loaded tokenizers)."""
@@ -181,6 +182,17 @@ class ChatRenderer:
         clone.template_kwargs = dict(template_kwargs or {})
         clone.__dict__.pop("fingerprint", None)
         return clone
+
+    def with_chat_template(self, chat_template: str) -> ChatRenderer:
+        """The same tokenizer with another chat template (shares the loaded tokenizers; control ids re-derived)."""
+        return ChatRenderer(
+            self.tokenizer,
+            chat_template,
+            self.template_kwargs,
+            self.escape_special_tokens,
+            self.escaped_roles,
+            _text_only=self._text_only,
+        )
 
     # -- identity ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -304,7 +316,9 @@ class ChatRenderer:
                 f"the template rendered {len(found)} of the {len(literals)} escaped strings as given (it transformed "
                 "or dropped the others); the escaped text is not the template's"
             )
-        k = next((i for i, (a, b) in enumerate(zip(restored, plain, strict=False)) if a != b), min(len(restored), len(plain)))
+        k = next(
+            (i for i, (a, b) in enumerate(zip(restored, plain, strict=False)) if a != b), min(len(restored), len(plain))
+        )
         return (
             f"the template treats the escaped content differently at character {k}: escaped render "
             f"{restored[max(0, k - 20) : k + 20]!r}, plain render {plain[max(0, k - 20) : k + 20]!r}"
@@ -320,7 +334,11 @@ class ChatRenderer:
         for match in _PLACEHOLDER_RE.finditer(text):
             if match.start() > pos:
                 piece = text[pos : match.start()]
-                ids += self.encode(piece) if pos == 0 or mid is None else mid[0].encode(piece, add_special_tokens=False).ids
+                ids += (
+                    self.encode(piece)
+                    if pos == 0 or mid is None
+                    else mid[0].encode(piece, add_special_tokens=False).ids
+                )
             literal = literals[int(match.group(1))]
             if match.start() == 0 or mid is None:
                 ids += self.encode_as_text(literal)

@@ -26,6 +26,7 @@ CAUSE_COLORS: dict[str, str] = {
     Cause.CLOSE_VARIANT: "#5f9ea0",
     Cause.SPECIAL_TOKEN_ESCAPED: "#bcbd22",
     Cause.TOOL_RESULT_LABELLED: "#98df8a",
+    Cause.CONTEXT_MOVED: "#c5b0d5",
     Cause.AMBIGUOUS_STOP_KEPT: "#aec7e8",
     Cause.BOUNDARY_MISSING: "#ff7f0e",
     Cause.CLOSE_MISSING: "#d62728",

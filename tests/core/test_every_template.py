@@ -259,3 +259,31 @@ def _sample(t):
     from verl_ext.check.inputs import trainer_sample_from_trajectory
 
     return trainer_sample_from_trajectory(t)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_stop_id_gets_a_named_cause(case_renderer, case):
+    """A turn may end on any stop id the profile knows (closes, eos, generation_config, end-of-text names): the
+    check names what that does, never `unknown`, and finds no defect."""
+    from verl_ext.core.replay import canonical_output
+
+    r = case_renderer(case)
+    p = probe_template(r)
+    if END in p.unsupported_roles or "user" not in appendable(p) or (case, "user") in KNOWN_GAPS:
+        pytest.skip("the template cannot place the output or append a user message")
+    chat = [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "How are you?"},
+        {"role": "assistant", "content": "Fine."},
+    ]
+    try:
+        first, last = canonical_output(r, chat, 1), canonical_output(r, chat, 3)
+    except TemplateError as exc:
+        pytest.skip(str(exc))
+    body = first[:-1] if first and first[-1] in p.turn_end_id_set else first
+    for stop in p.stop_ids:
+        ro = run(r, [Turn([*body, stop.id], chat[1], [chat[2]]), Turn(last, chat[3])], prompt=chat[:1], tools=None)
+        result = ConsistencyChecker(r, p).check(ro.calls, ro.sample(), ro.messages, template_view=True)
+        assert result.engine_ok and check_invariants(ro.trajectory).ok
+        assert not result.defects, (stop.text, [(f.cause.value, f.detail) for f in result.defects])

@@ -250,3 +250,23 @@ def test_a_tokenizer_that_does_not_round_trip_is_reported_and_loaded_faithfully(
     text = r.render_text(CHAT)
     assert r.encode(text) == reference.encode(text, add_special_tokens=False)
     assert probe_template(r).verdict is not Verdict.UNSUPPORTED
+
+
+def test_a_tool_list_the_template_moves_is_named(renderer_for):
+    """Mistral v0.3 writes [AVAILABLE_TOOLS] before the last user message: the first prompt has it before the first
+    one, the final re-render does not. The check names the moved block, not `unknown`."""
+    r = renderer_for("mistral-7b-v0.3")
+    tools = [{"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}]
+    t = replay(r, ReplayRecord.from_json({"messages": CHAT, "tools": tools}))
+    from verl_ext.check.inputs import EngineCall, trainer_sample_from_trajectory
+
+    calls = [
+        EngineCall.of(t.input_ids[: c.prompt_length], t.input_ids[c.sampled_start : c.sampled_end], None, "stop")
+        for c in t.turns
+    ]
+    checked = ConsistencyChecker(r).check(
+        calls, trainer_sample_from_trajectory(t), t.messages, tools, template_view=True
+    )
+    assert checked.ok, checked.summary()
+    moved = [f for f in checked.findings if f.cause is Cause.CONTEXT_MOVED]
+    assert moved and all("[AVAILABLE_TOOLS]" in f.detail for f in moved)

@@ -147,8 +147,8 @@ class _Rules:
         moved = self._moved(ds, dr, region)
         if moved:
             return Cause.CONTEXT_MOVED, (
-                f"the template renders {moved!r} at another place of the final conversation (Mistral moves the tool "
-                "list to the last user message); the stream keeps it where the engine saw it"
+                f"the template renders {moved!r} at another place of the final conversation (a tool list written "
+                "before the last user message); the stream keeps it where the engine saw it"
             )
         if region == "context" and self._call_names_swapped(ds, dr):
             return Cause.TOOL_RESULT_LABELLED, (

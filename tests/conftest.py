@@ -76,3 +76,24 @@ def tiny_qwen3_dir(tokenizer_dirs: dict[str, Path], tmp_path_factory: pytest.Tem
     from verl_ext.demo.model import build_tiny_qwen3
 
     return build_tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), tokenizer_dirs["qwen3"], seed=0)
+
+
+@pytest.fixture(scope="session")
+def template_only_tokenizer(tokenizer_dirs: dict[str, Path]) -> Any:
+    """The shipped Mistral v0.3 tokenizer given every marker of tests/fixtures/templates as a special token."""
+    from template_fixtures import BASE_TOKENIZER, markers, template_files, tokenizer_with
+
+    found = [m for path in template_files() for m in markers(path.read_text(encoding="utf-8"))]
+    return tokenizer_with(tokenizer_dirs[BASE_TOKENIZER], list(dict.fromkeys(found)))
+
+
+@pytest.fixture(scope="session")
+def gemma_like_renderer(tokenizer_dirs: dict[str, Path]) -> Any:
+    """Gemma 2's real template over the Mistral v0.3 tokenizer given Gemma's turn markers as special tokens and,
+    as Gemma's vocabulary has them, "\\n", whitespace runs and HTML tags as plain (non-special) added tokens."""
+    from template_fixtures import BASE_TOKENIZER, GEMMA_PLAIN, GEMMA_SPECIAL, TEMPLATES_DIR, tokenizer_with
+
+    from verl_ext.core.rendering import ChatRenderer
+
+    tok = tokenizer_with(tokenizer_dirs[BASE_TOKENIZER], GEMMA_SPECIAL, GEMMA_PLAIN)
+    return ChatRenderer(tok, chat_template=(TEMPLATES_DIR / "google-gemma-2-2b-it.jinja").read_text(encoding="utf-8"))

@@ -24,7 +24,10 @@ class Cause(StrEnum):
     REASONING_INSERTED = "reasoning_inserted"  # the template renders a (often empty) thinking block never sampled
     EOS_ALIAS = "eos_alias"  # the turn stopped on a stop id the template never renders (kept as sampled)
     SYNTHETIC_CLOSE = "synthetic_close"  # a close the engine did not sample, inserted (mask 0)
+    CLOSE_VARIANT = "close_variant"  # the turn ended on another of the template's turn ends (kept as its close)
     SPECIAL_TOKEN_ESCAPED = "special_token_escaped"  # special-token text in content kept as text
+    TOOL_RESULT_LABELLED = "tool_result_labelled"  # a result names its own call where the template names another
+    CONTEXT_MOVED = "context_moved"  # the template renders prompt text (tool list, system) elsewhere once more follows
     AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
     BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
     CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
@@ -42,7 +45,10 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
         Cause.REASONING_INSERTED,
         Cause.EOS_ALIAS,
         Cause.SYNTHETIC_CLOSE,
+        Cause.CLOSE_VARIANT,
         Cause.SPECIAL_TOKEN_ESCAPED,
+        Cause.TOOL_RESULT_LABELLED,
+        Cause.CONTEXT_MOVED,
         Cause.AMBIGUOUS_STOP_KEPT,
     }
 )

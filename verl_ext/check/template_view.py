@@ -7,6 +7,7 @@ profile only (never at a model name), in a fixed order; what no rule explains is
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
@@ -59,7 +60,7 @@ def template_findings(
         # so only a comparison with the escaped render shows a stream that did the same.
         escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
         check_deadline(deadline, "after rendering the conversation with special-token text escaped")
-        special = renderer.special_ids
+        special = renderer.control_ids
         for tag, i1, i2, j1, j2 in align(stream, escaped.ids, deadline):
             s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
             if tag == "replace" and set(s_ids) & special and renderer.decode(s_ids) == renderer.decode(e_ids):
@@ -86,6 +87,7 @@ class _Rules:
         self.stream = stream
         self.rendered = rendered
         self.closes = profile.close_id_set
+        self.turn_ends = profile.turn_end_id_set
         self.aliases = profile.alias_id_set
         self.stops = profile.stop_id_set
         self.assistants = [messages[i] for i in loc.assistant_indices]
@@ -103,7 +105,7 @@ class _Rules:
     def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
         s_ids, r_ids = tuple(self.stream[i1:i2]), tuple(self.rendered[j1:j2])
         ds, dr = self.r.decode(s_ids), self.r.decode(r_ids)
-        special = self.r.special_ids
+        special = self.r.control_ids
         region = self.loc.region(min(i1, max(len(self.stream) - 1, 0)))
         at_boundary = region in ("boundary", "context") or (i1 == i2 and self._at_turn_end(i1))
 
@@ -114,6 +116,11 @@ class _Rules:
         if self._normalized(ds) == self._normalized(dr):
             return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
         at_end = self._touches_turn_end(i1, i2) or region == "boundary"
+        if at_end and len(s_ids) == 1 and s_ids[0] in self.turn_ends and len(r_ids) == 1 and r_ids[0] in self.closes:
+            return (
+                Cause.CLOSE_VARIANT,
+                f"the turn ended on {ds!r}, one of the template's turn ends; it writes {dr!r} here",
+            )
         if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
             return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
         if at_end and set(r_ids) & self.closes and not set(s_ids) & self.closes:
@@ -123,6 +130,17 @@ class _Rules:
             return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
         if i1 > 0 and len(s_ids) == 1 and not r_ids and s_ids[0] in self.stops and self.stream[i1 - 1] == s_ids[0]:
             return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
+        moved = self._moved(ds, dr, region)
+        if moved:
+            return Cause.CONTEXT_MOVED, (
+                f"the template renders {moved!r} at another place of the final conversation (a tool list written "
+                "before the last user message); the stream keeps it where the engine saw it"
+            )
+        if region == "context" and self._call_names_swapped(ds, dr):
+            return Cause.TOOL_RESULT_LABELLED, (
+                f"the tool result is labelled with its own call's name {ds.strip(_NAME_EDGE)!r}; the template labels "
+                f"it {dr.strip(_NAME_EDGE)!r}, another call of the same turn (it names every result after one call)"
+            )
         if at_boundary and not s_ids and not dr.strip():
             return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
         no_stop = not set(r_ids) & self.stops
@@ -146,6 +164,43 @@ class _Rules:
                 f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
             )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+
+    def _moved(self, ds: str, dr: str, region: str) -> str:
+        """The text of a one-sided divergence (only in the stream, or only in the render) in the prompt or the context
+        when the other side holds it elsewhere: a moved block, not a lost or an added one. In the context, a block
+        one side holds more often than the other is duplicated, not moved. Short texts never count."""
+        if bool(ds) == bool(dr) or region not in ("prompt", "context"):
+            return ""
+        text = (ds or dr).strip()
+        mine, other = (self._stream_text, self._rendered_text) if ds else (self._rendered_text, self._stream_text)
+        held = other.count(text)
+        if len(text) < _MOVED_MIN_CHARS or not held:
+            return ""
+        # The first prompt is what the engine saw first: a block the template later renders elsewhere moved there.
+        return text if region == "prompt" or mine.count(text) <= held else ""
+
+    @functools.cached_property
+    def _rendered_text(self) -> str:
+        return self.r.decode(self.rendered)
+
+    @functools.cached_property
+    def _stream_text(self) -> str:
+        return self.r.decode(self.stream)
+
+    def _call_names_swapped(self, ds: str, dr: str) -> bool:
+        """Both sides are names of tool calls one assistant turn made, and they differ."""
+        a, b = ds.strip(_NAME_EDGE), dr.strip(_NAME_EDGE)
+        if not a or not b or a == b:
+            return False
+        for m in self.assistants:
+            names = {
+                str((c.get("function") or c).get("name", ""))
+                for c in m.get("tool_calls") or []
+                if isinstance(c, Mapping)
+            }
+            if a in names and b in names:
+                return True
+        return False
 
     def _assistant_texts(self) -> set[str]:
         """Stop-token strings that appear in assistant message content."""
@@ -186,6 +241,10 @@ class _Rules:
             if i1 <= i < i2 or (i == i2 and tag != "equal"):
                 return j1 + (i - i1) if tag == "equal" else (j1 if i == i1 else j2)
         return len(self.rendered)
+
+
+_MOVED_MIN_CHARS = 24
+_NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
 
 
 def _squash(text: str) -> str:

@@ -3,6 +3,8 @@
 These come from the engine record alone (no render), so they are cheap and run on every rollout:
 - EOS_ALIAS: the turn stopped on a stop id the template never renders (Qwen3 ``<|endoftext|>``);
 - SYNTHETIC_CLOSE: the engine did not sample the close the template renders, and the stream has it (mask 0);
+- CLOSE_VARIANT: the turn stopped on another of the template's turn ends (GPT-OSS ``<|return|>`` before a user
+  message, Llama ``<|eom_id|>``): kept as the turn's close;
 - AMBIGUOUS_STOP_KEPT: the stop token also opens the next message (GLM ``<|observation|>``) and is kept once;
 - CLOSE_MISSING: a turn followed by another message has neither a sampled nor an inserted close (a defect).
 """
@@ -22,6 +24,7 @@ def turn_end_findings(
 ) -> list[Finding]:
     out: list[Finding] = []
     closes = profile.close_id_set
+    turn_ends = profile.turn_end_id_set
     aliases = profile.alias_id_set
     end_has_close = bool(profile.boundary(END).close_ids)
     decode = loc.renderer.decode
@@ -37,7 +40,16 @@ def turn_end_findings(
             detail = f"the engine stopped on {decode([stop])!r}, which also opens the next message: kept once"
             out.append(_finding(loc, Cause.AMBIGUOUS_STOP_KEPT, allowed, k, Span(end - 1, end), detail))
             continue
-        if stop is not None and stop in closes:
+        if stop is not None and (stop in close[:1] or (not close and stop in closes)):
+            continue
+        if stop is not None and stop in turn_ends:
+            where = f"before a {role} message" if role != END else "at the end"
+            written = decode(close) if close else "no close"
+            detail = (
+                f"the turn ended on {decode([stop])!r}, one of the template's turn ends; it writes {written!r} "
+                f"{where}: the sampled one is kept as the close"
+            )
+            out.append(_finding(loc, Cause.CLOSE_VARIANT, allowed, k, Span(end - 1, end), detail))
             continue
         if stop is not None and stop in aliases:
             detail = f"stopped on {decode([stop])!r}, a stop id the template never renders; kept as sampled"

@@ -27,6 +27,7 @@ class ContextDelta:
     trailer_ids: tuple[int, ...]  # rendered after the close, never generated
     context_ids: tuple[int, ...]  # the new messages and the generation prompt
     escapes: tuple[Escape, ...]
+    escape_divergence: str = ""  # where the escaped render's text is not the template's (see Rendered)
 
     @property
     def boundary_ids(self) -> tuple[int, ...]:
@@ -44,15 +45,41 @@ def render_context_delta(
     """Token delta for appending ``messages`` right after an assistant turn, generation prompt included."""
     if not messages:
         raise TemplateError("append_messages needs at least one message")
+    assistant = _synthetic_assistant(messages, previous_assistant)
+    per_call = _results_per_call(profile, messages, assistant)
+    if per_call is None:
+        return _delta(renderer, profile, messages, tools, assistant, with_system, add_generation_prompt=True)
+    # Each result rendered after an assistant turn holding only its own call, so a template that labels results
+    # with "the last call's" name (GPT-OSS: <|start|>functions.NAME) labels each with its own; then joined.
+    pieces = [
+        _delta(renderer, profile, [result], tools, call_turn, with_system, add_generation_prompt=k == len(per_call) - 1)
+        for k, (call_turn, result) in enumerate(per_call)
+    ]
+    escapes = tuple(
+        dataclasses.replace(e, message_index=e.message_index + k) for k, p in enumerate(pieces) for e in p.escapes
+    )
+    divergence = "; ".join(p.escape_divergence for p in pieces if p.escape_divergence)
+    context = tuple(i for p in pieces for i in p.context_ids)
+    return ContextDelta(pieces[0].close_ids, pieces[0].trailer_ids, context, escapes, divergence)
+
+
+def _delta(
+    renderer: ChatRenderer,
+    profile: TemplateProfile,
+    messages: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None,
+    assistant: Message,
+    with_system: bool,
+    add_generation_prompt: bool,
+) -> ContextDelta:
     role = str(messages[0].get("role"))
     boundary = profile.boundary(role)
     marker = boundary.boundary_id
     if marker is None:
         raise TemplateError(f"the probe found no boundary token before a {role!r} message")
-    assistant = _synthetic_assistant(messages, previous_assistant)
     head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
     prompt = renderer.render(head, tools, add_generation_prompt=True, escape=False).ids
-    full = renderer.render([*head, assistant, *messages], tools, add_generation_prompt=True)
+    full = renderer.render([*head, assistant, *messages], tools, add_generation_prompt=add_generation_prompt)
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
     # (rather than requiring a token prefix) tolerates templates that move the system or tool list.
     seen = prompt.count(marker)
@@ -69,7 +96,34 @@ def render_context_delta(
     # Number escapes by their position among the appended messages, not the synthetic history.
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
-    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes)
+    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes, full.escape_divergence)
+
+
+def _results_per_call(
+    profile: TemplateProfile, messages: Sequence[Message], assistant: Message
+) -> list[tuple[dict[str, Any], Message]] | None:
+    """(assistant turn with one call, its result) per tool result, when results must be rendered one by one: the
+    turn made calls to several tools, only tool results follow, and the template renders each result as its own
+    message (results it groups into one turn are rendered together, as the template does)."""
+    calls = list(assistant.get("tool_calls") or [])
+    names = {_call_name(c) for c in calls}
+    if len(calls) < 2 or len(names) < 2 or profile.consecutive_tool_results_grouped is not False:
+        return None
+    if len(messages) < 2 or any(m.get("role") != "tool" for m in messages):
+        return None
+    by_id = {c.get("id"): c for c in calls if isinstance(c, Mapping) and c.get("id")}
+    out = []
+    for k, result in enumerate(messages):
+        call = by_id.get(result.get("tool_call_id")) or (calls[k] if k < len(calls) else None)
+        if call is None:
+            return None
+        out.append(({**assistant, "tool_calls": [call]}, result))
+    return out
+
+
+def _call_name(call: Any) -> str:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    return str((function or call).get("name", "")) if isinstance(function or call, Mapping) else ""
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.rendering import ChatRenderer, Message
+from verl_ext.core.rendering import ChatRenderer, Message, round_trip_failures
 
 APPEND_ROLES: tuple[str, ...] = ("tool", "user", "system")
 END = "end"  # pseudo-role: the assistant turn is the last message of the conversation
@@ -89,7 +89,9 @@ class Boundary:
 class StopId:
     id: int
     text: str
-    sources: tuple[str, ...]  # "template close", "eos_token", "generation_config", "end-of-text name", "user"
+    # "template close", "template text" (the template writes it in some branch), "eos_token", "generation_config",
+    # "end-of-text name", "user"
+    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -129,10 +131,18 @@ class TemplateProfile:
         return frozenset(i for b in self.boundaries for i in b.close_ids)
 
     @property
+    def turn_end_id_set(self) -> frozenset[int]:
+        """Ids that end an assistant turn as the template writes it: its closes for each following role, and stop
+        ids the template writes in another branch (Llama 3.x ``<|eom_id|>``, with builtin tools). A turn that stops
+        on one is closed: it gets no synthetic close, even where the template writes another close there."""
+        written = {s.id for s in self.stop_ids if "template text" in s.sources}
+        return self.close_id_set | written
+
+    @property
     def alias_stop_ids(self) -> tuple[StopId, ...]:
-        """Stop ids the template never renders as a turn close (a turn ending on one gets a synthetic close)."""
-        closes = self.close_id_set
-        return tuple(s for s in self.stop_ids if s.id not in closes)
+        """Stop ids the template never writes as a turn end (a turn ending on one gets a synthetic close)."""
+        ends = self.turn_end_id_set
+        return tuple(s for s in self.stop_ids if s.id not in ends)
 
     @property
     def alias_id_set(self) -> frozenset[int]:
@@ -145,15 +155,18 @@ class TemplateProfile:
         return data
 
 
-_PROFILE_CACHE: dict[tuple[str, tuple[int, ...]], TemplateProfile] = {}
-_NAMED_CACHE: dict[tuple[str, tuple[int, ...], str], TemplateProfile] = {}
+_ProbeKey = tuple[str, tuple[int, ...], tuple[int, ...]]
+_PROFILE_CACHE: dict[_ProbeKey, TemplateProfile] = {}
+_NAMED_CACHE: dict[tuple[str, tuple[int, ...], tuple[int, ...], str], TemplateProfile] = {}
 
 
 def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -> TemplateProfile:
-    """Probe ``renderer``'s template; cached per (tokenizer, template, template kwargs, stop ids)."""
-    key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))))
+    """Probe ``renderer``'s template; cached per (tokenizer, template, template kwargs, stop ids, and the eos ids of
+    the folder's generation_config.json: two folders with one tokenizer may stop on different ids)."""
+    generation_eos = tuple(_generation_config_eos(renderer.name))
+    key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))), generation_eos)
     if key not in _PROFILE_CACHE:
-        _PROFILE_CACHE[key] = _Prober(renderer, key[1]).run()
+        _PROFILE_CACHE[key] = _Prober(renderer, key[1], generation_eos).run()
     # The same tokenizer and template may live in several folders: probe once, name the folder asked about.
     named = (*key, renderer.name)
     if named not in _NAMED_CACHE:
@@ -198,9 +211,12 @@ _ASSISTANT_MARKERS = ("QXASSISTANT", "QXARG")
 
 
 class _Prober:
-    def __init__(self, renderer: ChatRenderer, extra_stop_ids: tuple[int, ...]) -> None:
+    def __init__(
+        self, renderer: ChatRenderer, extra_stop_ids: tuple[int, ...], generation_config_eos: tuple[int, ...] = ()
+    ) -> None:
         self.r = renderer
         self.extra_stop_ids = extra_stop_ids
+        self.generation_config_eos = generation_config_eos
         self.reasons: list[Reason] = []
         self.examples: dict[str, str] = {}
         self.head: list[Message] = [_SYSTEM, _USER]
@@ -213,6 +229,7 @@ class _Prober:
         return text, tuple(self.r.encode(text))
 
     def run(self) -> TemplateProfile:
+        self.round_trip()
         try:
             _, gen_ids = self.render(self.head, gen=True)
             _, last_ids = self.render([*self.head, _assistant_text()], gen=False)
@@ -286,13 +303,19 @@ class _Prober:
             close = (last_ids[last_close],) if last_close is not None else ()
             self.examples[END] = self.r.decode(last_ids[len(gen_ids) :] if placed else last_ids)
             divergence = "" if placed else self.divergence(gen_ids, last_ids, "the generation prompt")
-            return Boundary(END, close, self.trailer(last_ids, len(engine_view)), (), placed, divergence)
+            # Whatever the template writes after the close at the very end (Qwen "\n", Phi "\n" + eos) is never sampled.
+            trailer = tuple(last_ids[last_close + 1 :]) if last_close is not None else ()
+            return Boundary(END, close, trailer, (), placed, divergence)
 
         text, ids = self.render([*self.head, assistant, *appended], gen=True)
         marker = str(appended[0]["content"])
         if marker not in text:
             raise TemplateError(f"the template drops the content of an appended {role!r} message")
         close_at = self.close_index(text, ids)
+        common = self.common_close(text, ids, last_text, last_ids)
+        if common is not None:
+            close_at, last_close = common
+            engine_view = last_ids[: last_close + 1]
         if close_at is None:
             raise TemplateError(f"no special token follows the assistant turn when a {role!r} message comes next")
         close = (ids[close_at],)
@@ -308,16 +331,33 @@ class _Prober:
 
     def close_index(self, text: str, ids: tuple[int, ...]) -> int | None:
         """Index of the first special token after the assistant's last marker (its close)."""
+        start = self.after_marker(text, ids)
+        return next((i for i in range(start, len(ids)) if ids[i] in self.r.special_ids), None)
+
+    def after_marker(self, text: str, ids: tuple[int, ...]) -> int:
+        """Index of the first token after the assistant's last marker."""
         marker_end = max((text.rfind(m) + len(m) for m in _ASSISTANT_MARKERS if m in text), default=-1)
         if marker_end < 0:
             raise TemplateError("the template does not render the assistant's content or tool call")
         offsets = self.offsets(text)
         if len(offsets) != len(ids):
             raise TemplateError("token offsets do not line up with the rendered ids")
-        for i in range(len(ids)):
-            if offsets[i][0] >= marker_end and ids[i] in self.r.special_ids:
-                return i
-        return None
+        return next((i for i in range(len(ids)) if offsets[i][0] >= marker_end), len(ids))
+
+    def common_close(
+        self, text: str, ids: tuple[int, ...], last_text: str, last_ids: tuple[int, ...]
+    ) -> tuple[int, int] | None:
+        """The turn's close when its ending has several special tokens: the last one the turn ends with both as the
+        conversation's last message and before the next message (Kimi-K2 ends a tool call with <|tool_call_end|>
+        <|tool_calls_section_end|><|im_end|>: the close is <|im_end|>, the others are the call's own syntax).
+        (index in ``ids``, index in ``last_ids``), or None when the two endings share no special token."""
+        a, b = self.after_marker(text, ids), self.after_marker(last_text, last_ids)
+        k, last = 0, None
+        while a + k < len(ids) and b + k < len(last_ids) and ids[a + k] == last_ids[b + k]:
+            if ids[a + k] in self.r.special_ids:
+                last = k
+            k += 1
+        return None if last is None else (a + last, b + last)
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         enc = self.r.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -326,7 +366,7 @@ class _Prober:
     def trailer(self, ids: tuple[int, ...], start: int) -> tuple[int, ...]:
         """Whitespace-only text tokens right after a close: rendered by the template, never sampled."""
         end = start
-        while end < len(ids) and ids[end] not in self.r.added_ids and not self.r.decode([ids[end]]).strip():
+        while end < len(ids) and ids[end] not in self.r.control_ids and not self.r.decode([ids[end]]).strip():
             end += 1
         return ids[start:end]
 
@@ -364,14 +404,35 @@ class _Prober:
             for i in b.close_ids:
                 add(i, "template close")
         add(self.r.tokenizer.eos_token_id, "eos_token")
-        for i in _generation_config_eos(self.r.name):
+        for i in self.generation_config_eos:
             add(i, "generation_config")
         for i in self.r.special_ids:
             if _END_OF_TEXT_NAME.search(self.r.decode([i])):
                 add(i, "end-of-text name")
         for i in self.extra_stop_ids:
             add(i, "user")
+        # A model's own end id (not a user stop such as </tool_call>) that the template writes in some branch is a
+        # turn end of the template's, not an alias (Llama 3.x <|eom_id|> after a builtin-tool call).
+        template = self.r.chat_template or ""
+        for i, src in sources.items():
+            own_end = set(src) & {"eos_token", "generation_config", "end-of-text name"}
+            if own_end and "template close" not in src and i in self.r.special_ids and self.r.decode([i]) in template:
+                src.append("template text")
         return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
+
+    def round_trip(self) -> None:
+        """A tokenizer that does not give plain text back changes every prompt it encodes (spaces lost)."""
+        failures = round_trip_failures(self.r.tokenizer)
+        if failures:
+            text, back = failures[0]
+            self.note(
+                Severity.UNSUPPORTED,
+                f"the tokenizer does not round-trip plain text: {text!r} decodes as {back!r}, so every prompt it "
+                "encodes differs from the text. transformers 5 replaces tokenizer.json's pre-tokenizer when "
+                "tokenizer_config.json names another class (huggingface/transformers#45488); load the folder with "
+                'verl_ext.core.rendering.load_tokenizer (the verl-ext CLI does), or set "tokenizer_class" to '
+                '"PreTrainedTokenizerFast" in tokenizer_config.json',
+            )
 
     # -- template habits --------------------------------------------------------------------------
     def reasoning_stripping(self) -> bool | None:
@@ -421,8 +482,21 @@ class _Prober:
         closes = {b.next_role: self.r.decode(b.close_ids) for b in boundaries if b.close_ids}
         if len(set(closes.values())) > 1:
             listing = ", ".join(f"{role}: {text}" for role, text in closes.items())
-            self.note(Severity.REPAIR, f"the turn close depends on what follows ({listing})")
-        aliases = [s for s in stop_ids if s.id not in {i for b in boundaries for i in b.close_ids}]
+            self.note(
+                Severity.REPAIR,
+                f"the turn close depends on what follows ({listing}); a turn that stopped on another of these "
+                "closes keeps it (no second close is added), and the check names it close_variant",
+            )
+        close_ids = {i for b in boundaries for i in b.close_ids}
+        written = [s for s in stop_ids if s.id not in close_ids and "template text" in s.sources]
+        if written:
+            listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in written)
+            self.note(
+                Severity.NOTE,
+                f"stop ids the template writes as a turn end in another branch: {listing}; a turn ending on one "
+                "keeps it as its close (no synthetic close), and the check names the difference close_variant",
+            )
+        aliases = [s for s in stop_ids if s.id not in close_ids and "template text" not in s.sources]
         if aliases:
             listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in aliases)
             self.note(

@@ -12,10 +12,12 @@ import copy
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tokenizers import Tokenizer
@@ -36,6 +38,8 @@ Message = Mapping[str, Any]
 DEFAULT_ESCAPED_ROLES: tuple[str, ...] = ("user", "tool", "system")
 
 # ASCII, so that templates which ``|tojson``, ``|trim`` or ``|string`` the content keep it intact.
+log = logging.getLogger(__name__)
+
 _PLACEHOLDER = "zqVXESC{}Xqz"
 _PLACEHOLDER_RE = re.compile(r"zqVXESC(\d+)Xqz")
 
@@ -51,10 +55,16 @@ class Escape:
 
 @dataclass(frozen=True)
 class Rendered:
-    """Token ids of one render, and the special-token strings that were kept as text."""
+    """Token ids of one render, and the special-token strings that were kept as text.
+
+    ``escape_divergence`` is empty when the escaped render's text is the template's own text (only the token
+    split of the escaped strings differs); otherwise it says where the template treated the escaped content
+    differently (a filter that changed it, a placeholder it dropped).
+    """
 
     ids: tuple[int, ...]
     escapes: tuple[Escape, ...] = ()
+    escape_divergence: str = ""
 
 
 def load_renderer(
@@ -67,9 +77,8 @@ def load_renderer(
     folder, or a template that does not parse, raises an error naming the file (and line) and the fix."""
     path = check_tokenizer_folder(tokenizer_dir)
     template = None if chat_template_file is None else read_template_file(chat_template_file)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path))
+        tokenizer = load_tokenizer(path)
     except Exception as exc:  # transformers raises many types for a damaged file; each is traced to the file
         raise explain_load_failure(path, exc) from exc
     if template is None and isinstance(tokenizer.chat_template, str):
@@ -80,6 +89,54 @@ def load_renderer(
         template_kwargs=template_kwargs,
         escape_special_tokens=escape_special_tokens,
     )
+
+
+# Plain text every chat tokenizer encodes and decodes back unchanged (no space before punctuation, which
+# ``clean_up_tokenization_spaces`` would legitimately remove).
+ROUND_TRIP_TEXTS: tuple[str, ...] = ("Hello world, how are you?", "Line one.\nLine two:  two spaces.")
+
+
+def round_trip_failures(tokenizer: PreTrainedTokenizerBase) -> list[tuple[str, str]]:
+    """(text, what it decodes back to) for each plain text the tokenizer does not round-trip."""
+    out = []
+    for text in ROUND_TRIP_TEXTS:
+        back = str(tokenizer.decode(tokenizer.encode(text, add_special_tokens=False), skip_special_tokens=False))
+        if back != text:
+            out.append((text, back))
+    return out
+
+
+def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """``AutoTokenizer`` from a local folder, as its tokenizer.json defines it.
+
+    transformers 5 rebuilds the normalizer, pre-tokenizer and decoder of a class named in tokenizer_config.json
+    (``tokenizer_class``) instead of taking tokenizer.json's. A byte-level tokenizer.json whose config names
+    ``LlamaTokenizerFast`` (DeepSeek V3/R1) then gets a Metaspace pre-tokenizer and decodes "Hello world" as
+    "Helloworld" (huggingface/transformers#45488). When the loaded tokenizer does not round-trip plain text, the
+    folder is loaded again with the generic class, which takes tokenizer.json as it is, and that one is used if
+    it round-trips.
+    """
+    from transformers import PreTrainedTokenizerFast
+
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    failures = round_trip_failures(tokenizer)
+    if not failures or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
+        return tokenizer
+    faithful = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    if round_trip_failures(faithful):
+        return tokenizer  # the file itself does not round-trip: the probe reports it
+    text, back = failures[0]
+    log.warning(
+        "verl_ext: %s loaded as %s decodes %r as %r (transformers replaced tokenizer.json's pre-tokenizer, "
+        "huggingface/transformers#45488); using tokenizer.json as it is (%s) instead",
+        tokenizer_dir,
+        type(tokenizer).__name__,
+        text,
+        back,
+        type(faithful).__name__,
+    )
+    return faithful
 
 
 class ChatRenderer:
@@ -97,6 +154,7 @@ class ChatRenderer:
         template_kwargs: Mapping[str, Any] | None = None,
         escape_special_tokens: bool = True,
         escaped_roles: Sequence[str] = DEFAULT_ESCAPED_ROLES,
+        _text_only: Tokenizer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.chat_template: str | None = chat_template or tokenizer.chat_template
@@ -113,9 +171,16 @@ class ChatRenderer:
         added = tokenizer.added_tokens_decoder
         self.added_ids: frozenset[int] = frozenset(added)
         self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
-        strings = sorted({tok.content for tok in added.values() if tok.content}, key=len, reverse=True)
+        # Control tokens: what could open or close a turn. Special tokens, and added tokens the template itself
+        # writes (Qwen's non-special <tool_call>). Not every added token: Gemma holds thousands of plain ones
+        # (HTML tags, whitespace runs) that are ordinary text in a message.
+        template = self.chat_template or ""
+        self.control_ids: frozenset[int] = frozenset(
+            i for i, tok in added.items() if tok.special or (tok.content.strip() and tok.content in template)
+        )
+        strings = sorted({added[i].content for i in self.control_ids if added[i].content}, key=len, reverse=True)
         self._added_re = re.compile("|".join(re.escape(s) for s in strings)) if strings else None
-        self._text_only = _text_only_tokenizer(tokenizer)
+        self._text_only = _text_only or _text_only_tokenizer(tokenizer)
 
     def with_template_kwargs(self, template_kwargs: Mapping[str, Any] | None) -> ChatRenderer:
         """The same tokenizer and template with other template kwargs (shares the loaded tokenizers)."""
@@ -125,6 +190,17 @@ class ChatRenderer:
         clone.template_kwargs = dict(template_kwargs or {})
         clone.__dict__.pop("fingerprint", None)
         return clone
+
+    def with_chat_template(self, chat_template: str) -> ChatRenderer:
+        """The same tokenizer with another chat template (shares the loaded tokenizers; control ids re-derived)."""
+        return ChatRenderer(
+            self.tokenizer,
+            chat_template,
+            self.template_kwargs,
+            self.escape_special_tokens,
+            self.escaped_roles,
+            _text_only=self._text_only,
+        )
 
     # -- identity ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -187,7 +263,12 @@ class ChatRenderer:
         text = self.render_text(protected, tools, add_generation_prompt)
         if not literals:
             return Rendered(tuple(self.encode(text)))
-        return Rendered(tuple(self._encode_with_literals(text, literals)), tuple(escapes))
+        plain = self.render_text(messages, tools, add_generation_prompt)
+        ids = tuple(self._encode_with_literals(text, literals))
+        divergence = self._escape_divergence(text, literals, plain)
+        if not divergence and self.decode(ids) != self.decode(self.encode(plain)):
+            divergence = "the escaped pieces, encoded apart, decode to other text than the template's"
+        return Rendered(ids, tuple(escapes), divergence)
 
     def encode(self, text: str) -> list[int]:
         """Encode rendered template text; special-token strings become special tokens."""
@@ -241,17 +322,75 @@ class ChatRenderer:
             out.append(msg)
         return out, literals, escapes
 
+    def _escape_divergence(self, text: str, literals: Sequence[str], plain: str) -> str:
+        """Empty when ``text`` with its placeholders put back is the plain render's text; else what differs."""
+        found = [int(m.group(1)) for m in _PLACEHOLDER_RE.finditer(text)]
+        restored = _PLACEHOLDER_RE.sub(lambda m: literals[int(m.group(1))], text)
+        if restored == plain and sorted(found) == list(range(len(literals))):
+            return ""
+        if sorted(found) != list(range(len(literals))):
+            return (
+                f"the template rendered {len(found)} of the {len(literals)} escaped strings as given (it transformed "
+                "or dropped the others); the escaped text is not the template's"
+            )
+        k = next(
+            (i for i, (a, b) in enumerate(zip(restored, plain, strict=False)) if a != b), min(len(restored), len(plain))
+        )
+        return (
+            f"the template treats the escaped content differently at character {k}: escaped render "
+            f"{restored[max(0, k - 20) : k + 20]!r}, plain render {plain[max(0, k - 20) : k + 20]!r}"
+        )
+
     def _encode_with_literals(self, text: str, literals: Sequence[str]) -> list[int]:
+        """Encode ``text`` piece by piece, each escaped literal as plain text. A piece that does not start the text
+        is encoded as a continuation: a Metaspace pre-tokenizer that marks only the start of the input with "▁"
+        (SentencePiece-style, prepend_scheme "first") would otherwise add a space before every piece."""
         ids: list[int] = []
         pos = 0
+        mid = self._continuation
         for match in _PLACEHOLDER_RE.finditer(text):
             if match.start() > pos:
-                ids += self.encode(text[pos : match.start()])
-            ids += self.encode_as_text(literals[int(match.group(1))])
+                piece = text[pos : match.start()]
+                ids += (
+                    self.encode(piece)
+                    if pos == 0 or mid is None
+                    else mid[0].encode(piece, add_special_tokens=False).ids
+                )
+            literal = literals[int(match.group(1))]
+            if match.start() == 0 or mid is None:
+                ids += self.encode_as_text(literal)
+            else:
+                ids += mid[1].encode(literal, add_special_tokens=False).ids
             pos = match.end()
         if pos < len(text):
-            ids += self.encode(text[pos:])
+            piece = text[pos:]
+            ids += self.encode(piece) if pos == 0 or mid is None else mid[0].encode(piece, add_special_tokens=False).ids
         return ids
+
+    @functools.cached_property
+    def _continuation(self) -> tuple[Tokenizer, Tokenizer] | None:
+        """(tokenizer, text-only tokenizer) that do not mark the start of their input, when the backend does."""
+        spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
+        if not _no_start_marker(spec.get("pre_tokenizer")):
+            return None
+        text_only = json.loads(self._text_only.to_str())
+        _no_start_marker(text_only.get("pre_tokenizer"))
+        plain, literal = Tokenizer.from_str(json.dumps(spec)), Tokenizer.from_str(json.dumps(text_only))
+        literal.encode_special_tokens = True
+        return plain, literal
+
+
+def _no_start_marker(pre_tokenizer: Any) -> bool:
+    """Switch a Metaspace pre-tokenizer that marks only the input's start (prepend_scheme "first") to "never", in
+    place, also inside a Sequence; True when one was switched."""
+    if not isinstance(pre_tokenizer, dict):
+        return False
+    if pre_tokenizer.get("type") == "Sequence":
+        return any([_no_start_marker(p) for p in pre_tokenizer.get("pretokenizers") or []])
+    if pre_tokenizer.get("type") == "Metaspace" and pre_tokenizer.get("prepend_scheme") == "first":
+        pre_tokenizer["prepend_scheme"] = "never"
+        return True
+    return False
 
 
 def _text_only_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:

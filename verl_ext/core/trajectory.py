@@ -153,7 +153,7 @@ class TokenTrajectory:
         self._with_system = messages[0].get("role") == "system"
         rendered = self.renderer.render(messages, self.tools, add_generation_prompt=True)
         self._push(rendered.ids, TokenKind.PROMPT, 0)
-        self._log_escapes(rendered.escapes, 0, 0)
+        self._log_escapes(rendered.escapes, 0, 0, divergence=rendered.escape_divergence)
         self._state = _State.AWAITING_SAMPLE
         return self.prompt_ids()
 
@@ -211,7 +211,9 @@ class TokenTrajectory:
         self._close_turn(turn, delta.close_ids, delta.trailer_ids)
         start = len(self.input_ids)
         self._push(delta.context_ids, TokenKind.CONTEXT, turn + 1)
-        self._log_escapes(delta.escapes, turn + 1, start, first_message=len(self.messages))
+        self._log_escapes(
+            delta.escapes, turn + 1, start, first_message=len(self.messages), divergence=delta.escape_divergence
+        )
         self.messages.extend(dict(m) for m in messages)
         self._state = _State.AWAITING_SAMPLE
         return self.prompt_ids()
@@ -247,9 +249,8 @@ class TokenTrajectory:
 
     def _close_status(self, stop: int | None, finish: FinishReason) -> str | None:
         """Why the turn still needs the template's close, or None when the engine sampled one."""
-        closes = self.profile.close_id_set
-        if stop is not None and stop in closes:
-            return None
+        if stop is not None and stop in self.profile.turn_end_id_set:
+            return None  # one of the template's turn ends (possibly not the one it writes before what follows)
         if finish is FinishReason.LENGTH:
             return "cut by the length limit"
         if stop is None:
@@ -275,6 +276,11 @@ class TokenTrajectory:
                         "sampled stop token is also the next message's opener: kept once, as sampled",
                     )
                 )
+        elif close and self._pending_close is None and sampled and sampled[-1] in self.profile.turn_end_id_set:
+            # The turn stopped on another of the template's turn ends (GPT-OSS <|return|> before a user message,
+            # where the template writes <|end|>; Llama <|eom_id|>): the template writes one close there, and the
+            # sampled one stands in for it. Adding a second would train on "<|return|><|end|>".
+            pass
         elif close:
             self.edits.append(
                 Edit(
@@ -311,8 +317,12 @@ class TokenTrajectory:
         self.turn_of.extend([turn] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))
 
-    def _log_escapes(self, escapes: Sequence[Escape], turn: int, position: int, first_message: int = 0) -> None:
-        """Log escaped special-token text; ``position`` is where the message's context starts."""
+    def _log_escapes(
+        self, escapes: Sequence[Escape], turn: int, position: int, first_message: int = 0, divergence: str = ""
+    ) -> None:
+        """Log escaped special-token text; ``position`` is where the message's context starts. ``divergence``
+        (when the escaped text is not the template's own text) is logged with the first escape."""
+        logged = False
         for e in escapes:
             self.edits.append(
                 Edit(
@@ -320,9 +330,11 @@ class TokenTrajectory:
                     turn,
                     position,
                     tuple(self.renderer.encode_as_text(e.text)),
-                    f"{e.role} message {first_message + e.message_index}: {e.text!r} kept as text, not a special token",
+                    f"{e.role} message {first_message + e.message_index}: {e.text!r} kept as text, not a special token"
+                    + (f"; {divergence}" if divergence and not logged else ""),
                 )
             )
+            logged = True
 
     def _expect(self, state: _State, operation: str) -> None:
         if self._state is not state:

@@ -97,7 +97,8 @@ class ScriptedTokenizerManager:
             vocab_size=self.vocab_size,
         )
         script = self.scripts.pop(0)
-        lps = list(script.logprobs) if script.logprobs is not None else [-0.5 - 0.01 * i for i in range(len(script.ids))]
+        default = [-0.5 - 0.01 * i for i in range(len(script.ids))]
+        lps = list(script.logprobs) if script.logprobs is not None else default
         for i, token in enumerate(script.ids):
             if script.abort_after is not None and i == script.abort_after:
                 req.to_finish = FINISH_ABORT()

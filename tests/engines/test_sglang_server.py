@@ -60,7 +60,8 @@ def engine(out: Any) -> dict[str, Any]:
 
 
 def test_normal_stop_keeps_the_stop_token_and_reports_the_match(server_class: type) -> None:
-    server, tm = scripted(server_class, Script([10, 11, IM_END, 99], logprobs=[-0.1, -0.2, -0.3, -0.4], cached_tokens=4))
+    script = Script([10, 11, IM_END, 99], logprobs=[-0.1, -0.2, -0.3, -0.4], cached_tokens=4)
+    server, tm = scripted(server_class, script)
     out = generate(server, {**PARAMS, "max_tokens": 8})
     assert out.token_ids == [10, 11, IM_END]
     assert out.log_probs == [-0.1, -0.2, -0.3]

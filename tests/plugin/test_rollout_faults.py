@@ -2,7 +2,7 @@
 continued as one turn, a turn that cannot be completed and a dead rollout server end the rollout with a clear error,
 a reward function that raises stops the step with its error. Nothing half-done trains, nothing hangs.
 
-(A tool hanging past its timeout: tests/plugin/test_agent_loop.py::test_tool_exceptions_and_timeouts_become_tool_messages.)
+(A tool hanging past its timeout: test_agent_loop.py::test_tool_exceptions_and_timeouts_become_tool_messages.)
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ tokenizers: venv
 	$(BIN)/python scripts/unpack_tokenizers.py
 
 lint: venv
-	$(BIN)/ruff check verl_ext tests scripts
+	$(BIN)/ruff check verl_ext tests scripts recipes
 
 # The report's browser test needs Debian's headless chromium. With VERL_EXT_REQUIRE_BROWSER=1 (the default here)
 # the test fails rather than skips without it; `make test VERL_EXT_REQUIRE_BROWSER=0` skips it on a machine where
@@ -55,7 +55,7 @@ $(SGLANG_STAMP): $(STAMP) requirements-sglang-cpu.txt
 	@touch $@
 
 test: venv tokenizers browser sglang-cpu
-	$(BIN)/ruff check verl_ext tests scripts
+	$(BIN)/ruff check verl_ext tests scripts recipes
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The main job: verl's GRPO trainer on CPU with verl_ext switched on; writes build/demo/report.html.

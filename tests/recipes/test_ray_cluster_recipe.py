@@ -28,6 +28,7 @@ def test_cpu_demo_recipe_on_a_two_node_ray_cluster(tmp_path: Path) -> None:
         "BASE_PORT": "29000",
         "RAY_TMP": str(tmp_path / "ray"),
         "OUT": str(tmp_path / "demo"),
+        "RAY_AUTH_MODE": "disabled",  # a local test cluster, as cluster.sh starts it
     }
     try:
         started = subprocess.run([str(RECIPE / "cluster.sh"), "start"], env=env, capture_output=True, text=True)

@@ -30,12 +30,13 @@ class InterruptingServer:
         self.calls: list[dict[str, Any]] = []
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
-        out = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
         self.calls.append({"prompt_ids": list(prompt_ids), "max_tokens": sampling_params["max_tokens"]})
-        if self.left > 0 and len(out.token_ids) > self.keep:
+        interrupt = self.left > 0 and sampling_params["max_tokens"] > self.keep
+        if interrupt:  # the engine stops early: only the ids it had when the abort came
+            sampling_params = {**sampling_params, "max_tokens": self.keep}
+        out = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+        if interrupt and len(out.token_ids) == self.keep:
             self.left -= 1
-            out.token_ids = out.token_ids[: self.keep]
-            out.log_probs = out.log_probs[: self.keep]
             if self.how == "abort":
                 out.stop_reason = "abort"
             else:
@@ -47,7 +48,7 @@ class InterruptingServer:
 @pytest.mark.parametrize("how", ["abort", "id_check_cut"])
 def test_an_interrupted_turn_is_continued_as_one_turn(make_loop, how: str) -> None:
     metrics_sink.drain()
-    loop, server = make_loop(response_length=24)
+    loop, server = make_loop(response_length=12)
     interrupting = InterruptingServer(server, keep=5, interruptions=1, how=how)
     loop.server_manager = interrupting
     out = run_loop(loop, PROMPT)
@@ -64,7 +65,7 @@ def test_an_interrupted_turn_is_continued_as_one_turn(make_loop, how: str) -> No
 
 
 def test_a_turn_that_keeps_aborting_ends_the_rollout_with_an_error(make_loop) -> None:
-    loop, server = make_loop(response_length=40)
+    loop, server = make_loop(response_length=16)
     loop.server_manager = InterruptingServer(server, keep=2, interruptions=100, how="abort")
     with pytest.raises(RolloutInterrupted, match="half turn"):
         run_loop(loop, PROMPT)
@@ -101,7 +102,7 @@ def ray_local():
 
 @pytest.mark.timeout(180)
 def test_rollout_server_actor_killed_mid_rollout_is_a_clear_error(make_loop, ray_local) -> None:
-    loop, _ = make_loop(response_length=24)
+    loop, _ = make_loop(response_length=8)
     actor = ray_local.remote(num_cpus=0)(_Stuck).remote()
     loop.server_manager = RayServerManager(actor)
 

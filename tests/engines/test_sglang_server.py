@@ -206,3 +206,34 @@ def test_recorded_sglang_outputs(server_class: type, recording: dict[str, Any]) 
     assert out.token_ids == list(response["output_ids"])
     assert e["finish_consistent"], e["finish_detail"]
     assert out.stop_reason == response["meta_info"]["finish_reason"]["type"]
+
+
+def test_plugin_registers_the_replica_for_rollout_sglang(server_class: type) -> None:
+    import verl  # noqa: F401 - loads the plugin through verl's entry point
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from verl_ext.engines.sglang_server import TokenExactSGLangReplica
+
+    assert RolloutReplicaRegistry.get("sglang") is TokenExactSGLangReplica
+
+
+@pytest.mark.parametrize(
+    ("loop", "forced", "on"),
+    [
+        ("verl_ext_tool_agent", None, True),
+        ("verl_ext_audited_tool_agent", None, True),
+        ("tool_agent", None, False),
+        ("tool_agent", "1", True),
+        ("verl_ext_tool_agent", "0", False),
+    ],
+)
+def test_the_loop_setting_switches_the_server(
+    monkeypatch: pytest.MonkeyPatch, loop: str, forced: Any, on: bool
+) -> None:
+    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
+
+    if forced is None:
+        monkeypatch.delenv(SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SWITCH_ENV, forced)
+    assert server_enabled({"agent": {"default_agent_loop": loop}}) is on

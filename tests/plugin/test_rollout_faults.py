@@ -113,9 +113,7 @@ def test_rollout_server_actor_killed_mid_rollout_is_a_clear_error(make_loop, ray
     async def rollout() -> Any:
         killer = asyncio.ensure_future(kill_soon())
         try:
-            return await loop.run(
-                {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, raw_prompt=PROMPT
-            )
+            return await loop.run({"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}, raw_prompt=PROMPT)
         finally:
             await killer
 

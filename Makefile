@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv tokenizers browser test demo lint clean
+.PHONY: venv tokenizers browser sglang-cpu test demo lint clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,7 @@ tokenizers: venv
 	$(BIN)/python scripts/unpack_tokenizers.py
 
 lint: venv
-	$(BIN)/ruff check verl_ext tests scripts hydra_plugins
+	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes
 
 # The report's browser test needs Debian's headless chromium. With VERL_EXT_REQUIRE_BROWSER=1 (the default here)
 # the test fails rather than skips without it; `make test VERL_EXT_REQUIRE_BROWSER=0` skips it on a machine where
@@ -43,8 +43,19 @@ browser:
 	@command -v chromium >/dev/null || [ "$(VERL_EXT_REQUIRE_BROWSER)" != 1 ] || \
 	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null)
 
-test: venv tokenizers browser
-	$(BIN)/ruff check verl_ext tests scripts hydra_plugins
+# SGLang 0.5.12 for the CPU tests of verl_ext's SGLang server: --no-deps (never its GPU stack or CUDA torch) plus the
+# light modules its token path imports. The tests fail rather than skip without it (VERL_EXT_REQUIRE_SGLANG=1).
+VERL_EXT_REQUIRE_SGLANG ?= 1
+export VERL_EXT_REQUIRE_SGLANG
+SGLANG_STAMP := $(VENV)/.sglang-cpu
+sglang-cpu: $(SGLANG_STAMP)
+$(SGLANG_STAMP): $(STAMP) requirements-sglang-cpu.txt
+	$(PIP) --no-deps sglang==0.5.12
+	$(PIP) -r requirements-sglang-cpu.txt
+	@touch $@
+
+test: venv tokenizers browser sglang-cpu
+	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The main job: verl's GRPO trainer on CPU with verl_ext switched on; writes build/demo/report.html.

@@ -25,6 +25,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff"],
+        # verl 0.9.1 + sglang 0.5.12 do not resolve together (transformers pins): see recipes/sglang/install.sh
         "sglang": ["sglang==0.5.12"],
     },
     entry_points={

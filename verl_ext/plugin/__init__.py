@@ -6,6 +6,8 @@ It registers, cheaply (names and import paths only; the heavy modules load when 
   its audit-only twin ``verl_ext_audited_tool_agent`` (verl's stock ``tool_agent`` with the check watching), and a
   hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
 * the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
+* verl_ext's SGLang server for ``actor_rollout_ref.rollout.name=sglang`` (verl_ext.engines.sglang_server), used when
+  the rollout runs a verl_ext loop; SGLang itself is imported only when verl builds an SGLang replica;
 * the ``cpu`` platform and its workarounds, only when ``VERL_PLATFORM=cpu`` (verl_ext.plugin.cpu_platform).
 
 verl logs a failing plugin import at DEBUG only, so a failure here is logged at ERROR with its cause and the module
@@ -49,6 +51,25 @@ def register_cpu_rollout() -> None:
     rollout_base._ROLLOUT_REGISTRY[(CPU_ROLLOUT_NAME, "async")] = _CPU_ADAPTER_PATH
 
 
+def register_sglang_rollout() -> None:
+    """Wrap verl's ``sglang`` replica loader: verl's loader runs first (its import-time workarounds), then the
+    replica that launches verl_ext's server when verl_ext is switched on (verl_ext.engines.sglang_output)."""
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    original = RolloutReplicaRegistry._registry.get("sglang")
+    if original is None or getattr(original, "_verl_ext", False):
+        return
+
+    def load_sglang_replica() -> type:
+        original()
+        from verl_ext.engines.sglang_server import TokenExactSGLangReplica
+
+        return TokenExactSGLangReplica
+
+    load_sglang_replica._verl_ext = True  # type: ignore[attr-defined]
+    RolloutReplicaRegistry.register("sglang", load_sglang_replica)
+
+
 def register_agent_loops() -> None:
     """Register ``verl_ext_tool_agent`` in verl's agent-loop registry, and the tito/ metrics hook on verl's tracker,
     when verl imports those modules (importing them from here, inside ``import verl``, would be circular)."""
@@ -83,6 +104,8 @@ def _load() -> None:
     try:
         register_cpu_rollout()
         registered.append(f"rollout={CPU_ROLLOUT_NAME}")
+        register_sglang_rollout()
+        registered.append("rollout=sglang")
         register_agent_loops()
         registered.append(f"agent_loops={AGENT_LOOP_NAME},{AUDIT_LOOP_NAME}")
         from verl_ext.plugin import cpu_platform

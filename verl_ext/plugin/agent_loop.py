@@ -36,6 +36,7 @@ from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.plugin import metrics_sink
+from verl_ext.plugin.engine_turn import generate_turn
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
@@ -219,22 +220,23 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         agent_data = AgentData(messages, None, None, None, None, metrics, request_id, kwargs.get("tools_kwargs", {}))
         stop_ids = sorted(set(sampling_params.get("stop_token_ids") or []) | set(self.tool_parser.stop_token_ids))
         tool_rewards: list[float] = []
+        resumed: list[dict[str, Any]] = []
         replies = 0
         turn = 0
         while True:
             remaining = self.response_length - (len(t.input_ids) - first_prompt)
             if remaining <= 0:
                 break
-            params = {**sampling_params, "max_tokens": remaining}
+            params = dict(sampling_params)
             if stop_ids:
                 params["stop_token_ids"] = stop_ids
             with simple_timer("generate_sequences", metrics):
-                out = await self.server_manager.generate(
-                    request_id=request_id, prompt_ids=prompt_ids, sampling_params=params
-                )
-            ids = [int(i) for i in out.token_ids]
+                out = await generate_turn(self.server_manager, request_id, prompt_ids, params, remaining, counters)
+            ids = out.token_ids
             finish = finish_reason(ids, remaining, stop_ids, rt.profile)
             calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
+            if len(out.segments) > 1:
+                resumed.append({"turn": turn, "segments": out.segments})
             merge_engine_extra_fields(extra_fields, out.extra_fields or {})
             if rt.output_problems(ids, out.log_probs):
                 # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
@@ -278,7 +280,11 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             record={
                 "kinds": [k.value for k in t.kinds[: len(sample.stream)]],
                 "repairs": t.repair_log(),
-                "extra": {"data_source": kwargs.get("data_source"), "index": _plain_index(kwargs.get("index"))},
+                "extra": {
+                    "data_source": kwargs.get("data_source"),
+                    "index": _plain_index(kwargs.get("index")),
+                    **({"resumed_turns": resumed} if resumed else {}),
+                },
             },
         )
         extra_fields["verl_ext_check"] = result.verdict_fields()

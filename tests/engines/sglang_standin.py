@@ -1,0 +1,189 @@
+"""SGLang's side of ``SGLangHttpServer.generate`` on CPU, for tests: what the server's ``tokenizer_manager`` returns.
+
+Two sources, one output format (``{"output_ids": [...], "meta_info": {...}}``, as SGLang 0.5.12 returns it under
+``skip_tokenizer_init``):
+
+* ``ScriptedTokenizerManager``: SGLang's own code everywhere except sampling, which needs a GPU. The request is
+  SGLang's ``GenerateReqInput`` (normalised by SGLang), the sampling parameters SGLang's ``SamplingParams``
+  (normalised and verified by SGLang), the finish decided by SGLang's ``Req.check_finished`` as the scripted ids
+  arrive one by one (an abort is ``FINISH_ABORT``, as ``abort_request`` sets it), and the output dict assembled by
+  SGLang's ``TokenizerManager._handle_batch_output`` from a ``BatchTokenIDOutput``, as the scheduler sends it. Only
+  the ids and their logprobs are scripted.
+* ``RecordedTokenizerManager``: replays recordings from a GPU run (tests/fixtures/sglang/*.json:
+  ``{"case", "request": {GenerateReqInput fields}, "response": {"output_ids", "meta_info"}}``); it checks that the
+  server sends the recorded request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+RECORDINGS = Path(__file__).resolve().parents[1] / "fixtures" / "sglang"
+
+
+@dataclass
+class Script:
+    """What the engine samples for one request: ids (with their logprobs) fed to SGLang's finish check in order.
+
+    ``abort_after``: the request is aborted (``pause_generation(mode="abort")``) after that many ids.
+    ``drop_logprob_entries`` / ``wrong_logprob_id_at``: corrupt the logprob payload the scheduler sends (an engine
+    bug the server must catch). ``cached_tokens``: the radix-cache hit SGLang reports."""
+
+    ids: Sequence[int]
+    logprobs: Sequence[float] | None = None
+    abort_after: int | None = None
+    drop_logprob_entries: int = 0
+    wrong_logprob_id_at: int | None = None
+    cached_tokens: int = 0
+
+
+@dataclass
+class ScriptedTokenizerManager:
+    eos_token_ids: set[int]
+    vocab_size: int
+    scripts: list[Script] = field(default_factory=list)
+    weight_version: str = "default"
+    requests: list[Any] = field(default_factory=list)  # the GenerateReqInput objects received
+
+    def __post_init__(self) -> None:
+        from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+        # SGLang's real TokenizerManager methods over only the state _handle_batch_output reads (no ZMQ, no model).
+        tm = TokenizerManager.__new__(TokenizerManager)
+        tm.server_args = SimpleNamespace(
+            batch_notify_size=16,
+            weight_version=self.weight_version,
+            skip_tokenizer_init=True,
+            incremental_streaming_output=False,
+            speculative_algorithm=None,
+            enable_lora=False,
+            dp_size=1,
+        )
+        tm.rid_to_state = {}
+        tm.enable_metrics = False
+        tm.dump_requests_folder = None
+        tm.crash_dump_folder = None
+        self.tm = tm
+
+    def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[dict[str, Any]]:
+        return self._generate(obj)
+
+    async def _generate(self, obj: Any) -> AsyncIterator[dict[str, Any]]:
+        from sglang.srt.managers.io_struct import BatchTokenIDOutput
+        from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
+        from sglang.srt.managers.tokenizer_manager import ReqState
+        from sglang.srt.sampling.sampling_params import SamplingParams
+
+        self.requests.append(obj)
+        obj.normalize_batch_and_arguments()
+        if obj.input_ids is None:
+            raise ValueError("The engine initialized with skip_tokenizer_init=True cannot accept text prompts.")
+        sampling = SamplingParams(**(obj.sampling_params or {}))
+        sampling.normalize(None)
+        sampling.verify(self.vocab_size)
+        req = Req(
+            obj.rid,
+            "",
+            list(obj.input_ids),
+            sampling,
+            return_logprob=obj.return_logprob,
+            eos_token_ids=set(self.eos_token_ids),
+            vocab_size=self.vocab_size,
+        )
+        script = self.scripts.pop(0)
+        default = [-0.5 - 0.01 * i for i in range(len(script.ids))]
+        lps = list(script.logprobs) if script.logprobs is not None else default
+        for i, token in enumerate(script.ids):
+            if script.abort_after is not None and i == script.abort_after:
+                req.to_finish = FINISH_ABORT()
+                req.check_finished()
+                break
+            req.output_ids.append(int(token))
+            req.check_finished()
+            if req.finished():
+                break
+        if not req.finished():
+            raise AssertionError(f"script ran out before SGLang finished the request: {script}")
+        out = list(req.output_ids_through_stop)
+        vals, idx = lps[: len(out)], list(out)
+        if script.drop_logprob_entries:
+            vals, idx = vals[: -script.drop_logprob_entries], idx[: -script.drop_logprob_entries]
+        if script.wrong_logprob_id_at is not None:
+            idx[script.wrong_logprob_id_at] += 1
+        n = 1
+        recv = BatchTokenIDOutput(
+            rids=[obj.rid],
+            spec_verify_ct=[0],
+            spec_num_correct_drafts=[0],
+            spec_correct_drafts_histogram=[[]],
+            finished_reasons=[req.finished_reason.to_json()],
+            decoded_texts=[""],
+            decode_ids=[out],
+            read_offsets=[0],
+            output_ids=[out],
+            skip_special_tokens=[sampling.skip_special_tokens],
+            spaces_between_special_tokens=[sampling.spaces_between_special_tokens],
+            no_stop_trim=[sampling.no_stop_trim],
+            prompt_tokens=[len(obj.input_ids)],
+            reasoning_tokens=[0],
+            completion_tokens=[len(out)],
+            cached_tokens=[script.cached_tokens],
+            input_token_logprobs_val=[[]],
+            input_token_logprobs_idx=[[]],
+            output_token_logprobs_val=[vals],
+            output_token_logprobs_idx=[idx],
+            input_top_logprobs_val=[],
+            input_top_logprobs_idx=[],
+            output_top_logprobs_val=[[]] * n,
+            output_top_logprobs_idx=[[]] * n,
+            input_token_ids_logprobs_val=[],
+            input_token_ids_logprobs_idx=[],
+            output_token_ids_logprobs_val=[[]] * n,
+            output_token_ids_logprobs_idx=[[]] * n,
+            output_token_entropy_val=[None],
+            output_hidden_states=None,
+            routed_experts=None,
+            indexer_topk=None,
+            placeholder_tokens_idx=[None],
+            placeholder_tokens_val=[None],
+            retraction_counts=[0],
+        )
+        state = ReqState([], False, asyncio.Event(), obj, time_stats=_time_stats())
+        self.tm.rid_to_state[obj.rid] = state
+        await self.tm._handle_batch_output(recv)
+        yield state.out_list[-1]
+
+
+def _time_stats() -> Any:
+    from sglang.srt.managers.tokenizer_manager import APIServerReqTimeStats
+
+    return APIServerReqTimeStats()
+
+
+@dataclass
+class RecordedTokenizerManager:
+    """Replays one recorded SGLang response per request, after checking the request is the recorded one."""
+
+    recordings: list[dict[str, Any]]
+
+    def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[dict[str, Any]]:
+        return self._replay(obj)
+
+    async def _replay(self, obj: Any) -> AsyncIterator[dict[str, Any]]:
+        rec = self.recordings.pop(0)
+        sent = rec["request"]
+        assert list(obj.input_ids) == list(sent["input_ids"]), "the server sent other prompt ids than recorded"
+        for key, value in (sent.get("sampling_params") or {}).items():
+            assert (obj.sampling_params or {}).get(key) == value, f"sampling_params[{key!r}] differs from recording"
+        yield rec["response"]
+
+
+def load_recordings() -> list[dict[str, Any]]:
+    """Every recorded case in tests/fixtures/sglang (empty until a GPU run has recorded some)."""
+    return [json.loads(p.read_text()) for p in sorted(RECORDINGS.glob("*.json"))]

@@ -1,0 +1,239 @@
+"""verl_ext's SGLang server's ``generate`` driven with SGLang 0.5.12's own request, finish and output code on CPU
+(sglang_standin.py), and with recordings from a GPU run where tests/fixtures/sglang has them."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from sglang_shim import load_sglang, sglang_installed
+from sglang_standin import RecordedTokenizerManager, Script, ScriptedTokenizerManager, load_recordings
+
+if not sglang_installed():
+    if os.getenv("VERL_EXT_REQUIRE_SGLANG", "0") == "1":
+        raise RuntimeError("sglang 0.5.12 is not installed; `make sglang-cpu` installs it (--no-deps, CPU only)")
+    pytest.skip("sglang is not installed (make sglang-cpu)", allow_module_level=True)
+
+IM_END, ENDOFTEXT, TOOL_CLOSE = 151645, 151643, 151658  # Qwen3's <|im_end|>, <|endoftext|>, </tool_call>
+EOS = {IM_END, ENDOFTEXT}  # Qwen3's generation_config eos_token_id, which SGLang stops on
+VOCAB = 151936
+PROMPT = [151644, 872, 198, 14990, 151645, 198, 151644, 77091, 198]
+PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+
+@pytest.fixture(scope="module")
+def server_class() -> type:
+    load_sglang()
+    from verl_ext.engines.sglang_server import TokenExactSGLangServer
+
+    return TokenExactSGLangServer
+
+
+def make_server(server_class: type, tokenizer_manager: Any, global_steps: int = 3) -> Any:
+    """The actor's object without Ray or an engine launch: generate only reads these attributes."""
+    server = server_class.__new__(server_class)
+    server.config = SimpleNamespace(
+        response_length=64, prompt_length=64, max_model_len=4096, enable_rollout_routing_replay=False
+    )
+    server.global_steps = global_steps
+    server.tokenizer_manager = tokenizer_manager
+    server._disaggregation_role = None
+    server.model_config = SimpleNamespace(lora_rank=0, lora={})  # no LoRA: verl's lora_as_adapter is False
+    return server
+
+
+def generate(server: Any, params: dict[str, Any], prompt: list[int] = PROMPT) -> Any:
+    return asyncio.run(server.generate(prompt, dict(params), "req-1"))
+
+
+def scripted(server_class: type, *scripts: Script) -> tuple[Any, ScriptedTokenizerManager]:
+    tm = ScriptedTokenizerManager(EOS, VOCAB, list(scripts), weight_version="7")
+    return make_server(server_class, tm), tm
+
+
+def engine(out: Any) -> dict[str, Any]:
+    return out.extra_fields["verl_ext_engine"]
+
+
+def test_normal_stop_keeps_the_stop_token_and_reports_the_match(server_class: type) -> None:
+    script = Script([10, 11, IM_END, 99], logprobs=[-0.1, -0.2, -0.3, -0.4], cached_tokens=4)
+    server, tm = scripted(server_class, script)
+    out = generate(server, {**PARAMS, "max_tokens": 8})
+    assert out.token_ids == [10, 11, IM_END]
+    assert out.log_probs == [-0.1, -0.2, -0.3]
+    assert out.stop_reason == "stop"
+    e = engine(out)
+    assert (e["matched_stop_id"], e["finish_consistent"], e["complete"]) == (IM_END, True, True)
+    assert (e["prompt_tokens"], e["completion_tokens"], e["cached_tokens"]) == (len(PROMPT), 3, 4)
+    assert e["weight_version"] == "7" and out.extra_fields["global_steps"] == 3
+    assert out.extra_fields["num_cached_tokens"] == 4
+    sent = tm.requests[0]
+    assert sent.input_ids == PROMPT and sent.return_logprob is True
+    assert sent.sampling_params["max_new_tokens"] == 8
+    assert "max_tokens" not in sent.sampling_params and "logprobs" not in sent.sampling_params
+
+
+def test_user_stop_id_is_kept_and_matched(server_class: type) -> None:
+    server, _ = scripted(server_class, Script([10, TOOL_CLOSE, 12]))
+    out = generate(server, {**PARAMS, "max_tokens": 8, "stop_token_ids": [TOOL_CLOSE]})
+    assert out.token_ids == [10, TOOL_CLOSE]
+    assert engine(out)["matched_stop_id"] == TOOL_CLOSE and out.stop_reason == "stop"
+
+
+def test_length_finish(server_class: type) -> None:
+    server, _ = scripted(server_class, Script([10, 11, 12, 13]))
+    out = generate(server, {**PARAMS, "max_tokens": 3})
+    assert out.token_ids == [10, 11, 12] and out.stop_reason == "length"
+    e = engine(out)
+    assert (e["finish_length"], e["matched_stop_id"], e["finish_consistent"], e["complete"]) == (3, None, True, True)
+
+
+def test_eos_as_last_token_of_a_length_finish(server_class: type) -> None:
+    """SGLang 0.5.12 checks the length before the stop ids: the EOS stays in the ids under a 'length' label."""
+    server, _ = scripted(server_class, Script([10, 11, IM_END]))
+    out = generate(server, {**PARAMS, "max_tokens": 3})
+    assert out.token_ids == [10, 11, IM_END]
+    assert out.stop_reason == "length" and engine(out)["finish_consistent"] is True
+
+
+def test_eos_alias_stops_and_is_kept(server_class: type) -> None:
+    server, _ = scripted(server_class, Script([10, ENDOFTEXT, 11]))
+    out = generate(server, {**PARAMS, "max_tokens": 8})
+    assert out.token_ids == [10, ENDOFTEXT] and engine(out)["matched_stop_id"] == ENDOFTEXT
+
+
+def test_abort_keeps_the_partial_output_marked_incomplete(server_class: type) -> None:
+    server, _ = scripted(server_class, Script([10, 11, 12, IM_END], abort_after=2))
+    out = generate(server, {**PARAMS, "max_tokens": 8})
+    assert out.token_ids == [10, 11] and len(out.log_probs) == 2
+    assert out.stop_reason == "abort"
+    e = engine(out)
+    assert e["complete"] is False and e["finish_message"] == "Aborted" and e["ids_match_logprobs"] is True
+
+
+def test_empty_output_of_an_immediate_abort(server_class: type) -> None:
+    server, _ = scripted(server_class, Script([10, 11], abort_after=0))
+    out = generate(server, {**PARAMS, "max_tokens": 8})
+    assert out.token_ids == [] and out.log_probs == [] and out.stop_reason == "abort"
+    assert engine(out)["complete"] is False
+
+
+@pytest.mark.parametrize(
+    ("corruption", "kept"),
+    [({"wrong_logprob_id_at": 1}, 1), ({"drop_logprob_entries": 1}, 2)],
+    ids=["entry-id-differs", "entry-missing"],
+)
+def test_logprob_id_mismatch_keeps_the_covered_prefix(server_class: type, corruption: dict, kept: int) -> None:
+    """verl's server returns [] on a count mismatch and never compares ids; ours keeps what the logprobs cover."""
+    server, _ = scripted(server_class, Script([10, 11, IM_END], **corruption))
+    out = generate(server, {**PARAMS, "max_tokens": 8})
+    assert out.token_ids == [10, 11, IM_END][:kept] and len(out.log_probs) == kept
+    e = engine(out)
+    assert e["ids_match_logprobs"] is False and e["complete"] is False
+    assert e["returned_ids"] == 3 and e["kept_ids"] == kept and e["id_check_detail"]
+
+
+def test_logprobs_returned_only_when_asked_but_always_requested(server_class: type) -> None:
+    server, tm = scripted(server_class, Script([10, IM_END]))
+    out = generate(server, {**PARAMS, "logprobs": False, "max_tokens": 4})
+    assert out.token_ids == [10, IM_END] and out.log_probs is None
+    assert tm.requests[0].return_logprob is True and engine(out)["ids_match_logprobs"] is True
+
+
+@pytest.mark.parametrize("key", ["stop", "stop_regex"])
+def test_stop_strings_are_rejected_before_reaching_sglang(server_class: type, key: str) -> None:
+    from verl_ext.engines.sglang_output import StopStringError
+
+    server, tm = scripted(server_class)
+    with pytest.raises(StopStringError, match="stop_token_ids"):
+        generate(server, {**PARAMS, key: ["</tool_call>"]})
+    assert tm.requests == []
+
+
+def test_unknown_sampling_keys_fail_in_sglang(server_class: type) -> None:
+    """SGLang's own SamplingParams refuses keys it does not know (verl strips vLLM-only ones; so does ours)."""
+    server, _ = scripted(server_class, Script([10, IM_END]))
+    with pytest.raises(TypeError):
+        generate(server, {**PARAMS, "max_tokens": 4, "best_of": 2})
+
+
+def test_budget_defaults_and_context_clamp(server_class: type) -> None:
+    server, tm = scripted(server_class, Script([10, IM_END]), Script([10, IM_END]))
+    generate(server, dict(PARAMS))  # no max_tokens: verl's default budget
+    assert tm.requests[0].sampling_params["max_new_tokens"] == 64
+    server.config.max_model_len = len(PROMPT) + 5
+    generate(server, {**PARAMS, "max_tokens": 50})  # clamped to the context left
+    assert tm.requests[1].sampling_params["max_new_tokens"] == 4
+
+
+def test_only_generate_and_the_abort_signature_are_overridden(server_class: type) -> None:
+    """Weight sync, sleep/wake, launch, resume: verl's own methods, untouched."""
+    own = {name for name, _ in inspect.getmembers(server_class, inspect.isfunction) if name in vars(server_class)}
+    assert own == {"generate", "abort_all_requests"}
+    params = inspect.signature(server_class.abort_all_requests).parameters
+    assert "reject_request" in params
+
+
+def test_abort_all_requests_accepts_verls_replica_call(server_class: type) -> None:
+    """verl 0.9.1's RolloutReplica.abort_all_requests passes reject_request=..., which its SGLang server rejects."""
+    calls: list[Any] = []
+
+    class TM:
+        async def pause_generation(self, obj: Any) -> None:
+            calls.append(obj.mode)
+
+    server = make_server(server_class, TM())
+    server.node_rank = 0
+    asyncio.run(server.abort_all_requests(reject_request=False))
+    assert calls == ["abort"]
+
+
+@pytest.mark.parametrize("recording", load_recordings(), ids=lambda r: r.get("case", "?"))
+def test_recorded_sglang_outputs(server_class: type, recording: dict[str, Any]) -> None:
+    """Real SGLang outputs from a GPU run: the server keeps their ids, and its checks hold on them."""
+    sent = recording["request"]
+    params = {**dict(sent.get("sampling_params") or {}), "logprobs": True}
+    params["max_tokens"] = params.pop("max_new_tokens")
+    server = make_server(server_class, RecordedTokenizerManager([recording]))
+    out = asyncio.run(server.generate(list(sent["input_ids"]), params, sent.get("rid", "rec")))
+    response = recording["response"]
+    e = engine(out)
+    assert e["ids_match_logprobs"], e["id_check_detail"]
+    assert out.token_ids == list(response["output_ids"])
+    assert e["finish_consistent"], e["finish_detail"]
+    assert out.stop_reason == response["meta_info"]["finish_reason"]["type"]
+
+
+def test_plugin_registers_the_replica_for_rollout_sglang(server_class: type) -> None:
+    import verl  # noqa: F401 - loads the plugin through verl's entry point
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    from verl_ext.engines.sglang_server import TokenExactSGLangReplica
+
+    assert RolloutReplicaRegistry.get("sglang") is TokenExactSGLangReplica
+
+
+@pytest.mark.parametrize(
+    ("loop", "forced", "on"),
+    [
+        ("verl_ext_tool_agent", None, True),
+        ("verl_ext_audited_tool_agent", None, True),
+        ("tool_agent", None, False),
+        ("tool_agent", "1", True),
+        ("verl_ext_tool_agent", "0", False),
+    ],
+)
+def test_the_loop_setting_switches_the_server(
+    monkeypatch: pytest.MonkeyPatch, loop: str, forced: Any, on: bool
+) -> None:
+    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
+
+    if forced is None:
+        monkeypatch.delenv(SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SWITCH_ENV, forced)
+    assert server_enabled({"agent": {"default_agent_loop": loop}}) is on

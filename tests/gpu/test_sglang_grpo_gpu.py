@@ -1,0 +1,34 @@
+"""GPU only: verl's GRPO trainer with verl_ext and the real SGLang server (tests/gpu/run_sglang_grpo.py); skipped
+without a CUDA GPU and a full SGLang install (recipes/sglang/install.sh)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _gpu_and_sglang() -> bool:
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return False
+        import sgl_kernel  # noqa: F401 - the CUDA kernels a real SGLang engine needs
+    except Exception:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _gpu_and_sglang(), reason="needs a CUDA GPU and SGLang 0.5.12 with its kernels")
+@pytest.mark.timeout(3600)
+def test_grpo_with_verl_ext_and_the_real_sglang_server(tmp_path: Path) -> None:
+    script = Path(__file__).with_name("run_sglang_grpo.py")
+    run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--steps", "3"], text=True)
+    assert run.returncode == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["verl_ext"]["engine_view_failures"] == 0
+    assert summary["verl_ext"]["steps"] == 3 and summary["stock"]["steps"] == 3

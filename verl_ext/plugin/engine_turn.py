@@ -1,0 +1,128 @@
+"""One assistant turn from the engine, whole: an aborted or cut output is continued, never trained as a half turn.
+
+verl pauses SGLang with ``pause_generation(mode="abort")`` for weight syncs and partial rollouts: an in-flight request
+returns its partial output with ``stop_reason`` ``abort``. verl_ext's SGLang server also marks an output incomplete
+when its logprobs do not cover all its ids (it keeps the covered prefix). Either way the turn is continued: the next
+engine call's prompt is the turn's prompt + the ids so far, its budget what is left, and the outputs are joined
+(logprobs kept) into one turn, recorded as one engine call whose output spans the calls (``segments``). If the turn
+cannot be completed (the engine keeps aborting, or the rollout server is gone), the rollout ends with an error that
+says so: nothing of it reaches training.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_ext.engines.sglang_output import ABORT_REASONS, ENGINE_FIELD
+
+log = logging.getLogger("verl_ext.plugin")
+
+MAX_CONTINUATIONS = 4  # engine calls after the first for one turn; each waits for the engine to resume
+
+
+class RolloutInterrupted(RuntimeError):
+    """A turn could not be completed; the rollout is dropped with this error rather than trained half-done."""
+
+
+@dataclass
+class TurnOutput:
+    token_ids: list[int]
+    log_probs: list[float] | None
+    stop_reason: str | None
+    extra_fields: dict[str, Any]  # the first call's (verl merges turns' fields from the first)
+    segments: list[dict[str, Any]] = field(default_factory=list)  # one per engine call
+
+
+def _incomplete(out: Any) -> bool:
+    engine = (out.extra_fields or {}).get(ENGINE_FIELD) or {}
+    return str(out.stop_reason) in ABORT_REASONS or engine.get("complete") is False
+
+
+def _count_engine_report(report: Mapping[str, Any], counters: Counter[str]) -> None:
+    if not report:
+        return
+    if report.get("ids_match_logprobs") is False:
+        counters["engine/logprob_id_mismatch"] += 1
+        counters["engine/ids_cut_by_id_check"] += int(report.get("returned_ids", 0)) - int(report.get("kept_ids", 0))
+    if report.get("finish_consistent") is False:
+        counters["engine/finish_reason_mismatch"] += 1
+
+
+async def generate_turn(
+    server_manager: Any,
+    request_id: str,
+    prompt_ids: Sequence[int],
+    sampling_params: Mapping[str, Any],
+    budget: int,
+    counters: Counter[str],
+) -> TurnOutput:
+    """Ask the engine for one turn of at most ``budget`` tokens, continuing it while the engine returns it partial."""
+    ids: list[int] = []
+    logprobs: list[float] | None = []
+    segments: list[dict[str, Any]] = []
+    first_extra: dict[str, Any] | None = None
+    out: Any = None
+    for attempt in range(1 + MAX_CONTINUATIONS):
+        params = {**sampling_params, "max_tokens": budget - len(ids)}
+        try:
+            out = await server_manager.generate(
+                request_id=request_id, prompt_ids=list(prompt_ids) + ids, sampling_params=params
+            )
+        except Exception as exc:
+            if not _is_ray_failure(exc):
+                raise
+            counters["engine/server_failures"] += 1
+            raise RolloutInterrupted(
+                f"verl_ext: the rollout server failed during a turn ({type(exc).__name__}: {exc}); the rollout is "
+                f"dropped, none of its {len(ids)} tokens of this turn is trained. Check the rollout server's log "
+                "(an engine crash, out of memory, or a killed actor)."
+            ) from exc
+        new = [int(i) for i in out.token_ids]
+        extra = dict(out.extra_fields or {})
+        first_extra = extra if first_extra is None else first_extra
+        report = extra.get(ENGINE_FIELD) or {}
+        _count_engine_report(report, counters)
+        ids += new
+        if logprobs is not None and out.log_probs is not None:
+            logprobs += [float(x) for x in out.log_probs]
+        else:
+            logprobs = None
+        segments.append(
+            {
+                "ids": len(new),
+                "stop_reason": out.stop_reason,
+                "weight_version": report.get("weight_version", extra.get("global_steps")),
+                "complete": not _incomplete(out),
+            }
+        )
+        if not _incomplete(out) or len(ids) >= budget:
+            break
+        counters["engine/continued_calls"] += 1
+        log.info(
+            "verl_ext: turn output incomplete (%s after %d ids); continuing it (call %d)",
+            out.stop_reason,
+            len(ids),
+            attempt + 2,
+        )
+    else:
+        counters["engine/interrupted_turns"] += 1
+        raise RolloutInterrupted(
+            f"verl_ext: a turn was still incomplete after {1 + MAX_CONTINUATIONS} engine calls (last stop reason "
+            f"{out.stop_reason!r}, {len(ids)} of at most {budget} tokens); the rollout is dropped rather than "
+            "trained on a half turn."
+        )
+    if len(segments) > 1:
+        counters["engine/continued_turns"] += 1
+    return TurnOutput(ids, logprobs, out.stop_reason, first_extra or {}, segments)
+
+
+def _is_ray_failure(exc: BaseException) -> bool:
+    try:
+        from ray.exceptions import RayError
+    except ImportError:
+        return False
+    return isinstance(exc, RayError)

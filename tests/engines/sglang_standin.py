@@ -185,5 +185,7 @@ class RecordedTokenizerManager:
 
 
 def load_recordings() -> list[dict[str, Any]]:
-    """Every recorded case in tests/fixtures/sglang (empty until a GPU run has recorded some)."""
-    return [json.loads(p.read_text()) for p in sorted(RECORDINGS.glob("*.json"))]
+    """Every recorded case in tests/fixtures/sglang that asked for logprobs, as verl_ext's server always does (the
+    other recordings, and model_config.json, document SGLang's behaviour but are not requests our server sends)."""
+    recorded = [json.loads(p.read_text()) for p in sorted(RECORDINGS.glob("*.json"))]
+    return [r for r in recorded if "case" in r and r.get("request", {}).get("return_logprob")]

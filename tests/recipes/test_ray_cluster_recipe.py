@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -36,9 +37,13 @@ def test_cpu_demo_recipe_on_a_two_node_ray_cluster(tmp_path: Path) -> None:
     try:
         started = subprocess.run([str(RECIPE / "cluster.sh"), "start"], env=env, capture_output=True, text=True)
         assert started.returncode == 0, started.stdout[-3000:] + started.stderr[-3000:]
-        nodes = subprocess.run(
-            ["ray", "status", "--address", "127.0.0.1:26479"], env=env, capture_output=True, text=True
-        )
+        for _ in range(60):  # the worker node registers with the head a few seconds after `ray start` returns
+            nodes = subprocess.run(
+                ["ray", "status", "--address", "127.0.0.1:26479"], env=env, capture_output=True, text=True
+            )
+            if len(re.findall(r"^\s*1 node_", nodes.stdout, flags=re.M)) == 2:
+                break
+            time.sleep(2)
         assert len(re.findall(r"^\s*1 node_", nodes.stdout, flags=re.M)) == 2, nodes.stdout
         job = subprocess.run([str(RECIPE / "submit.sh")], env=env, capture_output=True, text=True, timeout=780)
         out = job.stdout + job.stderr

@@ -18,7 +18,6 @@ import platform
 import sys
 import time
 from collections.abc import Callable
-from difflib import SequenceMatcher
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -26,7 +25,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from long_rollouts import SCENARIOS  # noqa: E402
+from long_rollouts import SCENARIOS, difflib_alignment  # noqa: E402
 from rollouts import TOOLS  # noqa: E402
 
 from verl_ext.check import CheckPolicy, ConsistencyChecker  # noqa: E402
@@ -35,16 +34,6 @@ from verl_ext.core.rendering import ChatRenderer, load_renderer  # noqa: E402
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000)
 
 
-def old_alignment(a: list[int], b: list[int]) -> None:
-    """The check's alignment before rapidfuzz: prefix/suffix trimmed, difflib on the middle."""
-    n = min(len(a), len(b))
-    lo = 0
-    while lo < n and a[lo] == b[lo]:
-        lo += 1
-    hi = 0
-    while hi < n - lo and a[len(a) - 1 - hi] == b[len(b) - 1 - hi]:
-        hi += 1
-    SequenceMatcher(None, a[lo : len(a) - hi], b[lo : len(b) - hi], autojunk=False).get_opcodes()
 
 
 def best_of(runs: int, fn: Callable[[], object]) -> float:
@@ -68,7 +57,7 @@ def measure(r: ChatRenderer, checker: ConsistencyChecker, name: str, size: int, 
     row = f"{ro.name:<42} {ro.tokens:>8} {render_s:>9.3f} {check_s:>9.3f} {check_s / render_s:>13.2f}  {causes}"
     if difflib_up_to and ro.tokens <= difflib_up_to:
         rendered = list(r.render(ro.messages, tools, add_generation_prompt=False, escape=False).ids)
-        old_s = best_of(1, lambda: old_alignment(list(ro.sample.stream), rendered))
+        old_s = best_of(1, lambda: difflib_alignment(list(ro.sample.stream), rendered))
         row += f"  (old difflib alignment alone: {old_s:.2f} s = {old_s / render_s:.1f}× render)"
     return row
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from difflib import SequenceMatcher
 from typing import Any
 
 from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, run, tool_result
@@ -16,6 +17,24 @@ from verl_ext.core.rendering import ChatRenderer
 IM_END = 151645
 ROW = "| 2024-01-01 | sensor-7 | ok | 0.000 | 0.000 |\n"  # a log line a tool repeats thousands of times
 ANSWER = {"role": "assistant", "content": "The answer is 2."}
+
+
+def difflib_alignment(a: list[int], b: list[int]) -> list[tuple[str, int, int, int, int]]:
+    """The check's alignment before verl_ext.check.align: trim the common prefix and suffix, difflib on the middle.
+    The reference the fast alignment is tested against, and the baseline the benchmark times."""
+    n = min(len(a), len(b))
+    lo = 0
+    while lo < n and a[lo] == b[lo]:
+        lo += 1
+    hi = 0
+    while hi < n - lo and a[len(a) - 1 - hi] == b[len(b) - 1 - hi]:
+        hi += 1
+    ops = [("equal", 0, lo, 0, lo)] if lo else []
+    middle = SequenceMatcher(None, a[lo : len(a) - hi], b[lo : len(b) - hi], autojunk=False).get_opcodes()
+    ops += [(tag, i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2 in middle]
+    if hi:
+        ops.append(("equal", len(a) - hi, len(a), len(b) - hi, len(b)))
+    return ops
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import logging
 import random
-from difflib import SequenceMatcher
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from long_rollouts import SCENARIOS
+from long_rollouts import SCENARIOS, difflib_alignment
 from rollouts import TOOLS
 
 from verl_ext.check import CheckMode, CheckPolicy, ConsistencyChecker, Enforcer
@@ -18,22 +17,7 @@ from verl_ext.check import align as align_module
 from verl_ext.check.align import BudgetExceeded, align
 from verl_ext.telemetry.metrics import aggregate
 
-
-def before(a, b):
-    """The check's alignment until now: trim the common prefix and suffix, difflib on the middle."""
-    n = min(len(a), len(b))
-    lo = 0
-    while lo < n and a[lo] == b[lo]:
-        lo += 1
-    hi = 0
-    while hi < n - lo and a[len(a) - 1 - hi] == b[len(b) - 1 - hi]:
-        hi += 1
-    ops = [("equal", 0, lo, 0, lo)] if lo else []
-    middle = SequenceMatcher(None, a[lo : len(a) - hi], b[lo : len(b) - hi], autojunk=False).get_opcodes()
-    ops += [(tag, i1 + lo, i2 + lo, j1 + lo, j2 + lo) for tag, i1, i2, j1, j2 in middle]
-    if hi:
-        ops.append(("equal", len(a) - hi, len(a), len(b) - hi, len(b)))
-    return ops
+before = difflib_alignment  # the reference: the check's alignment until now
 
 
 def assert_valid(ops, a, b):

@@ -9,12 +9,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_ext.check.engine_view import check_engine_view
-from verl_ext.check.findings import CheckResult, FailureKind
+from verl_ext.check.findings import Cause, CheckResult, FailureKind, Finding, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.locate import Locator
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.check.template_view import template_findings
 from verl_ext.check.turn_boundaries import turn_end_findings
+from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
 
@@ -72,9 +73,12 @@ class ConsistencyChecker:
                 template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
             if template_view:
                 explained = {i for f in findings for i in range(f.stream.start, f.stream.end)}
-                rendered = template_findings(
-                    loc, self.profile, self.renderer, messages, tools, explained, self.policy.allows
-                )
+                try:
+                    rendered = template_findings(
+                        loc, self.profile, self.renderer, messages, tools, explained, self.policy.allows
+                    )
+                except TemplateError as exc:
+                    rendered = [self._refused(loc, exc)]
                 # Where both views found the same thing, keep the template view's (it has both sides).
                 located = {(f.cause, f.turn) for f in rendered}
                 findings = [f for f in findings if (f.cause, f.turn) not in located] + rendered
@@ -89,4 +93,15 @@ class ConsistencyChecker:
             num_sampled=sum(len(c.output_ids) for c in calls),
             repairs=Counter(repairs or {}),
             seconds=time.perf_counter() - started,
+        )
+
+    def _refused(self, loc: Locator, exc: TemplateError) -> Finding:
+        """The template refuses to render the final messages (two tool calls in one turn on a single-call
+        template): there is no rendering to compare with, so the template view reports that instead of raising.
+        Allowed by design: the engine view still proved the trainer's tokens are the engine's, and a rollout
+        the template cannot express is not a divergence verl_ext could have repaired."""
+        end = len(loc.stream)
+        detail = f"the template view could not run: {exc}"
+        return loc.finding(
+            Cause.TEMPLATE_REFUSED, self.policy.allows(Cause.TEMPLATE_REFUSED), Span(end, end), Span(0, 0), (), detail
         )

@@ -26,6 +26,8 @@ class Cause(StrEnum):
     SYNTHETIC_CLOSE = "synthetic_close"  # a close the engine did not sample, inserted (mask 0)
     SPECIAL_TOKEN_ESCAPED = "special_token_escaped"  # special-token text in content kept as text
     AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
+    PREFILL_DROPPED = "prefill_dropped"  # the generation prompt's pre-fill (empty think block) is not re-rendered
+    TEMPLATE_REFUSED = "template_refused"  # the template refuses to render the final messages: no template view
     BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
     CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
     AMBIGUOUS_STOP_DUPLICATED = "ambiguous_stop_duplicated"  # the ambiguous stop appears twice
@@ -44,6 +46,8 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
         Cause.SYNTHETIC_CLOSE,
         Cause.SPECIAL_TOKEN_ESCAPED,
         Cause.AMBIGUOUS_STOP_KEPT,
+        Cause.PREFILL_DROPPED,
+        Cause.TEMPLATE_REFUSED,
     }
 )
 

@@ -36,7 +36,9 @@ def template_findings(
     those positions is not reported twice.
     """
     stream = loc.stream
-    native = renderer.render(messages, tools, add_generation_prompt=False, escape=False).ids
+    # The tool-call convention the trajectory rendered with (content None or "", arguments object or string).
+    shaped = profile.tool_call_shape.conform(messages)
+    native = renderer.render(shaped, tools, add_generation_prompt=False, escape=False).ids
     rules = _Rules(loc, profile, renderer, messages, stream, native)
     out: list[Finding] = []
     for tag, i1, i2, j1, j2 in rules.opcodes:
@@ -56,7 +58,7 @@ def template_findings(
     if renderer.escapes(messages):
         # Untrusted content holds special-token text. The native render turns it into special tokens,
         # so only a comparison with the escaped render shows a stream that did the same.
-        escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
+        escaped = renderer.render(shaped, tools, add_generation_prompt=False, escape=True)
         special = renderer.special_ids
         for tag, i1, i2, j1, j2 in _opcodes(stream, escaped.ids):
             s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
@@ -139,6 +141,11 @@ class _Rules:
             return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
         if at_boundary and not s_ids and not dr.strip():
             return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
+        if not r_ids and self._prefill_dropped(i1, i2):
+            return Cause.PREFILL_DROPPED, (
+                f"the generation prompt pre-filled {ds!r} before this turn; the template does not re-render it once "
+                "the turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
+            )
         no_stop = not set(r_ids) & self.stops
         if not s_ids and no_stop and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
             return Cause.REASONING_INSERTED, f"the template renders {dr!r} before the sampled text; never sampled"
@@ -160,6 +167,15 @@ class _Rules:
                 f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
             )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+
+    def _prefill_dropped(self, i1: int, i2: int) -> bool:
+        """The stream-only span lies in the generation prompt right before a turn's output, and is part of it."""
+        gen = tuple(self.profile.generation_prompt_ids)
+        s_ids = tuple(self.stream[i1:i2])
+        if not gen or not s_ids or len(s_ids) > len(gen):
+            return False
+        inside = any(c.output_start - len(gen) <= i1 and i2 <= c.output_start for c in self.loc.calls)
+        return inside and any(gen[k : k + len(s_ids)] == s_ids for k in range(len(gen) - len(s_ids) + 1))
 
     def _assistant_texts(self) -> set[str]:
         """Stop-token strings that appear in assistant message content."""

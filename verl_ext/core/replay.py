@@ -121,6 +121,7 @@ def canonical_output(
 ) -> list[int]:
     """The template's rendering of assistant ``messages[index]`` after the generation prompt, up to
     and including its end-of-turn token: what the model would have sampled to produce that message."""
+    messages = probe_template(renderer).tool_call_shape.conform(messages)
     prompt = renderer.render(messages[:index], tools, add_generation_prompt=True, escape=False).ids
     full = renderer.render(messages[: index + 1], tools, add_generation_prompt=False, escape=False).ids
     if full[: len(prompt)] != prompt:

@@ -27,6 +27,7 @@ class Cause(StrEnum):
     SPECIAL_TOKEN_ESCAPED = "special_token_escaped"  # special-token text in content kept as text
     AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
     PREFILL_DROPPED = "prefill_dropped"  # the generation prompt's pre-fill (empty think block) is not re-rendered
+    MOVED_BY_TEMPLATE = "moved_by_template"  # the template renders prompt/context text elsewhere (tool list moved)
     TEMPLATE_REFUSED = "template_refused"  # the template refuses to render the final messages: no template view
     BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
     CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
@@ -47,6 +48,7 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
         Cause.SPECIAL_TOKEN_ESCAPED,
         Cause.AMBIGUOUS_STOP_KEPT,
         Cause.PREFILL_DROPPED,
+        Cause.MOVED_BY_TEMPLATE,
         Cause.TEMPLATE_REFUSED,
     }
 )

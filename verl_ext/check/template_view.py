@@ -141,10 +141,21 @@ class _Rules:
             return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
         if at_boundary and not s_ids and not dr.strip():
             return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
-        if not r_ids and self._prefill_dropped(i1, i2):
+        prefill = self._prefill_dropped(i1, i2) if not r_ids else None
+        if prefill == "prefill":
             return Cause.PREFILL_DROPPED, (
                 f"the generation prompt pre-filled {ds!r} before this turn; the template does not re-render it once "
                 "the turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
+            )
+        if prefill == "prefill and sampled" and self.profile.strips_reasoning:
+            return Cause.REASONING_STRIPPED, (
+                f"the template drops this turn's thinking {ds!r}: the opener the generation prompt pre-filled and the "
+                "sampled reasoning after it; kept as the engine saw it"
+            )
+        if not r_ids and region in ("prompt", "context") and self._moved_by_template(i1, i2):
+            return Cause.MOVED_BY_TEMPLATE, (
+                f"the template renders {ds[:60]!r} once, elsewhere in the final conversation (it moves it, e.g. the "
+                "tool list to the last user turn); the stream keeps it where the engine saw it"
             )
         no_stop = not set(r_ids) & self.stops
         if not s_ids and no_stop and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
@@ -168,14 +179,31 @@ class _Rules:
             )
         return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
 
-    def _prefill_dropped(self, i1: int, i2: int) -> bool:
-        """The stream-only span lies in the generation prompt right before a turn's output, and is part of it."""
-        gen = tuple(self.profile.generation_prompt_ids)
-        s_ids = tuple(self.stream[i1:i2])
-        if not gen or not s_ids or len(s_ids) > len(gen):
+    def _moved_by_template(self, i1: int, i2: int) -> bool:
+        """Prompt or context text (no sampled token) the re-render holds elsewhere, on a template the probe found
+        moving text."""
+        ids = tuple(self.stream[i1:i2])
+        n = len(ids)
+        if n < 2 or all(b.prefix_preserving for b in self.profile.boundaries):
             return False
-        inside = any(c.output_start - len(gen) <= i1 and i2 <= c.output_start for c in self.loc.calls)
-        return inside and any(gen[k : k + len(s_ids)] == s_ids for k in range(len(gen) - len(s_ids) + 1))
+        if any(i1 < c.output_end and c.output_start < i2 for c in self.loc.calls):
+            return False
+        return any(tuple(self.rendered[k : k + n]) == ids for k in range(len(self.rendered) - n + 1))
+
+    def _prefill_dropped(self, i1: int, i2: int) -> str | None:
+        """A stream-only span that starts in the generation prompt right before a turn's output and is the end of
+        it: "prefill" when it stops there, "prefill and sampled" when it runs on into the turn's output."""
+        gen = tuple(self.profile.generation_prompt_ids)
+        for c in self.loc.calls:
+            start = c.output_start
+            if not gen or not start - len(gen) <= i1 < start or i2 > c.output_end:
+                continue
+            head = tuple(self.stream[i1:start] if i2 > start else self.stream[i1:i2])
+            if i2 <= start and any(gen[k : k + len(head)] == head for k in range(len(gen) - len(head) + 1)):
+                return "prefill"
+            if i2 > start and gen[len(gen) - len(head) :] == head:
+                return "prefill and sampled"
+        return None
 
     def _assistant_texts(self) -> set[str]:
         """Stop-token strings that appear in assistant message content."""

@@ -7,7 +7,7 @@ from collections import Counter
 from foreign_templates import foreign_renderer
 from rollouts import TOOLS, call
 
-from verl_ext.check import CheckPolicy, ConsistencyChecker, EngineCall, Enforcer
+from verl_ext.check import CheckPolicy, ConsistencyChecker, Enforcer, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import TokenTrajectory

@@ -18,6 +18,12 @@ CAUSE_FIXES: dict[str, str] = {
     "synthetic_close": NOTHING + "the template's close was inserted with mask 0, so it is never trained.",
     "special_token_escaped": NOTHING + "special-token text in tool/user content stays text, as the engine saw it.",
     "ambiguous_stop_kept": NOTHING + "a stop that also opens the next message is kept once.",
+    "close_variant": NOTHING + "the turn ended on another of the template's turn ends, kept as its close.",
+    "tool_result_labelled": NOTHING + "each tool result is labelled with its own call's name, as the engine saw it.",
+    "context_moved": NOTHING + "the template moves a block (tool list, system text); the stream keeps it in place.",
+    "prefill_dropped": NOTHING + "the pre-fill (an empty think block) is kept as the engine saw it.",
+    "template_refused": "The template cannot render these messages (e.g. two tool calls in one turn): set "
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1; the engine view still proves the tokens.",
     "boundary_missing": SWITCH + ": the stock loop drops text the template renders after a turn's close (Qwen's \\n).",
     "close_missing": SWITCH + " and list extra engine stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens, "
     "or pass the template's end-of-turn token to the engine as a stop (--stop).",
@@ -28,6 +34,8 @@ CAUSE_FIXES: dict[str, str] = {
     "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE --index N` replays it. "
     "Report it with the record if the template view is wrong.",
 }
+
+ENGINE_BROKEN = "The engine output is unusable: "
 
 ENGINE_FIXES: dict[str, str] = {
     "length": "The loop hands the trainer ids, mask and logprobs of unequal lengths: a loop bug. " + SWITCH + ".",
@@ -40,6 +48,12 @@ ENGINE_FIXES: dict[str, str] = {
     "=true and pass the engine's logprobs through unchanged.",
     "record": "The engine's own record is inconsistent (e.g. fewer logprobs than ids): check the engine and its "
     "logprob settings.",
+    "negative_id": ENGINE_BROKEN + "a negative token id; check the engine version and its sampling backend.",
+    "id_out_of_vocab": ENGINE_BROKEN + "an id outside the tokenizer; give engine and trainer the same tokenizer.",
+    "logprob_count": ENGINE_BROKEN + "not one logprob per id; check the engine's logprob settings.",
+    "logprob_not_finite": ENGINE_BROKEN + "a NaN or infinite logprob; check the model's numerics (dtype, weights).",
+    "logprob_positive": ENGINE_BROKEN + "a logprob above 0; check the engine's logprob settings.",
+    "nan_stop": ENGINE_BROKEN + "the engine hit NaN while sampling and substituted a stop; check the model's numerics.",
 }
 
 TRUNCATION_FIX = (

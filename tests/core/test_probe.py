@@ -29,8 +29,12 @@ def test_qwen_boundaries(renderer_for, name):
 def test_qwen3_strips_reasoning_and_is_not_prefix_preserving_before_user(renderer_for):
     p = probe_template(renderer_for("qwen3"))
     assert p.strips_reasoning is True
-    assert p.boundary("tool").prefix_preserving
+    # A turn with reasoning keeps its tokens before a tool message; the common empty-reasoning turn does not (the
+    # template renders its empty think block only while it is the last turn).
+    assert p.boundary("tool").not_preserving_with == ("empty reasoning",)
+    assert not p.boundary("tool").prefix_preserving
     assert not p.boundary("user").prefix_preserving
+    assert p.boundary("user").not_preserving_with == ("reasoning", "empty reasoning")
     assert "QXREASON" in p.boundary("user").divergence
     assert p.tool_call_arguments == "verbatim"
 

@@ -10,12 +10,13 @@ from typing import Any
 
 from verl_ext.check.align import BudgetExceeded
 from verl_ext.check.engine_view import check_engine_view
-from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, CheckResult, FailureKind
+from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, Cause, CheckResult, FailureKind, Finding, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.locate import Locator
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.check.template_view import template_findings
 from verl_ext.check.turn_boundaries import turn_end_findings
+from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
 
@@ -97,13 +98,16 @@ class ConsistencyChecker:
                         self.policy.allows,
                         deadline=None if budget is None else view_started + budget,
                     )
+                except TemplateError as exc:
+                    # Final messages the template refuses to render: nothing to compare with, say so.
+                    rendered = [self._refused(loc, exc)]
                 except BudgetExceeded as exc:
                     # A long, divergent rollout must not stall the step: count it and say why, keep the rest.
                     skipped = (
                         f"over its {budget:g} s budget after {time.perf_counter() - view_started:.1f} s on "
                         f"{len(stream)} tokens: {exc} (raise verl_ext.check.template_view_budget_s)"
                     )
-                else:
+                if not skipped:
                     # Where both views found the same thing, keep the template view's (it has both sides).
                     located = {(f.cause, f.turn) for f in rendered}
                     findings = [f for f in findings if (f.cause, f.turn) not in located] + rendered
@@ -119,4 +123,15 @@ class ConsistencyChecker:
             repairs=Counter(repairs or {}),
             seconds=time.perf_counter() - started,
             template_view_skipped=skipped,
+        )
+
+    def _refused(self, loc: Locator, exc: TemplateError) -> Finding:
+        """The template refuses to render the final messages (two tool calls in one turn on a single-call
+        template): there is no rendering to compare with, so the template view reports that instead of raising.
+        Allowed by design: the engine view still proved the trainer's tokens are the engine's, and a rollout
+        the template cannot express is not a divergence verl_ext could have repaired."""
+        end = len(loc.stream)
+        detail = f"the template view could not run: {exc}"
+        return loc.finding(
+            Cause.TEMPLATE_REFUSED, self.policy.allows(Cause.TEMPLATE_REFUSED), Span(end, end), Span(0, 0), (), detail
         )

@@ -29,6 +29,8 @@ class Cause(StrEnum):
     TOOL_RESULT_LABELLED = "tool_result_labelled"  # a result names its own call where the template names another
     CONTEXT_MOVED = "context_moved"  # the template renders prompt text (tool list, system) elsewhere once more follows
     AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
+    PREFILL_DROPPED = "prefill_dropped"  # the generation prompt's pre-fill (empty think block) is not re-rendered
+    TEMPLATE_REFUSED = "template_refused"  # the template refuses to render the final messages: no template view
     BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
     CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
     AMBIGUOUS_STOP_DUPLICATED = "ambiguous_stop_duplicated"  # the ambiguous stop appears twice
@@ -50,6 +52,8 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
         Cause.TOOL_RESULT_LABELLED,
         Cause.CONTEXT_MOVED,
         Cause.AMBIGUOUS_STOP_KEPT,
+        Cause.PREFILL_DROPPED,
+        Cause.TEMPLATE_REFUSED,
     }
 )
 

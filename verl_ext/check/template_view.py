@@ -37,7 +37,9 @@ def template_findings(
     ``BudgetExceeded`` saying how far it got, rather than run on.
     """
     stream = loc.stream
-    native = renderer.render(messages, tools, add_generation_prompt=False, escape=False).ids
+    # The tool-call convention the trajectory rendered with (content None or "", arguments object or string).
+    shaped = profile.tool_call_shape.conform(messages)
+    native = renderer.render(shaped, tools, add_generation_prompt=False, escape=False).ids
     check_deadline(deadline, f"after rendering the conversation ({len(native)} tokens)")
     rules = _Rules(loc, profile, renderer, messages, stream, native, deadline)
     out: list[Finding] = []
@@ -58,7 +60,7 @@ def template_findings(
     if renderer.escapes(messages):
         # Untrusted content holds special-token text. The native render turns it into special tokens,
         # so only a comparison with the escaped render shows a stream that did the same.
-        escaped = renderer.render(messages, tools, add_generation_prompt=False, escape=True)
+        escaped = renderer.render(shaped, tools, add_generation_prompt=False, escape=True)
         check_deadline(deadline, "after rendering the conversation with special-token text escaped")
         special = renderer.control_ids
         for tag, i1, i2, j1, j2 in align(stream, escaped.ids, deadline):
@@ -143,6 +145,17 @@ class _Rules:
             )
         if at_boundary and not s_ids and not dr.strip():
             return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
+        prefill = self._prefill_dropped(i1, i2) if not r_ids else None
+        if prefill == "prefill":
+            return Cause.PREFILL_DROPPED, (
+                f"the generation prompt pre-filled {ds!r} before this turn; the template does not re-render it once "
+                "the turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
+            )
+        if prefill == "prefill and sampled" and self.profile.strips_reasoning:
+            return Cause.REASONING_STRIPPED, (
+                f"the template drops this turn's thinking {ds!r}: the opener the generation prompt pre-filled and the "
+                "sampled reasoning after it; kept as the engine saw it"
+            )
         no_stop = not set(r_ids) & self.stops
         if not s_ids and no_stop and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
             return Cause.REASONING_INSERTED, f"the template renders {dr!r} before the sampled text; never sampled"
@@ -201,6 +214,21 @@ class _Rules:
             if a in names and b in names:
                 return True
         return False
+
+    def _prefill_dropped(self, i1: int, i2: int) -> str | None:
+        """A stream-only span that starts in the generation prompt right before a turn's output and is the end of
+        it: "prefill" when it stops there, "prefill and sampled" when it runs on into the turn's output."""
+        gen = tuple(self.profile.generation_prompt_ids)
+        for c in self.loc.calls:
+            start = c.output_start
+            if not gen or not start - len(gen) <= i1 < start or i2 > c.output_end:
+                continue
+            head = tuple(self.stream[i1:start] if i2 > start else self.stream[i1:i2])
+            if i2 <= start and any(gen[k : k + len(head)] == head for k in range(len(gen) - len(head) + 1)):
+                return "prefill"
+            if i2 > start and gen[len(gen) - len(head) :] == head:
+                return "prefill and sampled"
+        return None
 
     def _assistant_texts(self) -> set[str]:
         """Stop-token strings that appear in assistant message content."""

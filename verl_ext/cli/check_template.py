@@ -49,9 +49,12 @@ def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str) -> s
         delta = renderer.decode(b.delta_ids)
         if len(delta) > 70:
             delta = delta[:40] + " ... " + delta[-25:]
+        preserving = "yes" if b.prefix_preserving else "no"
+        if b.not_preserving_with:
+            preserving += f" (with {', '.join(b.not_preserving_with)})"
         lines.append(
             f"  {where:<14} close {_tok(renderer, b.close_ids):<14} repair {_tok(renderer, b.trailer_ids):<10} "
-            f"prefix-preserving: {'yes' if b.prefix_preserving else 'no'}"
+            f"prefix-preserving: {preserving}"
         )
         if b.delta_ids:
             lines.append(f"  {'':<14} then {delta!r}")
@@ -62,6 +65,13 @@ def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str) -> s
     reasoning = {True: "stripped from earlier turns", False: "kept in history", None: "never rendered"}
     lines.append(f"reasoning: {reasoning[p.strips_reasoning]}")
     lines.append(f"tool-call arguments: {p.tool_call_arguments}")
+    shape = p.tool_call_shape
+    lines.append(
+        f"tool-call input: content {'None' if shape.content_none else repr('')}, arguments as {shape.arguments}; "
+        f"the template renders {'the ' + shape.renders if shape.renders == 'arguments' else shape.renders}"
+    )
+    parallel = {True: "yes", False: "no, one per turn", None: "not renderable"}[p.parallel_tool_calls]
+    lines.append(f"several tool calls in one turn: {parallel}")
     if p.template_kwargs:
         lines.append(f"template kwargs: {json.dumps(dict(p.template_kwargs))}")
     lines.append("")

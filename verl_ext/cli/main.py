@@ -22,6 +22,12 @@ def build_parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check-template", help="derive a template's turn boundaries and give a verdict")
     check.add_argument("tokenizer_dir", help="folder with tokenizer.json and tokenizer_config.json")
     _add_template_options(check)
+    check.add_argument(
+        "--template-kwargs",
+        metavar="JSON",
+        help="a JSON object passed to the chat template, as your rollout passes it "
+        "(e.g. '{\"enable_thinking\": false}')",
+    )
     check.add_argument("--json", action="store_true", help="print one JSON object (key 'verdict' and the findings)")
     check.add_argument("--html", metavar="FILE", help="also write the audit as a self-contained HTML page")
 

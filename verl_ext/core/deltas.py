@@ -7,6 +7,7 @@ the real tool calls), so the real history is never re-rendered and never re-toke
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -46,6 +47,7 @@ def render_context_delta(
     if not messages:
         raise TemplateError("append_messages needs at least one message")
     assistant = _synthetic_assistant(messages, previous_assistant)
+    refuse_beyond_template_limit(profile, assistant, messages)
     per_call = _results_per_call(profile, messages, assistant)
     if per_call is None:
         return _delta(renderer, profile, messages, tools, assistant, with_system, add_generation_prompt=True)
@@ -79,7 +81,8 @@ def _delta(
         raise TemplateError(f"the probe found no boundary token before a {role!r} message")
     head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
     prompt = renderer.render(head, tools, add_generation_prompt=True, escape=False).ids
-    full = renderer.render([*head, assistant, *messages], tools, add_generation_prompt=add_generation_prompt)
+    conversation = profile.tool_call_shape.conform([*head, assistant, *messages])
+    full = renderer.render(conversation, tools, add_generation_prompt=add_generation_prompt)
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
     # (rather than requiring a token prefix) tolerates templates that move the system or tool list.
     seen = prompt.count(marker)
@@ -96,7 +99,9 @@ def _delta(
     # Number escapes by their position among the appended messages, not the synthetic history.
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
-    return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes, full.escape_divergence)
+    context = tuple(rest[len(trailer) :])
+    refuse_dropped_content(renderer, head, conversation, tools, marker, messages)
+    return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
 
 
 def _results_per_call(
@@ -124,6 +129,67 @@ def _results_per_call(
 def _call_name(call: Any) -> str:
     function = call.get("function") if isinstance(call, Mapping) else None
     return str((function or call).get("name", "")) if isinstance(function or call, Mapping) else ""
+
+
+def refuse_beyond_template_limit(profile: TemplateProfile, assistant: Message, messages: Sequence[Message]) -> None:
+    """Refuse, before rendering, a turn shape the probe found the template cannot render (several tool calls in
+    one turn on a single-call template), naming the template's limit and the fix."""
+    calls = assistant.get("tool_calls") or []
+    if len(calls) > 1 and profile.parallel_tool_calls is False:
+        said = f" (the template says: {profile.parallel_tool_calls_error})" if profile.parallel_tool_calls_error else ""
+        raise TemplateError(
+            f"this chat template renders at most one tool call per assistant turn{said}; the turn before "
+            f"{[m.get('role') for m in messages]} has {len(calls)}. Let the loop run one call per turn (verl: "
+            "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1)"
+        )
+
+
+def refuse_dropped_content(
+    renderer: ChatRenderer,
+    head: Sequence[Message],
+    conversation: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None,
+    marker: int,
+    messages: Sequence[Message],
+) -> None:
+    """Every appended message's text must reach the engine: a template may accept a message and render it
+    elsewhere (a system message moved to the top of the conversation) or not at all. Compared as template text
+    after the assistant turn's boundary token (no decoding: it holds for tokenizers that do not round-trip)."""
+    marker_text = renderer.decode([marker])
+    seen = renderer.render_text(head, tools, add_generation_prompt=True).count(marker_text)
+    full = renderer.render_text(conversation, tools, add_generation_prompt=True)
+    at = -1
+    for _ in range(seen + 1):
+        at = full.find(marker_text, at + 1)
+        if at < 0:
+            return  # the boundary was found by ids; text that does not show it proves nothing either way
+    text = full[at:]
+    for message in messages:
+        content = _text_of(message.get("content"))
+        if content.strip() and not any(form in text for form in _rendered_forms(content)):
+            raise TemplateError(
+                f"the chat template does not render the appended {message.get('role')!r} message's text after the "
+                f"assistant turn (it drops it or moves it before the turn, e.g. to the top): {content[:60]!r} would "
+                "never reach the engine. Append this role only if `verl-ext check-template` lists it as appendable"
+            )
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, Sequence):
+        return "".join(p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
+    return ""
+
+
+def _rendered_forms(content: str) -> tuple[str, ...]:
+    """How a template may write ``content``: as is, trimmed, or JSON-escaped (``| tojson``, HTML-safe or not)."""
+    dumped = json.dumps(content, ensure_ascii=False)[1:-1]
+    ascii_dumped = json.dumps(content)[1:-1]
+    html_safe = (
+        ascii_dumped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
+    )
+    return (content, content.strip(), dumped, ascii_dumped, html_safe)
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

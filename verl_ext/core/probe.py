@@ -18,6 +18,7 @@ from typing import Any
 
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.rendering import ChatRenderer, Message, round_trip_failures
+from verl_ext.core.tool_call_shape import RENDERS_NAME, RENDERS_NOTHING, ToolCallShape, derive_tool_call_shape
 
 APPEND_ROLES: tuple[str, ...] = ("tool", "user", "system")
 END = "end"  # pseudo-role: the assistant turn is the last message of the conversation
@@ -74,8 +75,11 @@ class Boundary:
     close_ids: tuple[int, ...]
     trailer_ids: tuple[int, ...]
     delta_ids: tuple[int, ...]
-    prefix_preserving: bool
+    prefix_preserving: bool  # for every kind of turn the engine can produce (see ``not_preserving_with``)
     divergence: str = ""  # where the template re-renders the earlier turn, when not prefix-preserving
+    # The kinds of assistant turn ("reasoning", "empty reasoning", "no reasoning") the template re-renders
+    # differently once a message follows; empty when prefix-preserving.
+    not_preserving_with: tuple[str, ...] = ()
 
     @property
     def boundary_id(self) -> int | None:
@@ -111,6 +115,12 @@ class TemplateProfile:
     verdict: Verdict
     reasons: tuple[Reason, ...]
     rendered_examples: Mapping[str, str] = field(default_factory=dict)
+    # How an assistant turn with tool calls must look for this template (content "" or None, arguments as a
+    # mapping or a JSON string); every render of a rollout and of the check puts messages into this shape.
+    tool_call_shape: ToolCallShape = field(default_factory=ToolCallShape)
+    # Whether an assistant turn may hold several tool calls (None: tool messages cannot be appended at all).
+    parallel_tool_calls: bool | None = None
+    parallel_tool_calls_error: str = ""  # what the template says when it refuses several calls in one turn
 
     def boundary(self, next_role: str) -> Boundary:
         for b in self.boundaries:
@@ -189,18 +199,34 @@ def _tool_call(n: int, arguments: Any = None) -> dict[str, Any]:
     }
 
 
-def _assistant_text() -> dict[str, Any]:
-    return {"role": "assistant", "content": "QXASSISTANT", "reasoning_content": _REASONING, "thinking": _REASONING}
+# The kinds of assistant turn an engine produces: with reasoning, with an empty reasoning block (the common
+# agentic turn, and what a template pre-fills when thinking is disabled), and with no reasoning field at all.
+_REASONING_VARIANTS: tuple[tuple[str, str | None], ...] = (
+    ("reasoning", _REASONING),
+    ("empty reasoning", ""),
+    ("no reasoning", None),
+)
 
 
-def _assistant_tools(n_calls: int) -> dict[str, Any]:
-    return {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": _REASONING,
-        "thinking": _REASONING,
-        "tool_calls": [_tool_call(i + 1) for i in range(n_calls)],
-    }
+def _with_reasoning(message: dict[str, Any], reasoning: str | None) -> dict[str, Any]:
+    if reasoning is not None:
+        message["reasoning_content"] = reasoning
+        message["thinking"] = reasoning
+    return message
+
+
+def _assistant_text(reasoning: str | None = _REASONING) -> dict[str, Any]:
+    return _with_reasoning({"role": "assistant", "content": "QXASSISTANT"}, reasoning)
+
+
+def _assistant_tools(
+    n_calls: int, reasoning: str | None = _REASONING, shape: ToolCallShape | None = None
+) -> dict[str, Any]:
+    shape = shape or ToolCallShape()
+    # A template that renders nothing of a call can only carry it in the content: give the turn a text marker.
+    content: str | None = "QXASSISTANT" if shape.renders == RENDERS_NOTHING else ""
+    message = {"role": "assistant", "content": content, "tool_calls": [_tool_call(i + 1) for i in range(n_calls)]}
+    return shape.conform([_with_reasoning(message, reasoning)])[0]
 
 
 def _tool(n: int) -> dict[str, Any]:
@@ -208,6 +234,7 @@ def _tool(n: int) -> dict[str, Any]:
 
 
 _ASSISTANT_MARKERS = ("QXASSISTANT", "QXARG")
+_APPENDED_MARKERS = ("QXTOOL1", "QXUSERB", "QXSYSTEMB")
 
 
 class _Prober:
@@ -220,6 +247,8 @@ class _Prober:
         self.reasons: list[Reason] = []
         self.examples: dict[str, str] = {}
         self.head: list[Message] = [_SYSTEM, _USER]
+        self.variants: tuple[tuple[str, str | None], ...] = _REASONING_VARIANTS[:1]
+        self.shape = ToolCallShape()
 
     def note(self, severity: Severity, text: str) -> None:
         self.reasons.append(Reason(severity, text))
@@ -232,37 +261,55 @@ class _Prober:
         self.round_trip()
         try:
             _, gen_ids = self.render(self.head, gen=True)
-            _, last_ids = self.render([*self.head, _assistant_text()], gen=False)
-            if last_ids[: len(gen_ids)] != gen_ids:
-                self.note(
-                    Severity.REPAIR,
-                    "moves the leading system message when the assistant replies "
-                    f"({self.divergence(gen_ids, last_ids, 'the generation prompt')}); the rollout keeps the "
-                    "prompt the engine saw, so the final re-render differs there",
-                )
-                raise TemplateError("system message moves")
+            placed, last_ids = self.placed_variants(gen_ids)
+            if not placed:
+                _, user_gen_ids = self.render([_USER], gen=True)
+                self.head = [_USER]
+                if not self.placed_variants(user_gen_ids)[0]:
+                    # Not the system message: the turn never continues the generation prompt (the END boundary
+                    # says where it differs). Probe with the system message, as the engine sees it.
+                    self.head = [_SYSTEM, _USER]
+                else:
+                    self.note(
+                        Severity.REPAIR,
+                        "moves the leading system message when the assistant replies "
+                        f"({self.divergence(gen_ids, last_ids, 'the generation prompt')}); the rollout keeps the "
+                        "prompt the engine saw, so the final re-render differs there",
+                    )
+                    raise TemplateError("system message moves")
         except TemplateError:
             # Probe the turn boundaries without a leading system message.
             self.head = [_USER]
             _, gen_ids = self.render(self.head, gen=True)
+            placed, _ = self.placed_variants(gen_ids)
+        # Probe every kind of turn the engine can produce after this generation prompt (with thinking disabled,
+        # only turns that keep the pre-filled empty reasoning block); when none fits, the first, as before.
+        self.variants = tuple(placed) or _REASONING_VARIANTS[:1]
         _, head_ids = self.render(self.head, gen=False)
         gen_prompt = gen_ids[len(head_ids) :] if gen_ids[: len(head_ids)] == head_ids else ()
 
         boundaries: list[Boundary] = []
         unsupported: dict[str, str] = {}
-        cases: dict[str, tuple[Message, list[Message]]] = {
-            END: (_assistant_text(), []),
-            "tool": (_assistant_tools(1), [_tool(1)]),
-            "user": (_assistant_text(), [{"role": "user", "content": "QXUSERB"}]),
-            "system": (_assistant_text(), [{"role": "system", "content": "QXSYSTEMB"}]),
+        try:
+            self.shape = self.tool_call_shape()
+        except TemplateError as exc:
+            unsupported["tool"] = str(exc)
+        cases: dict[str, tuple[Any, list[Message]]] = {
+            END: (_assistant_text, []),
+            "tool": (lambda reasoning: _assistant_tools(1, reasoning, self.shape), [_tool(1)]),
+            "user": (_assistant_text, [{"role": "user", "content": "QXUSERB"}]),
+            "system": (_assistant_text, [{"role": "system", "content": "QXSYSTEMB"}]),
         }
         for role, (assistant, appended) in cases.items():
+            if role in unsupported:
+                continue
             try:
-                boundaries.append(self.boundary(role, gen_ids, assistant, appended))
+                boundaries.append(self.boundary_for_variants(role, gen_ids, assistant, appended))
             except TemplateError as exc:
                 unsupported[role] = str(exc)
 
         grouped = self.tool_grouping() if "tool" not in unsupported else None
+        parallel, parallel_error = self.parallel_tool_calls() if "tool" not in unsupported else (None, "")
         profile_boundaries = tuple(boundaries)
         stop_ids = self.stop_ids(profile_boundaries)
         strips = self.reasoning_stripping()
@@ -290,6 +337,64 @@ class _Prober:
             verdict=verdict,
             reasons=tuple(self.reasons),
             rendered_examples=self.examples,
+            tool_call_shape=self.shape,
+            parallel_tool_calls=parallel,
+            parallel_tool_calls_error=parallel_error,
+        )
+
+    def placed_variants(self, gen_ids: tuple[int, ...]) -> tuple[list[tuple[str, str | None]], tuple[int, ...]]:
+        """The kinds of assistant turn whose rendering continues the generation prompt (each rendering once),
+        and the first kind's rendering."""
+        placed: list[tuple[str, str | None]] = []
+        renders: set[tuple[int, ...]] = set()
+        first: tuple[int, ...] = ()
+        for label, reasoning in _REASONING_VARIANTS:
+            _, ids = self.render([*self.head, _assistant_text(reasoning)], gen=False)
+            first = first or ids
+            if ids[: len(gen_ids)] == gen_ids and ids not in renders:
+                placed.append((label, reasoning))
+            renders.add(ids)
+        return placed, first
+
+    def tool_call_shape(self) -> ToolCallShape:
+        """The tool-call convention this template renders (content "" or None, arguments object or string)."""
+        reasoning = self.variants[0][1]
+        head_text = self.r.render_text(self.head, PROBE_TOOLS, add_generation_prompt=False)
+
+        def render(content: str | None, arguments: Any) -> str:
+            message = _with_reasoning(
+                {"role": "assistant", "content": content, "tool_calls": [_tool_call(1, arguments)]}, reasoning
+            )
+            return self.render([*self.head, message], gen=False)[0]
+
+        shape, _ = derive_tool_call_shape(render, "QXARG1", PROBE_TOOL_NAME, head_text.count(PROBE_TOOL_NAME))
+        if shape.renders == RENDERS_NAME:
+            self.note(Severity.NOTE, "renders a tool call's name but not its arguments")
+        elif shape.renders == RENDERS_NOTHING:
+            self.note(
+                Severity.NOTE,
+                "renders nothing of a tool call: the assistant message's content must carry the call's text",
+            )
+        return shape
+
+    def boundary_for_variants(
+        self, role: str, gen_ids: tuple[int, ...], assistant: Any, appended: list[Message]
+    ) -> Boundary:
+        """The boundary for the first kind of turn, prefix-preserving only when it is for every kind."""
+        examples = dict(self.examples)
+        others = [(label, self.boundary(role, gen_ids, assistant(r), appended)) for label, r in self.variants[1:]]
+        self.examples = examples
+        main = self.boundary(role, gen_ids, assistant(self.variants[0][1]), appended)
+        labelled = [(self.variants[0][0], main), *others]
+        broken = [(label, b) for label, b in labelled if not b.prefix_preserving]
+        if not broken or len(labelled) == 1:
+            return replace(main, not_preserving_with=tuple(label for label, _ in broken))
+        label, first = broken[0]
+        return replace(
+            main,
+            prefix_preserving=False,
+            divergence=f"with {label}: {first.divergence}",
+            not_preserving_with=tuple(lb for lb, _ in broken),
         )
 
     # -- boundaries -------------------------------------------------------------------------------
@@ -321,6 +426,11 @@ class _Prober:
         close = (ids[close_at],)
         trailer = self.trailer(ids, close_at + 1)
         delta = ids[close_at + 1 + len(trailer) :]
+        if marker not in self.r.decode(delta):
+            raise TemplateError(
+                f"the template renders an appended {role!r} message's text before the assistant turn (it moves it "
+                "up, e.g. to the top of the conversation): appended mid-rollout, its text would never reach the engine"
+            )
         # Prefix preservation: once a message follows the turn, does the template render the tokens
         # the engine saw? (Without a close of its own, the turn's boundary is the next opener.)
         template_view = ids[: close_at + 1] if last_close is not None else ids[:close_at]
@@ -336,7 +446,13 @@ class _Prober:
 
     def after_marker(self, text: str, ids: tuple[int, ...]) -> int:
         """Index of the first token after the assistant's last marker."""
-        marker_end = max((text.rfind(m) + len(m) for m in _ASSISTANT_MARKERS if m in text), default=-1)
+        # Only the text before the appended message belongs to the assistant turn (a tool message may repeat
+        # the tool's name); a template that renders only a call's name is located by that name.
+        markers = (*_ASSISTANT_MARKERS, PROBE_TOOL_NAME) if self.shape.renders == RENDERS_NAME else _ASSISTANT_MARKERS
+        start = min((text.find(m) for m in markers if m in text), default=0)
+        before = min((text.find(m, start) for m in _APPENDED_MARKERS if m in text[start:]), default=len(text))
+        head = text[:before]
+        marker_end = max((head.rfind(m) + len(m) for m in markers if m in head), default=-1)
         if marker_end < 0:
             raise TemplateError("the template does not render the assistant's content or tool call")
         offsets = self.offsets(text)
@@ -382,7 +498,8 @@ class _Prober:
 
     def tool_grouping(self) -> bool | None:
         try:
-            text, ids = self.render([*self.head, _assistant_tools(2), _tool(1), _tool(2)], gen=True)
+            two = _assistant_tools(2, self.variants[0][1], self.shape)
+            text, ids = self.render([*self.head, two, _tool(1), _tool(2)], gen=True)
         except TemplateError as exc:
             self.note(Severity.NOTE, f"two consecutive tool results cannot be rendered: {exc}")
             return None
@@ -391,6 +508,17 @@ class _Prober:
         self.examples["tool x2"] = text[text.find("QXARG2") :]
         closes_between = sum(between.count(self.r.decode([s])) for s in self.r.special_ids if s in ids)
         return closes_between == 0
+
+    def parallel_tool_calls(self) -> tuple[bool, str]:
+        """Whether one assistant turn may hold two tool calls, and the template's words when it may not."""
+        # Only a template that refuses two calls has a limit: how it writes them (GPT-OSS writes the last turn's
+        # calls its own way) is the template view's business, not a reason to refuse a turn.
+        try:
+            self.render([*self.head, _assistant_tools(2, self.variants[0][1], self.shape)], gen=False)
+        except TemplateError as exc:
+            self.note(Severity.NOTE, f"renders at most one tool call per assistant turn: {exc}")
+            return False, str(exc)
+        return True, ""
 
     # -- stop ids ---------------------------------------------------------------------------------
     def stop_ids(self, boundaries: Sequence[Boundary]) -> tuple[StopId, ...]:
@@ -444,7 +572,7 @@ class _Prober:
 
     def tool_call_arguments(self) -> str:
         spaced = '{"query":   "QXARG1" }'
-        call = {**_assistant_tools(1), "tool_calls": [_tool_call(1, arguments=spaced)]}
+        call = {**_assistant_tools(1, self.variants[0][1], self.shape), "tool_calls": [_tool_call(1, arguments=spaced)]}
         try:
             text, _ = self.render([*self.head, call], gen=False)
         except TemplateError:

@@ -215,9 +215,18 @@ def canonical_output(
 ) -> list[int]:
     """The template's rendering of assistant ``messages[index]`` after the generation prompt, up to
     and including its end-of-turn token: what the model would have sampled to produce that message."""
+    messages = probe_template(renderer).tool_call_shape.conform(messages)
     prompt = renderer.render(messages[:index], tools, add_generation_prompt=True, escape=False).ids
     full = renderer.render(messages[: index + 1], tools, add_generation_prompt=False, escape=False).ids
     if full[: len(prompt)] != prompt:
+        # A pre-fill that ends mid-merge (QwQ's "<think>\n" before "\n</think>"): the model samples the text
+        # that follows the prompt's text, so encode that when the prompt is a text prefix.
+        prompt_text = renderer.render_text(messages[:index], tools, add_generation_prompt=True)
+        full_text = renderer.render_text(messages[: index + 1], tools, add_generation_prompt=False)
+        if full_text.startswith(prompt_text):
+            out = renderer.encode(full_text[len(prompt_text) :])
+            trailer = list(probe_template(renderer).boundary(END).trailer_ids)
+            return out[: -len(trailer)] if trailer and out[-len(trailer) :] == trailer else out
         raise TemplateError(
             f"message {index}: the generation prompt is not a token prefix of the assistant's rendering, so "
             "its canonical output is undefined; record the engine's output ids under 'sampled'"

@@ -151,7 +151,10 @@ class TokenTrajectory:
         self.tools = [dict(t) for t in tools] if tools else None
         self.messages = [dict(m) for m in messages]
         self._with_system = messages[0].get("role") == "system"
-        rendered = self.renderer.render(messages, self.tools, add_generation_prompt=True)
+        # In the tool-call shape the template accepts (history may hold assistant turns with tool calls).
+        rendered = self.renderer.render(
+            self.profile.tool_call_shape.conform(messages), self.tools, add_generation_prompt=True
+        )
         self._push(rendered.ids, TokenKind.PROMPT, 0)
         self._log_escapes(rendered.escapes, 0, 0, divergence=rendered.escape_divergence)
         self._state = _State.AWAITING_SAMPLE

@@ -255,7 +255,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             try:
                 prompt_ids = t.append_messages(tool_messages)
                 replies += 1
-            except TemplateError:
+            except TemplateError as exc:
+                if len(parsed) > 1 and rt.profile.parallel_tool_calls is False:
+                    # The model wrote more calls in one turn than the template can render: the trajectory refused
+                    # the reply (naming the limit); end this rollout, the check reports it, training goes on.
+                    log.warning("%s: %s; ending the rollout", AGENT_NAME, exc)
+                    counters["tool/over_template_call_limit"] += 1
+                    break
                 if not malformed:
                     raise
                 # Some templates (GPT-OSS, Mistral) only render a tool message that answers a parsed call.

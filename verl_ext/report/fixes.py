@@ -21,6 +21,9 @@ CAUSE_FIXES: dict[str, str] = {
     "close_variant": NOTHING + "the turn ended on another of the template's turn ends, kept as its close.",
     "tool_result_labelled": NOTHING + "each tool result is labelled with its own call's name, as the engine saw it.",
     "context_moved": NOTHING + "the template moves a block (tool list, system text); the stream keeps it in place.",
+    "prefill_dropped": NOTHING + "the pre-fill (an empty think block) is kept as the engine saw it.",
+    "template_refused": "The template cannot render these messages (e.g. two tool calls in one turn): set "
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1; the engine view still proves the tokens.",
     "boundary_missing": SWITCH + ": the stock loop drops text the template renders after a turn's close (Qwen's \\n).",
     "close_missing": SWITCH + " and list extra engine stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens, "
     "or pass the template's end-of-turn token to the engine as a stop (--stop).",

@@ -1,0 +1,44 @@
+"""Runtime.conclude never propagates a template's refusal to re-render the final messages (issue 8, class 8)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from foreign_templates import foreign_renderer
+from rollouts import TOOLS, call
+
+from verl_ext.check import CheckPolicy, ConsistencyChecker, Enforcer, EngineCall
+from verl_ext.check.inputs import trainer_sample_from_trajectory
+from verl_ext.core.probe import probe_template
+from verl_ext.core.trajectory import TokenTrajectory
+from verl_ext.plugin.agent_loop import _Runtime
+
+
+def test_conclude_in_strict_mode_reports_a_refused_render_without_raising(load_tokenizer):
+    r = foreign_renderer(load_tokenizer, "meta-llama-Llama-3.2-3B-Instruct.jinja")
+    p = probe_template(r)
+    policy = CheckPolicy(mode="strict")
+    rt = _Runtime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), None)
+    t = TokenTrajectory(r, p)
+    t.start([{"role": "user", "content": "1+1 and 2+2?"}], TOOLS)
+    two = {"role": "assistant", "content": "", "tool_calls": [call("1+1", 1), call("2+2", 2)]}
+    t.add_sampled([*r.encode("x"), p.boundary("tool").close_ids[0]], [-0.1, -0.2], message=two)
+    t.finish()
+    turn = t.turns[0]
+    calls = [
+        EngineCall.of(
+            t.input_ids[: turn.prompt_length], t.input_ids[turn.sampled_start : turn.sampled_end], [-0.1, -0.2]
+        )
+    ]
+    counters: Counter[str] = Counter()
+    result = rt.conclude(
+        calls,
+        trainer_sample_from_trajectory(t),
+        t.messages,
+        TOOLS,
+        step=1,
+        prompt_messages=1,
+        response_length=64,
+        counters=counters,
+    )
+    assert result.ok and result.cause_counts()["template_refused"] == 1

@@ -49,8 +49,7 @@ def render_context_delta(
     marker = boundary.boundary_id
     if marker is None:
         raise TemplateError(f"the probe found no boundary token before a {role!r} message")
-    assistant = _synthetic_assistant(messages, previous_assistant)
-    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
+    head, assistant = synthetic_history(messages, previous_assistant, with_system)
     prompt = renderer.render(head, tools, add_generation_prompt=True, escape=False).ids
     full = renderer.render([*head, assistant, *messages], tools, add_generation_prompt=True)
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
@@ -70,6 +69,14 @@ def render_context_delta(
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
     return ContextDelta(tuple(close), tuple(trailer), tuple(rest[len(trailer) :]), escapes)
+
+
+def synthetic_history(
+    messages: Sequence[Message], previous_assistant: Message | None, with_system: bool
+) -> tuple[list[Message], dict[str, Any]]:
+    """The short history a delta is rendered after: a synthetic prompt, then an assistant turn with no text."""
+    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
+    return head, _synthetic_assistant(messages, previous_assistant)
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

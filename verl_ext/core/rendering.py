@@ -17,12 +17,14 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from verl_ext.core.errors import TemplateError
+
+if TYPE_CHECKING:  # transformers takes seconds to import; what only reads records (the report) never needs it
+    from transformers import PreTrainedTokenizerBase
 
 Message = Mapping[str, Any]
 
@@ -65,6 +67,8 @@ def load_renderer(
             "and tokenizer_config.json"
         )
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    from transformers import AutoTokenizer
+
     tokenizer = AutoTokenizer.from_pretrained(str(path))
     template = None
     if chat_template_file is not None:
@@ -192,6 +196,15 @@ class ChatRenderer:
     def escapes(self, messages: Sequence[Message]) -> tuple[Escape, ...]:
         """The special-token strings in untrusted content that an escaping render would keep as text (no render)."""
         return () if self._added_re is None else tuple(self._protect(messages)[2])
+
+    def escapes_text(self, role: str, text: str) -> bool:
+        """Whether an escaping render would keep special-token text in ``text`` of a ``role`` message as text."""
+        return (
+            self.escape_special_tokens
+            and self._added_re is not None
+            and role in self.escaped_roles
+            and self._added_re.search(text) is not None
+        )
 
     def _protect(self, messages: Sequence[Message]) -> tuple[list[dict[str, Any]], list[str], list[Escape]]:
         """Swap special-token strings in untrusted content for ASCII placeholders."""

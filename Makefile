@@ -13,7 +13,7 @@ export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
-.PHONY: venv tokenizers browser sglang-cpu test demo lint clean
+.PHONY: venv tokenizers browser sglang-cpu test demo bench lint clean
 
 venv: $(STAMP)
 
@@ -32,7 +32,7 @@ tokenizers: venv
 	$(BIN)/python scripts/unpack_tokenizers.py
 
 lint: venv
-	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes
+	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes bench
 
 # The report's browser test needs Debian's headless chromium. With VERL_EXT_REQUIRE_BROWSER=1 (the default here)
 # the test fails rather than skips without it; `make test VERL_EXT_REQUIRE_BROWSER=0` skips it on a machine where
@@ -55,12 +55,17 @@ $(SGLANG_STAMP): $(STAMP) requirements-sglang-cpu.txt
 	@touch $@
 
 test: venv tokenizers browser sglang-cpu
-	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes
+	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes bench
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # The main job: verl's GRPO trainer on CPU with verl_ext switched on; writes build/demo/report.html.
 demo: venv tokenizers
 	$(BIN)/verl-ext demo --out build/demo
+
+# Benchmarks (ratios against baselines measured in the same run): every bench/*.py script, e.g. bench/turns.py
+# (per-turn bookkeeping: verl_ext vs verl 0.9.1's Continuous Token builder, a full re-render and the floor).
+bench: venv tokenizers
+	@set -e; for script in bench/*.py; do echo "== $$script"; $(BIN)/python $$script; done
 
 clean:
 	rm -rf $(VENV) build

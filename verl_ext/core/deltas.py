@@ -104,6 +104,12 @@ def _delta(
     return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
 
 
+def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], previous_assistant: Message | None) -> bool:
+    """Whether ``render_context_delta`` renders these tool results one call at a time (see ``_results_per_call``)."""
+    assistant = _synthetic_assistant(messages, previous_assistant)
+    return _results_per_call(profile, messages, assistant) is not None
+
+
 def _results_per_call(
     profile: TemplateProfile, messages: Sequence[Message], assistant: Message
 ) -> list[tuple[dict[str, Any], Message]] | None:
@@ -190,6 +196,14 @@ def _rendered_forms(content: str) -> tuple[str, ...]:
         ascii_dumped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
     )
     return (content, content.strip(), dumped, ascii_dumped, html_safe)
+
+
+def synthetic_history(
+    messages: Sequence[Message], previous_assistant: Message | None, with_system: bool
+) -> tuple[list[Message], dict[str, Any]]:
+    """The short history a delta is rendered after: a synthetic prompt, then an assistant turn with no text."""
+    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
+    return head, _synthetic_assistant(messages, previous_assistant)
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

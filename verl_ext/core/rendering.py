@@ -18,10 +18,9 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tokenizers import Tokenizer
-from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.tokenizer_files import (
@@ -31,6 +30,9 @@ from verl_ext.core.tokenizer_files import (
     refuse_unparsable,
     template_origin,
 )
+
+if TYPE_CHECKING:  # transformers takes seconds to import; what only reads records (the report) never needs it
+    from transformers import PreTrainedTokenizerBase
 
 Message = Mapping[str, Any]
 
@@ -116,9 +118,9 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizer
     folder is loaded again with the generic class, which takes tokenizer.json as it is, and that one is used if
     it round-trips.
     """
-    from transformers import PreTrainedTokenizerFast
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the import: huggingface_hub reads it once
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     failures = round_trip_failures(tokenizer)
     if not failures or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
@@ -289,6 +291,15 @@ class ChatRenderer:
     def escapes(self, messages: Sequence[Message]) -> tuple[Escape, ...]:
         """The special-token strings in untrusted content that an escaping render would keep as text (no render)."""
         return () if self._added_re is None else tuple(self._protect(messages)[2])
+
+    def escapes_text(self, role: str, text: str) -> bool:
+        """Whether an escaping render would keep special-token text in ``text`` of a ``role`` message as text."""
+        return (
+            self.escape_special_tokens
+            and self._added_re is not None
+            and role in self.escaped_roles
+            and self._added_re.search(text) is not None
+        )
 
     def _protect(self, messages: Sequence[Message]) -> tuple[list[dict[str, Any]], list[str], list[Escape]]:
         """Swap special-token strings in untrusted content for ASCII placeholders."""

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum, StrEnum
 from typing import Any
 
-from verl_ext.core.deltas import render_context_delta
 from verl_ext.core.engine_output import (
     OutputProblem,
     describe,
@@ -26,6 +26,7 @@ from verl_ext.core.engine_output import (
     validate_engine_output,
 )
 from verl_ext.core.errors import TrajectoryError
+from verl_ext.core.learned_deltas import LearnedDeltas, shared_deltas, tools_fingerprint
 from verl_ext.core.messages import first_message_problem
 from verl_ext.core.probe import END, TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
@@ -43,6 +44,7 @@ class RepairKind(StrEnum):
     SYNTHETIC_CLOSE = "synthetic_close"  # the turn ended on an alias, a user stop id or the length limit
     OVERLAP_KEPT = "overlap_kept"  # the sampled stop token is also the next message's first token: kept once
     ESCAPED = "escaped_special"  # special-token text in untrusted content, encoded as plain text
+    DELTA_RENDERED = "delta_rendered"  # no tokens changed: this context came from a render, not learned pieces
 
 
 class FinishReason(StrEnum):
@@ -89,7 +91,8 @@ def _refuse_malformed(messages: Sequence[Message], first_index: int) -> None:
 
 
 def prompt_digest(ids: Sequence[int]) -> str:
-    return hashlib.sha256(",".join(map(str, ids)).encode()).hexdigest()[:16]
+    """Digest of a prompt; the trajectory keeps it as a running hash, so a turn never re-hashes the stream."""
+    return hashlib.sha256(array("q", ids).tobytes()).hexdigest()[:16]
 
 
 class TokenTrajectory:
@@ -105,9 +108,12 @@ class TokenTrajectory:
         profile: TemplateProfile | None = None,
         *,
         extra_stop_ids: Sequence[int] = (),
+        deltas: LearnedDeltas | None = None,
     ) -> None:
         self.renderer = renderer
         self.profile = profile or probe_template(renderer, extra_stop_ids)
+        # context deltas from learned pieces (shared across rollouts of the same template)
+        self.deltas = deltas or shared_deltas(renderer, self.profile)
         self.input_ids: list[int] = []
         self.kinds: list[TokenKind] = []
         self.turn_of: list[int] = []
@@ -117,6 +123,8 @@ class TokenTrajectory:
         self.messages: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] | None = None
         self.has_logprobs = True
+        self._tools_key = ""
+        self._digest = hashlib.sha256()  # running digest of input_ids: a prompt's digest costs O(new tokens)
         self._state = _State.EMPTY
         self._with_system = False
         self._last_assistant: Message | None = None
@@ -149,6 +157,7 @@ class TokenTrajectory:
                 "that turn's ids to add_sampled()"
             )
         self.tools = [dict(t) for t in tools] if tools else None
+        self._tools_key = tools_fingerprint(self.tools)
         self.messages = [dict(m) for m in messages]
         self._with_system = messages[0].get("role") == "system"
         # In the tool-call shape the template accepts (history may hold assistant turns with tool calls).
@@ -185,7 +194,7 @@ class TokenTrajectory:
         finish = FinishReason.STOP if reports_nan(finish_reason) else FinishReason(finish_reason)
         turn = self.turn_index
         prompt_len = len(self.input_ids)
-        sha = prompt_digest(self.input_ids)
+        sha = str(self._digest.hexdigest()[:16])
         self._push(ids, TokenKind.SAMPLED, turn, values)
         stop = ids[-1] if ids else None
         self._pending_close = rejected or self._close_status(stop, finish)
@@ -207,12 +216,15 @@ class TokenTrajectory:
                 "append_messages() takes tool, user or system messages; an assistant turn must come from "
                 "the engine through add_sampled()"
             )
-        delta = render_context_delta(
-            self.renderer, self.profile, messages, self.tools, self._last_assistant, self._with_system
+        learned = self.deltas.context_delta(
+            messages, self.tools, self._last_assistant, self._with_system, self._tools_key
         )
+        delta = learned.delta
         turn = self.turn_index - 1
         self._close_turn(turn, delta.close_ids, delta.trailer_ids)
         start = len(self.input_ids)
+        if learned.rendered_because:
+            self.edits.append(Edit(RepairKind.DELTA_RENDERED, turn + 1, start, (), learned.rendered_because))
         self._push(delta.context_ids, TokenKind.CONTEXT, turn + 1)
         self._log_escapes(
             delta.escapes, turn + 1, start, first_message=len(self.messages), divergence=delta.escape_divergence
@@ -316,6 +328,7 @@ class TokenTrajectory:
 
     def _push(self, ids: Sequence[int], kind: TokenKind, turn: int, logprobs: Sequence[float] | None = None) -> None:
         self.input_ids.extend(ids)
+        self._digest.update(array("q", ids).tobytes())
         self.kinds.extend([kind] * len(ids))
         self.turn_of.extend([turn] * len(ids))
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * len(ids))

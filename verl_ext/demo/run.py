@@ -96,12 +96,13 @@ def shipped_tokenizers() -> dict[str, Path]:
 
 def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
     from verl_ext.demo.data import write_dataset
-    from verl_ext.demo.model import build_tiny_qwen3
 
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = shipped_tokenizers()["qwen3"]
     model = out / "tiny-qwen3"
     if not (model / "config.json").is_file():
+        from verl_ext.demo.model import build_tiny_qwen3  # torch and transformers: only when the model is missing
+
         build_tiny_qwen3(model, tokenizer, seed=0)
     data = write_dataset(out / "data")
     say(f"prepared a tiny random Qwen3 model ({model}) with the real Qwen3 tokenizer, and the calculator dataset")
@@ -190,7 +191,8 @@ def run_demo(
 
 
 def write_report(out: Path, tokenizer_dir: Path, say: Callable[[str], None]) -> Path | None:
-    from verl_ext.core.rendering import load_renderer
+    from tokenizers import Tokenizer
+
     from verl_ext.report import build_report, write_html
     from verl_ext.report.load import load_records
 
@@ -198,7 +200,9 @@ def write_report(out: Path, tokenizer_dir: Path, say: Callable[[str], None]) -> 
     if not files:
         say("no rollout records were written; no report")
         return None
-    report = build_report(load_records(files), load_renderer(tokenizer_dir).decode)
+    # The report only decodes ids for display: the tokenizers library alone, not transformers (seconds to import).
+    tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
+    report = build_report(load_records(files), lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
     path = write_html(out / "report.html", report.html)
     say(f"report: {path} ({report.summary.one_line()})")
     return path

@@ -24,6 +24,12 @@ GEMMA_SPECIAL = ("<start_of_turn>", "<end_of_turn>")
 GEMMA_PLAIN = ("\n", "\n\n", "  ", "   ", "</div>", "<table>", "<br>")
 
 
+# Variables a template needs from the caller (what a user passes as template kwargs), by file stem.
+TEMPLATE_KWARGS: dict[str, dict[str, str]] = {
+    "fireworks-ai-llama-3-firefunction-v2": {"functions": "[]", "datetime": "2026-01-01"},
+}
+
+
 def template_files() -> list[Path]:
     return sorted(TEMPLATES_DIR.glob("*.jinja"))
 

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollouts import Turn, run
-from template_fixtures import markers, template_files
+from template_fixtures import TEMPLATE_KWARGS, markers, template_files
 
 from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.core.errors import TemplateError
@@ -69,7 +69,10 @@ def case_renderer(
                 if "templates" not in cache:
                     cache["templates"] = ChatRenderer(template_only_tokenizer)
                 path = next(p for p in template_files() if p.stem == case[len("templates/") :])
-                cache[case] = cache["templates"].with_chat_template(path.read_text(encoding="utf-8"))
+                kwargs = TEMPLATE_KWARGS.get(path.stem)
+                cache[case] = (
+                    cache["templates"].with_chat_template(path.read_text(encoding="utf-8")).with_template_kwargs(kwargs)
+                )
         return cache[case]
 
     return get

@@ -79,19 +79,16 @@ def cli(tokenizer_dirs, monkeypatch_module):
     """``run(args) -> (code, out, err)`` over the real ``main``; the tokenizer folder is read once (not the point)."""
     from transformers import AutoTokenizer
 
-    import verl_ext.core.rendering as rendering
-
     cache: dict[str, Any] = {}
     real = AutoTokenizer.from_pretrained
 
-    class CachedAutoTokenizer:
-        @staticmethod
-        def from_pretrained(path: str, **kw: Any) -> Any:
-            if path not in cache:
-                cache[path] = real(path, **kw)
-            return cache[path]
+    def cached_from_pretrained(path: str, **kw: Any) -> Any:
+        if path not in cache:
+            cache[path] = real(path, **kw)
+        return cache[path]
 
-    monkeypatch_module.setattr(rendering, "AutoTokenizer", CachedAutoTokenizer)
+    # verl_ext imports transformers lazily, so the class itself is patched, not a name bound in verl_ext.
+    monkeypatch_module.setattr(AutoTokenizer, "from_pretrained", cached_from_pretrained)
     return str(tokenizer_dirs["qwen3"])
 
 

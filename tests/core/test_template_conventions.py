@@ -9,6 +9,7 @@ import json
 import pytest
 from foreign_templates import foreign_renderer
 from rollouts import TOOLS, call, tool_result
+from template_fixtures import TEMPLATE_KWARGS
 
 from verl_ext.check import Cause, ConsistencyChecker, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
@@ -18,7 +19,7 @@ from verl_ext.core.probe import Verdict, probe_template
 from verl_ext.core.tool_call_shape import ARGUMENTS_STRING, RENDERS_NOTHING, ToolCallShape
 from verl_ext.core.trajectory import TokenTrajectory
 
-FIREFUNCTION_KWARGS = {"functions": "[]", "datetime": "2026-01-01"}
+FIREFUNCTION_KWARGS = TEMPLATE_KWARGS["fireworks-ai-llama-3-firefunction-v2"]
 PROMPT = [{"role": "user", "content": "What is 1+1?"}]
 CALL_TURN = {"role": "assistant", "content": "", "tool_calls": [call()]}
 

@@ -28,6 +28,8 @@ from difflib import SequenceMatcher
 
 from rapidfuzz.distance import Indel, Levenshtein
 
+from verl_ext.core.errors import VerlExtError
+
 Opcode = tuple[str, int, int, int, int]
 
 ANCHOR_GRAM = 8  # tokens per anchor k-gram: long enough to be unique outside repeated text
@@ -37,7 +39,7 @@ DIFFLIB_CELLS = 1 << 18  # difflib only on regions this small: on repetitive tex
 _FIRST_BAND = 64  # the first edit-distance bound tried on a long gap (one machine word)
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(VerlExtError, RuntimeError):
     """Work would end past its deadline; ``str()`` says what was being done."""
 
 

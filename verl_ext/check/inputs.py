@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.trajectory import TokenTrajectory
 
 
@@ -93,7 +94,7 @@ def trainer_sample_from_trajectory(t: TokenTrajectory, response_length: int | No
     """The trainer's view of a token-core trajectory: the first prompt, then everything after it as the
     response, cut at ``response_length`` when given (as verl cuts it)."""
     if not t.turns:
-        raise ValueError("the trajectory has no engine call yet; a trainer sample needs at least one turn")
+        raise TrajectoryError("the trajectory has no engine call yet; a trainer sample needs at least one turn")
     p = t.turns[0].prompt_length
     end = len(t.input_ids) if response_length is None else min(len(t.input_ids), p + response_length)
     return TrainerSample.of(

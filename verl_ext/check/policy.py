@@ -10,6 +10,7 @@ from enum import StrEnum
 from typing import Any
 
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, CheckResult
+from verl_ext.core.errors import OptionsError, VerlExtError
 
 log = logging.getLogger("verl_ext.check")
 
@@ -20,7 +21,7 @@ class CheckMode(StrEnum):
     OFF = "off"  # do not check
 
 
-class ConsistencyError(RuntimeError):
+class ConsistencyError(VerlExtError, RuntimeError):
     """The trainer's tokens are not the engine's, or a divergence is a defect; ``result`` has the details."""
 
     def __init__(self, message: str, result: CheckResult) -> None:
@@ -40,12 +41,12 @@ class CheckPolicy:
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.template_view_rate <= 1.0 or math.isnan(self.template_view_rate):
-            raise ValueError(f"template_view_rate must be in [0, 1], got {self.template_view_rate}")
+            raise OptionsError(f"template_view_rate must be in [0, 1], got {self.template_view_rate}")
         if not self.logprob_atol >= 0.0:
-            raise ValueError(f"logprob_atol must be >= 0, got {self.logprob_atol}")
+            raise OptionsError(f"logprob_atol must be >= 0, got {self.logprob_atol}")
         budget = self.template_view_budget_s
         if budget is not None and not (budget > 0.0 and math.isfinite(budget)):
-            raise ValueError(f"template_view_budget_s must be a positive number of seconds or null, got {budget}")
+            raise OptionsError(f"template_view_budget_s must be a positive number of seconds or null, got {budget}")
 
     def allows(self, cause: Cause) -> bool:
         return cause in self.allowed_causes
@@ -53,11 +54,12 @@ class CheckPolicy:
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> CheckPolicy:
         """Build from config keys ``mode``, ``allowed_causes``, ``template_view_rate``, ``logprob_atol``,
-        ``template_view_budget_s``. An unknown key or a bad value raises ValueError naming it and what is accepted."""
+        ``template_view_budget_s``. An unknown key or a bad value raises ``OptionsError`` (a ``ValueError``) naming it
+        and what is accepted."""
         known = {"mode", "allowed_causes", "template_view_rate", "logprob_atol", "template_view_budget_s"}
         unknown = sorted(set(options) - known)
         if unknown:
-            raise ValueError(f"unknown check option(s) {unknown}; known: {sorted(known)}")
+            raise OptionsError(f"unknown check option(s) {unknown}; known: {sorted(known)}")
         kwargs: dict[str, Any] = {}
         if "mode" in options:
             kwargs["mode"] = _parse_enum(CheckMode, options["mode"], "mode")
@@ -70,7 +72,7 @@ class CheckPolicy:
                 try:
                     kwargs[key] = float(options[key])
                 except (TypeError, ValueError):
-                    raise ValueError(f"check option {key!r} must be a number, got {options[key]!r}") from None
+                    raise OptionsError(f"check option {key!r} must be a number, got {options[key]!r}") from None
         return cls(**kwargs)
 
 
@@ -79,7 +81,7 @@ def parse_causes(value: Any) -> frozenset[Cause]:
     if value in ("default", None):
         return ALLOWED_BY_DESIGN
     if isinstance(value, str) or not isinstance(value, Iterable):
-        raise ValueError(f"allowed_causes must be 'default' or a list of cause names, got {value!r}")
+        raise OptionsError(f"allowed_causes must be 'default' or a list of cause names, got {value!r}")
     out: set[Cause] = set()
     for name in value:
         if name == "default":
@@ -93,7 +95,7 @@ def _parse_enum(enum: type[StrEnum], value: Any, key: str) -> Any:
     try:
         return enum(value)
     except ValueError:
-        raise ValueError(f"{key}: {value!r} is not one of {[e.value for e in enum]}") from None
+        raise OptionsError(f"{key}: {value!r} is not one of {[e.value for e in enum]}") from None
 
 
 @dataclass

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from verl_ext.core.errors import OptionsError
 from verl_ext.demo.run import run_demo
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
     if args.steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {args.steps}")
+        raise OptionsError(f"--steps must be at least 1, got {args.steps}")
     print(
         f"verl-ext demo: {args.steps} GRPO steps of verl's {args.trainer} trainer on CPU, with verl_ext_tool_agent, "
         "the verl_ext_cpu engine and a tiny random Qwen3 model (the first assistant turn is a forced calculator call: "

@@ -96,7 +96,7 @@ def _stdout_closed() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from verl_ext.core.errors import TemplateError, TrajectoryError
+    from verl_ext.core.errors import VerlExtError
 
     try:
         code = _run(args)
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return code
     except BrokenPipeError:
         return _stdout_closed()
-    except (TemplateError, TrajectoryError, OSError, ValueError) as exc:  # user error: one line, exit code 2
+    except (VerlExtError, OSError, ValueError) as exc:  # user error: one line, exit code 2
         print(f"verl-ext {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

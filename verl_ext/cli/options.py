@@ -6,6 +6,7 @@ import argparse
 import json
 from typing import Any
 
+from verl_ext.core.errors import OptionsError
 from verl_ext.core.rendering import ChatRenderer, load_renderer
 
 
@@ -22,12 +23,12 @@ def template_kwargs_from_args(text: str | None) -> dict[str, Any]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(
+        raise OptionsError(
             f"--template-kwargs {text!r} is not valid JSON ({exc.msg} at column {exc.colno}); pass a JSON object, "
             f"e.g. --template-kwargs {example}"
         ) from None
     if not isinstance(value, dict):
-        raise ValueError(
+        raise OptionsError(
             f"--template-kwargs must be a JSON object of template keyword arguments, got a JSON "
             f"{type(value).__name__} ({text!r}); e.g. --template-kwargs {example}"
         )
@@ -43,7 +44,7 @@ def stop_ids_from_args(renderer: ChatRenderer, stops: list[str]) -> list[int]:
             continue
         encoded = renderer.encode(stop)
         if len(encoded) != 1:
-            raise ValueError(
+            raise OptionsError(
                 f"--stop {stop!r} encodes to {len(encoded)} tokens {encoded}; an engine stop id is one token. "
                 "Pass a single token (string or id)"
             )

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from verl_ext.core.errors import MissingFileError, OptionsError
 from verl_ext.core.rendering import ChatRenderer, load_renderer
 from verl_ext.report import build_report, write_html
 from verl_ext.report.load import Records, load_records
@@ -25,15 +26,15 @@ def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
         if names
         else ("the records have no header naming their tokenizer")
     )
-    raise ValueError(f"no tokenizer to decode the records' token ids: {named}; pass --tokenizer DIR")
+    raise OptionsError(f"no tokenizer to decode the records' token ids: {named}; pass --tokenizer DIR")
 
 
 def run_report(args: argparse.Namespace) -> int:
     if args.examples < 0:
-        raise ValueError(f"--examples must be 0 or more, got {args.examples}")
+        raise OptionsError(f"--examples must be 0 or more, got {args.examples}")
     folder = Path(args.output).parent
     if not folder.is_dir():  # before the slow part, so a typo costs nothing
-        raise FileNotFoundError(f"cannot write {args.output!r}: folder {str(folder)!r} does not exist; create it first")
+        raise MissingFileError(f"cannot write {args.output!r}: folder {str(folder)!r} does not exist; create it first")
     records = load_records(args.records)
     renderer = _renderer(args, records)
     report = build_report(records, renderer.decode, examples=args.examples)

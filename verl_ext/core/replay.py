@@ -21,14 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.core.engine_output import NAN_HAPPENED, reports_nan
-from verl_ext.core.errors import TemplateError, TrajectoryError
+from verl_ext.core.errors import TemplateError, TrajectoryError, VerlExtError
 from verl_ext.core.messages import first_message_problem, json_type
 from verl_ext.core.probe import END, probe_template
 from verl_ext.core.rendering import ChatRenderer, Message
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 
 
-class RecordError(ValueError):
+class RecordError(VerlExtError, ValueError):
     """A replay record is malformed; the message names the field and the fix."""
 
 

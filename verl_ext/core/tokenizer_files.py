@@ -20,7 +20,7 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from verl_ext.core.errors import TemplateError
+from verl_ext.core.errors import MissingFileError, TemplateError
 
 # The JSON files transformers may read from a tokenizer folder, in the order they are worth blaming.
 _JSON_FILES = (
@@ -44,7 +44,7 @@ def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
             "tokenizer_config.json"
         )
     if not path.is_dir():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"tokenizer folder {str(path)!r} does not exist; pass the folder that holds tokenizer.json "
             "and tokenizer_config.json"
         )
@@ -100,7 +100,7 @@ def read_template_file(file: str | os.PathLike[str]) -> str:
     if path.is_dir():
         raise IsADirectoryError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
     if not path.is_file():
-        raise FileNotFoundError(f"chat template file {str(path)!r} does not exist")
+        raise MissingFileError(f"chat template file {str(path)!r} does not exist")
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:

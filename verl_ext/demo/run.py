@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.configs import CONFIG_DIR
+from verl_ext.core.errors import MissingFileError
 
 REPO = Path(__file__).resolve().parents[2]
 FORCED_TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
@@ -83,7 +84,7 @@ def shipped_tokenizers() -> dict[str, Path]:
     """Unpack the real tokenizers shipped with the repository (tests/fixtures) if needed; name -> folder."""
     script = REPO / "scripts" / "unpack_tokenizers.py"
     if not script.is_file():
-        raise FileNotFoundError(
+        raise MissingFileError(
             f"{script} is missing: `verl-ext demo` runs from a clone of the verl_ext repository (it uses the Qwen3 "
             "tokenizer shipped under tests/fixtures)"
         )

@@ -35,6 +35,8 @@ import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
+from verl_ext.core.errors import EngineRequestError, OptionsError
+
 logger = logging.getLogger(__name__)
 
 FORCE_ENV = "VERL_EXT_CPU_FORCE_FIRST_TURN"
@@ -99,13 +101,13 @@ def sampling_config_from_params(
     """
     unknown = set(params) - _KNOWN_PARAMS
     if unknown:
-        raise ValueError(f"verl_ext_cpu: unsupported sampling_params {sorted(unknown)}")
+        raise EngineRequestError(f"verl_ext_cpu: unsupported sampling_params {sorted(unknown)}")
     repetition_penalty = float(params.get("repetition_penalty") or 1.0)
     if repetition_penalty != 1.0:
-        raise ValueError(f"verl_ext_cpu: repetition_penalty={repetition_penalty} is not supported (only 1.0)")
+        raise EngineRequestError(f"verl_ext_cpu: repetition_penalty={repetition_penalty} is not supported (only 1.0)")
     max_tokens = params.get("max_tokens", params.get("max_new_tokens", default_max_tokens))
     if max_tokens is None or int(max_tokens) < 1:
-        raise ValueError(f"verl_ext_cpu: max_tokens must be >= 1, got {max_tokens!r}")
+        raise EngineRequestError(f"verl_ext_cpu: max_tokens must be >= 1, got {max_tokens!r}")
     top_k = params.get("top_k")
     stop_ids = {int(i) for i in params.get("stop_token_ids") or ()}
     if not params.get("ignore_eos", False):
@@ -183,7 +185,7 @@ def generate_tokens(
     id among them ends the turn. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
     """
     if not prompt_ids:
-        raise ValueError("verl_ext_cpu: empty prompt")
+        raise EngineRequestError("verl_ext_cpu: empty prompt")
     device = next(model.parameters()).device
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
     out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
@@ -291,7 +293,7 @@ def _model_path(model_config: Any) -> str:
     get = model_config.get if hasattr(model_config, "get") else lambda k, d=None: getattr(model_config, k, d)
     path = get("local_path", None) or get("path", None)
     if not path or not os.path.isdir(path):
-        raise ValueError(f"verl_ext_cpu: model path must be a local folder, got {path!r}")
+        raise OptionsError(f"verl_ext_cpu: model path must be a local folder, got {path!r}")
     return str(path)
 
 
@@ -418,7 +420,7 @@ class CPURolloutReplica(RolloutReplica):
 
     async def launch_servers(self) -> None:
         if self.world_size != 1:
-            raise ValueError(f"verl_ext_cpu: tensor/data/pipeline parallel sizes must be 1 (world {self.world_size})")
+            raise OptionsError(f"verl_ext_cpu: tensor/data/pipeline parallel sizes must be 1 (world {self.world_size})")
         node_id = None
         if self.workers:
             node_id = await self.workers[0].__ray_call__.remote(lambda _: ray.get_runtime_context().get_node_id())

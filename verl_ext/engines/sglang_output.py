@@ -29,6 +29,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from verl_ext.core.errors import EngineRequestError
+
 log = logging.getLogger("verl_ext.engines")
 
 ENGINE_FIELD = "verl_ext_engine"  # the key of this server's record in TokenOutput.extra_fields
@@ -38,7 +40,7 @@ ABORT_REASONS = frozenset({"abort", "aborted"})
 _TEXT_STOP_KEYS = ("stop", "stop_regex")
 
 
-class StopStringError(ValueError):
+class StopStringError(EngineRequestError):
     """A request asked SGLang to stop on text, which its scheduler cannot do without a tokenizer."""
 
 
@@ -114,10 +116,12 @@ def build_request(
         params.pop(key, None)
     ids = [int(i) for i in prompt_ids]
     if not ids:
-        raise ValueError("verl_ext SGLang server: empty prompt_ids; a token-in request needs at least one prompt id")
+        raise EngineRequestError(
+            "verl_ext SGLang server: empty prompt_ids; a token-in request needs at least one prompt id"
+        )
     room = max_model_len - len(ids) - 1
     if room < 0:
-        raise ValueError(
+        raise EngineRequestError(
             f"verl_ext SGLang server: the prompt has {len(ids)} tokens, more than the model's context "
             f"(rollout.max_model_len={max_model_len}); raise max_model_len or shorten the prompt"
         )

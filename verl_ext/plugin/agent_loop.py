@@ -31,7 +31,7 @@ from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.policy import CheckMode, Enforcer
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
-from verl_ext.core.errors import TemplateError
+from verl_ext.core.errors import OptionsError, TemplateError
 from verl_ext.core.probe import TemplateProfile, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
@@ -185,7 +185,7 @@ def finish_reason(
 def _token_id(tokenizer: Any, token: str) -> int:
     ids = tokenizer.encode(token, add_special_tokens=False)
     if len(ids) != 1:
-        raise ValueError(f"verl_ext.extra_stop_tokens: {token!r} is not a single token (encodes to {ids})")
+        raise OptionsError(f"verl_ext.extra_stop_tokens: {token!r} is not a single token (encodes to {ids})")
     return int(ids[0])
 
 
@@ -206,7 +206,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         prompt_ids = t.start(messages, tools)
         first_prompt = len(prompt_ids)
         if len(prompt_ids) > self.prompt_length:
-            raise ValueError(
+            raise OptionsError(
                 f"{AGENT_NAME}: the prompt renders to {len(prompt_ids)} tokens, more than rollout.prompt_length="
                 f"{self.prompt_length}; raise data.max_prompt_length (and rollout.prompt_length) or set "
                 "data.filter_overlong_prompts=true. The prompt is not truncated, because the engine would see "

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_ext.core.errors import VerlExtError
 from verl_ext.engines.sglang_output import ABORT_REASONS, ENGINE_FIELD
 
 log = logging.getLogger("verl_ext.plugin")
@@ -24,7 +25,7 @@ log = logging.getLogger("verl_ext.plugin")
 MAX_CONTINUATIONS = 4  # engine calls after the first for one turn; each waits for the engine to resume
 
 
-class RolloutInterrupted(RuntimeError):
+class RolloutInterrupted(VerlExtError, RuntimeError):
     """A turn could not be completed; the rollout is dropped with this error rather than trained half-done."""
 
 

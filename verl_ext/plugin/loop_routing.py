@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.core.errors import VerlExtError
 from verl_ext.plugin.options import AgentNameColumn, LoopOptions
 
 log = logging.getLogger("verl_ext.plugin")
@@ -57,7 +58,7 @@ def is_verl_ext_target(target: str | None) -> bool:
     return False
 
 
-class BypassError(ValueError):
+class BypassError(VerlExtError, ValueError):
     """A dataset row names a loop that is not verl_ext's while ``verl_ext.agent_name_column=stop``."""
 
 

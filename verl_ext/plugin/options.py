@@ -14,16 +14,15 @@ from enum import StrEnum
 from typing import Any
 
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.errors import OptionsError
+
+__all__ = ["AgentNameColumn", "LoopOptions", "OptionsError", "RecordsOptions"]
 
 _KNOWN: dict[str, set[str]] = {
     "": {"check", "records", "escape_special_tokens", "tool_timeout_s", "extra_stop_tokens", "agent_name_column"},
     "check": {"mode", "allowed_causes", "template_view_rate", "logprob_atol", "template_view_budget_s"},
     "records": {"dir", "max_bytes", "max_files"},
 }
-
-
-class OptionsError(ValueError):
-    """A verl_ext option is unknown or has a bad value."""
 
 
 class AgentNameColumn(StrEnum):

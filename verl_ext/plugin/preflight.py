@@ -20,6 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+from verl_ext.core.errors import VerlExtError
+
 if TYPE_CHECKING:
     from verl_ext.plugin.loop_routing import LoopRouter
 
@@ -31,7 +33,7 @@ _BUILTIN = {
 }
 
 
-class PreflightError(ValueError):
+class PreflightError(VerlExtError, ValueError):
     """verl_ext's part of the config or the dataset would fail or bypass verl_ext: stop before Ray starts."""
 
 

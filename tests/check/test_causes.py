@@ -7,6 +7,7 @@ decode-and-concatenate loop would build them (``naive``), where the engine saw t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, qwen3_tool_context, run, tool_result
@@ -14,6 +15,16 @@ from synthetic_templates import GLM_SHAPED, OBSERVATION
 
 from verl_ext.check import Cause, ConsistencyChecker, EngineCall, TrainerSample
 from verl_ext.check.findings import CheckResult, Finding
+from verl_ext.check.locate import Locator
+from verl_ext.check.template_view import (
+    RULES,
+    Divergence,
+    _Rules,
+    eos_alias,
+    reasoning_stripped_with_prefill,
+    turn_without_message,
+)
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
 
 IM_START, IM_END, ENDOFTEXT, NL = 151644, 151645, 151643, 198
@@ -292,3 +303,89 @@ def test_compatibility_forms_the_tokenizer_keeps_are_not_bpe_remerge(renderer_fo
     ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nx²"), IM_END], message)])
     result = check(r, ro.calls, ro.sample(), ro.messages)
     assert [f.cause for f in result.findings] == [Cause.UNKNOWN]
+
+
+# -- the rules one by one --------------------------------------------------------------------------------------
+# Most rules are proven end to end above (or in the files named below): a rollout whose only divergence is the one
+# the rule names. The ones no rollout of the core reaches on its own get a direct test on a real rollout's context.
+
+HERE = "tests/check/test_causes.py"
+CLASSES = "tests/core/test_template_classes.py"
+THINKING = "tests/check/test_canonical_thinking.py"
+LOOP = "tests/plugin/test_agent_loop.py"
+RULE_TESTS = {  # rule -> (file, test)
+    "special_token_escaped": (HERE, "test_special_token_escaped"),
+    "bpe_remerge": (HERE, "test_bpe_remerge_when_reencoding_normalizes_the_text"),
+    # the Llama turn stops on <|eom_id|>, which close_missing would also name: this test proves the order
+    "close_variant": (CLASSES, "test_a_turn_ending_on_a_template_written_stop_keeps_it_as_its_close"),
+    "close_missing": (HERE, "test_close_missing_when_an_alias_stands_in_for_the_close"),
+    "eos_alias": (HERE, "test_rule_eos_alias_names_only_stream_only_alias_stops"),
+    "ambiguous_stop_duplicated": (HERE, "test_ambiguous_stop_kept_once_and_duplicated"),
+    "context_moved": (CLASSES, "test_a_tool_list_the_template_moves_is_named"),
+    "tool_result_labelled": (CLASSES, "test_gpt_oss_results_of_two_calls_carry_their_own_names"),
+    "boundary_missing": (HERE, "test_boundary_missing_when_the_newline_is_not_restored"),
+    "prefill_dropped": (THINKING, "test_thinking_off_names_the_dropped_empty_think_block"),
+    "reasoning_stripped_with_prefill": (HERE, "test_rule_reasoning_stripped_with_prefill"),
+    "reasoning_inserted": (HERE, "test_reasoning_inserted_before_an_unthinking_last_turn"),
+    "tool_call_reserialized": (HERE, "test_tool_call_reserialized"),
+    "reasoning_stripped": (HERE, "test_reasoning_stripped_from_an_earlier_turn"),
+    "turn_without_message": (HERE, "test_rule_turn_without_message_names_the_dropped_turn"),
+    "stop_text_in_message": (LOOP, "test_audit_of_the_stock_loop_at_its_turn_limit_reports_no_defect"),
+}
+
+
+def test_every_rule_has_a_docstring_and_a_test():
+    assert [rule.__name__ for rule in RULES] == list(RULE_TESTS), "RULES and RULE_TESTS list other rules"
+    root = Path(__file__).resolve().parents[2]
+    for rule in RULES:
+        assert rule.__doc__ and len(rule.__doc__.split()) >= 8, f"{rule.__name__} has no docstring saying what it names"
+        path, name = RULE_TESTS[rule.__name__]
+        assert f"def {name}(" in (root / path).read_text(), f"{rule.__name__}: {path} has no test {name}"
+
+
+def context(r: ChatRenderer, calls: Sequence[EngineCall], messages: list[Any]) -> _Rules:
+    """What the rules read for a rollout whose stream is its calls' last prompt and output."""
+    stream = [*calls[-1].prompt_ids, *calls[-1].output_ids]
+    loc = Locator.build(calls, messages, stream, r)
+    profile = probe_template(r)
+    rendered = r.render(profile.tool_call_shape.conform(messages), TOOLS, add_generation_prompt=False).ids
+    return _Rules(loc, profile, r, messages, stream, rendered)
+
+
+def test_rule_eos_alias_names_only_stream_only_alias_stops(renderer_for):
+    r = renderer_for("qwen3")
+    ro = run(r, [Turn([*qwen3_answer_turn(r)[:-1], ENDOFTEXT], ANSWER)])
+    ctx, end = context(r, ro.calls, ro.messages), ro.calls[0].output_end
+    j = len(ctx.rendered) - 2
+    assert eos_alias(Divergence.of(ctx, end - 1, end, j, j))[0] is Cause.EOS_ALIAS
+    assert eos_alias(Divergence.of(ctx, end - 2, end, j, j)) is None  # "." is not a stop
+    assert eos_alias(Divergence.of(ctx, end - 1, end, j, j + 1)) is None  # the render has something there
+
+
+def test_rule_turn_without_message_names_the_dropped_turn(renderer_for):
+    # Qwen2.5 has no reasoning convention, so no reasoning rule reads the stream-only text as dropped thinking
+    r = renderer_for("qwen2.5")
+    first, second = {"role": "assistant", "content": "It is 2."}, {"role": "assistant", "content": "It is 4."}
+    followup = [{"role": "user", "content": "And 2+2?"}]
+    ro = run(r, [Turn([*r.encode("It is 2."), IM_END], first, followup), Turn([*r.encode("It is 4."), IM_END], second)])
+    dropped = [m for m in ro.messages if m != first]
+    ctx, call = context(r, ro.calls, dropped), ro.calls[0]
+    d = Divergence.of(ctx, call.output_start, call.output_end, 0, 0)
+    cause, detail = turn_without_message(d)
+    assert cause is Cause.UNKNOWN and "1 assistant messages for 2 engine calls" in detail and "It is 2." in detail
+    assert turn_without_message(Divergence.of(context(r, ro.calls, ro.messages), *d.spans)) is None
+    assert ctx.classify(*d.spans) == (cause, detail)  # no earlier rule takes it
+
+
+def test_rule_reasoning_stripped_with_prefill(renderer_for):
+    """A stream-only span from the generation prompt's tail into the sampled output, on a template that strips
+    earlier turns' reasoning (Qwen3): the pre-filled opener and the reasoning after it."""
+    r = renderer_for("qwen3")
+    ro = run(r, [Turn(qwen3_answer_turn(r, "2.", "Easy."), ANSWER)])
+    ctx, start = context(r, ro.calls, ro.messages), ro.calls[0].output_start
+    assert ctx.profile.strips_reasoning
+    cause, detail = reasoning_stripped_with_prefill(Divergence.of(ctx, start - 1, start + 3, 0, 0))
+    assert cause is Cause.REASONING_STRIPPED and "pre-filled" in detail
+    gen = len(ctx.profile.generation_prompt_ids)
+    assert reasoning_stripped_with_prefill(Divergence.of(ctx, start - gen - 1, start + 3, 0, 0)) is None
+    assert reasoning_stripped_with_prefill(Divergence.of(ctx, start - 1, start + 3, 0, 1)) is None

@@ -2,7 +2,8 @@
 
 The training stream is the engine's tokens; the re-render is what ``apply_chat_template`` would give for
 the same conversation. Where they differ, a rule names the cause. Rules look at tokens and the template
-profile only (never at a model name), in a fixed order; what no rule explains is ``UNKNOWN``.
+profile only (never at a model name); ``RULES`` lists them in order, one function per cause, and the first that
+names a cause wins. What no rule explains is ``UNKNOWN``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import functools
 import json
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.align import align, check_deadline
@@ -73,6 +75,9 @@ def template_findings(
 
 
 class _Rules:
+    """What every rule reads besides the divergent span: the stream, the render, their alignment (computed once),
+    the template profile, and helpers over them."""
+
     def __init__(
         self,
         loc: Locator,
@@ -105,78 +110,14 @@ class _Rules:
         return 0
 
     def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
-        s_ids, r_ids = tuple(self.stream[i1:i2]), tuple(self.rendered[j1:j2])
-        ds, dr = self.r.decode(s_ids), self.r.decode(r_ids)
-        special = self.r.control_ids
-        region = self.loc.region(min(i1, max(len(self.stream) - 1, 0)))
-        at_boundary = region in ("boundary", "context") or (i1 == i2 and self._at_turn_end(i1))
-
-        if ds == dr:
-            if set(r_ids) & special and not set(s_ids) & special:
-                return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
-            return Cause.BPE_REMERGE, f"same text, {len(s_ids)} ids in the stream vs {len(r_ids)} when re-encoded"
-        if self._normalized(ds) == self._normalized(dr):
-            return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
-        at_end = self._touches_turn_end(i1, i2) or region == "boundary"
-        if at_end and len(s_ids) == 1 and s_ids[0] in self.turn_ends and len(r_ids) == 1 and r_ids[0] in self.closes:
-            return (
-                Cause.CLOSE_VARIANT,
-                f"the turn ended on {ds!r}, one of the template's turn ends; it writes {dr!r} here",
-            )
-        if at_end and s_ids and s_ids[-1] in self.aliases and set(r_ids) & self.closes:
-            return Cause.CLOSE_MISSING, f"the turn stopped on {self.r.decode(s_ids[-1:])!r} and has no close"
-        if at_end and set(r_ids) & self.closes and not set(s_ids) & self.closes:
-            has = f"has {ds!r}" if ds else "has nothing there"
-            return Cause.CLOSE_MISSING, f"the template closes the turn with {dr!r}; the stream {has}"
-        if s_ids and not r_ids and set(s_ids) <= self.aliases:
-            return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {ds!r}, which the template never renders"
-        if i1 > 0 and len(s_ids) == 1 and not r_ids and s_ids[0] in self.stops and self.stream[i1 - 1] == s_ids[0]:
-            return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{ds!r} appears twice: sampled, then again as the next opener"
-        moved = self._moved(ds, dr, region)
-        if moved:
-            return Cause.CONTEXT_MOVED, (
-                f"the template renders {moved!r} at another place of the final conversation (a tool list written "
-                "before the last user message); the stream keeps it where the engine saw it"
-            )
-        if region == "context" and self._call_names_swapped(ds, dr):
-            return Cause.TOOL_RESULT_LABELLED, (
-                f"the tool result is labelled with its own call's name {ds.strip(_NAME_EDGE)!r}; the template labels "
-                f"it {dr.strip(_NAME_EDGE)!r}, another call of the same turn (it names every result after one call)"
-            )
-        if at_boundary and not s_ids and not dr.strip():
-            return Cause.BOUNDARY_MISSING, f"the template renders {dr!r} here; the stream does not have it"
-        prefill = self._prefill_dropped(i1, i2) if not r_ids else None
-        if prefill == "prefill":
-            return Cause.PREFILL_DROPPED, (
-                f"the generation prompt pre-filled {ds!r} before this turn; the template does not re-render it once "
-                "the turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
-            )
-        if prefill == "prefill and sampled" and self.profile.strips_reasoning:
-            return Cause.REASONING_STRIPPED, (
-                f"the template drops this turn's thinking {ds!r}: the opener the generation prompt pre-filled and the "
-                "sampled reasoning after it; kept as the engine saw it"
-            )
-        no_stop = not set(r_ids) & self.stops
-        if not s_ids and no_stop and self.profile.strips_reasoning is not None and self._at_turn_start(i1):
-            return Cause.REASONING_INSERTED, f"the template renders {dr!r} before the sampled text; never sampled"
-        if region == "sampled":
-            turn = self.loc.turn(i1)
-            if self._inside_json(turn, i1) and self._tool_calls_equal(turn):
-                return Cause.TOOL_CALL_RESERIALIZED, "tool-call JSON is the same object, serialized differently"
-            if self.profile.strips_reasoning and len(ds) > len(dr) and _squash(dr) in _squash(ds):
-                return Cause.REASONING_STRIPPED, f"the template drops {len(ds) - len(dr)} characters of this turn"
-        if region == "sampled" and len(self.assistants) < len(self.loc.calls) and not r_ids:
-            return Cause.UNKNOWN, (
-                f"the final messages hold {len(self.assistants)} assistant messages for {len(self.loc.calls)} engine "
-                f"calls: sampled text {ds[:80]!r} has no message (the loop dropped a turn from its messages)"
-            )
-        leaked = sorted({self.r.decode([i]) for i in r_ids if i in self.stops} & self._assistant_texts())
-        if not s_ids and leaked:
-            return Cause.STOP_TEXT_IN_MESSAGE, (
-                f"the template renders {dr!r} that the stream lacks: an assistant message's content holds the stop "
-                f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
-            )
-        return Cause.UNKNOWN, f"stream {ds!r} vs template {dr!r}"
+        """The cause and detail of the divergence ``stream[i1:i2]`` vs ``rendered[j1:j2]``: the first rule of
+        ``RULES`` that names one, else ``UNKNOWN`` with both texts."""
+        d = Divergence.of(self, i1, i2, j1, j2)
+        for rule in RULES:
+            named = rule(d)
+            if named is not None:
+                return named
+        return Cause.UNKNOWN, f"stream {d.ds!r} vs template {d.dr!r}"
 
     def _moved(self, ds: str, dr: str, region: str) -> str:
         """The text of a one-sided divergence (only in the stream, or only in the render) in the prompt or the context
@@ -269,6 +210,259 @@ class _Rules:
             if i1 <= i < i2 or (i == i2 and tag != "equal"):
                 return j1 + (i - i1) if tag == "equal" else (j1 if i == i1 else j2)
         return len(self.rendered)
+
+
+# -- the cause rules ------------------------------------------------------------------------------------------
+# Each rule looks at one divergence and names its cause with a detail, or returns None when it does not apply.
+# ``RULES`` runs them in order and the first match wins; the comments there say where the order matters.
+
+Named = tuple[Cause, str] | None
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """One divergent span of the alignment, ``stream[i1:i2]`` against ``rendered[j1:j2]``, as the rules read it.
+
+    ``region`` is the stream region at ``i1`` (prompt, sampled, boundary, context); ``at_end`` holds when the span
+    touches a turn's end (or lies in the few tokens after it); ``at_boundary`` when it lies between a turn and the
+    next (or is an empty stream span at a turn's end). ``ctx`` is what every rule can read besides the span."""
+
+    ctx: _Rules
+    i1: int
+    i2: int
+    j1: int
+    j2: int
+    s_ids: tuple[int, ...]
+    r_ids: tuple[int, ...]
+    ds: str  # the stream span's text
+    dr: str  # the rendered span's text
+    region: str
+    at_end: bool
+    at_boundary: bool
+
+    @property
+    def spans(self) -> tuple[int, int, int, int]:
+        return self.i1, self.i2, self.j1, self.j2
+
+    @classmethod
+    def of(cls, ctx: _Rules, i1: int, i2: int, j1: int, j2: int) -> Divergence:
+        s_ids, r_ids = tuple(ctx.stream[i1:i2]), tuple(ctx.rendered[j1:j2])
+        region = ctx.loc.region(min(i1, max(len(ctx.stream) - 1, 0)))
+        return cls(
+            ctx,
+            i1,
+            i2,
+            j1,
+            j2,
+            s_ids,
+            r_ids,
+            ctx.r.decode(s_ids),
+            ctx.r.decode(r_ids),
+            region,
+            at_end=ctx._touches_turn_end(i1, i2) or region == "boundary",
+            at_boundary=region in ("boundary", "context") or (i1 == i2 and ctx._at_turn_end(i1)),
+        )
+
+
+def special_token_escaped(d: Divergence) -> Named:
+    """Same text; the render has special tokens where the stream has their text: content that holds special-token
+    text was kept as text, as the engine saw it (the safe way)."""
+    special = d.ctx.r.control_ids
+    if d.ds == d.dr and set(d.r_ids) & special and not set(d.s_ids) & special:
+        return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
+    return None
+
+
+def bpe_remerge(d: Divergence) -> Named:
+    """Same text (or the same once the tokenizer's normalizer has run) in other ids: the sampled split is not the
+    one re-encoding the text gives."""
+    if d.ds == d.dr:
+        return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
+    if d.ctx._normalized(d.ds) == d.ctx._normalized(d.dr):
+        return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
+    return None
+
+
+def close_variant(d: Divergence) -> Named:
+    """At a turn end, one turn-end token in the stream against one close in the render: the turn stopped on another
+    of the template's turn ends (GPT-OSS ``<|return|>``, Llama ``<|eom_id|>``) and keeps it as its close."""
+    c = d.ctx
+    if d.at_end and len(d.s_ids) == 1 and d.s_ids[0] in c.turn_ends and len(d.r_ids) == 1 and d.r_ids[0] in c.closes:
+        return (
+            Cause.CLOSE_VARIANT,
+            f"the turn ended on {d.ds!r}, one of the template's turn ends; it writes {d.dr!r} here",
+        )
+    return None
+
+
+def close_missing(d: Divergence) -> Named:
+    """At a turn end, the render has a close the stream lacks: the turn stopped on an alias (and got no close),
+    or on nothing the template closes with."""
+    c = d.ctx
+    if d.at_end and d.s_ids and d.s_ids[-1] in c.aliases and set(d.r_ids) & c.closes:
+        return Cause.CLOSE_MISSING, f"the turn stopped on {c.r.decode(d.s_ids[-1:])!r} and has no close"
+    if d.at_end and set(d.r_ids) & c.closes and not set(d.s_ids) & c.closes:
+        has = f"has {d.ds!r}" if d.ds else "has nothing there"
+        return Cause.CLOSE_MISSING, f"the template closes the turn with {d.dr!r}; the stream {has}"
+    return None
+
+
+def eos_alias(d: Divergence) -> Named:
+    """Stream-only stop ids the template never renders (e.g. ``<|endoftext|>``): the sampled stop, kept."""
+    if d.s_ids and not d.r_ids and set(d.s_ids) <= d.ctx.aliases:
+        return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {d.ds!r}, which the template never renders"
+    return None
+
+
+def ambiguous_stop_duplicated(d: Divergence) -> Named:
+    """One stream-only stop id right after the same id: the loop appended the next message's opener after a
+    sampled stop that already was that opener (GLM's ``<|observation|>``)."""
+    c = d.ctx
+    if d.i1 > 0 and len(d.s_ids) == 1 and not d.r_ids and d.s_ids[0] in c.stops and c.stream[d.i1 - 1] == d.s_ids[0]:
+        return Cause.AMBIGUOUS_STOP_DUPLICATED, f"{d.ds!r} appears twice: sampled, then again as the next opener"
+    return None
+
+
+def context_moved(d: Divergence) -> Named:
+    """A one-sided block of the prompt or the context that the other side holds elsewhere (Mistral's tool list,
+    written before the last user message): moved, not lost or added."""
+    moved = d.ctx._moved(d.ds, d.dr, d.region)
+    if moved:
+        return Cause.CONTEXT_MOVED, (
+            f"the template renders {moved!r} at another place of the final conversation (a tool list written "
+            "before the last user message); the stream keeps it where the engine saw it"
+        )
+    return None
+
+
+def tool_result_labelled(d: Divergence) -> Named:
+    """In the context, two names of tool calls of one turn swapped: the stream labels each result with its own
+    call's name; the template labels every result after one call (GPT-OSS)."""
+    if d.region == "context" and d.ctx._call_names_swapped(d.ds, d.dr):
+        return Cause.TOOL_RESULT_LABELLED, (
+            f"the tool result is labelled with its own call's name {d.ds.strip(_NAME_EDGE)!r}; the template labels "
+            f"it {d.dr.strip(_NAME_EDGE)!r}, another call of the same turn (it names every result after one call)"
+        )
+    return None
+
+
+def boundary_missing(d: Divergence) -> Named:
+    """Between turns, whitespace the template renders and the stream lacks (a newline after a close not restored)."""
+    if d.at_boundary and not d.s_ids and not d.dr.strip():
+        return Cause.BOUNDARY_MISSING, f"the template renders {d.dr!r} here; the stream does not have it"
+    return None
+
+
+def prefill_dropped(d: Divergence) -> Named:
+    """Stream-only text the generation prompt pre-filled before a turn (an empty think block with thinking off),
+    which the template does not re-render once the turn is history."""
+    if not d.r_ids and d.ctx._prefill_dropped(d.i1, d.i2) == "prefill":
+        return Cause.PREFILL_DROPPED, (
+            f"the generation prompt pre-filled {d.ds!r} before this turn; the template does not re-render it once "
+            "the turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
+        )
+    return None
+
+
+def reasoning_stripped_with_prefill(d: Divergence) -> Named:
+    """Stream-only text from the pre-filled thinking opener into the sampled reasoning, on a template that strips
+    earlier turns' reasoning."""
+    c = d.ctx
+    if not d.r_ids and c.profile.strips_reasoning and c._prefill_dropped(d.i1, d.i2) == "prefill and sampled":
+        return Cause.REASONING_STRIPPED, (
+            f"the template drops this turn's thinking {d.ds!r}: the opener the generation prompt pre-filled and the "
+            "sampled reasoning after it; kept as the engine saw it"
+        )
+    return None
+
+
+def reasoning_inserted(d: Divergence) -> Named:
+    """Render-only text (no stop in it) at the start of a turn, on a template with a reasoning convention: the
+    template writes an (empty) think block the model never sampled."""
+    c = d.ctx
+    no_stop = not set(d.r_ids) & c.stops
+    if not d.s_ids and no_stop and c.profile.strips_reasoning is not None and c._at_turn_start(d.i1):
+        return Cause.REASONING_INSERTED, f"the template renders {d.dr!r} before the sampled text; never sampled"
+    return None
+
+
+def tool_call_reserialized(d: Divergence) -> Named:
+    """Inside a sampled tool call's JSON whose objects parse equal on both sides: the same call, serialized
+    differently (key order, spacing)."""
+    if d.region != "sampled":
+        return None
+    turn = d.ctx.loc.turn(d.i1)
+    if d.ctx._inside_json(turn, d.i1) and d.ctx._tool_calls_equal(turn):
+        return Cause.TOOL_CALL_RESERIALIZED, "tool-call JSON is the same object, serialized differently"
+    return None
+
+
+def reasoning_stripped(d: Divergence) -> Named:
+    """Sampled text the render shortens to a part of itself, on a template that strips earlier turns' reasoning."""
+    if d.region != "sampled" or not d.ctx.profile.strips_reasoning:
+        return None
+    if len(d.ds) > len(d.dr) and _squash(d.dr) in _squash(d.ds):
+        return Cause.REASONING_STRIPPED, f"the template drops {len(d.ds) - len(d.dr)} characters of this turn"
+    return None
+
+
+def turn_without_message(d: Divergence) -> Named:
+    """Sampled text with nothing rendered, where the final messages hold fewer assistant messages than engine
+    calls: the loop dropped a turn from its messages. Still ``UNKNOWN`` (a defect), with the reason."""
+    c = d.ctx
+    if d.region == "sampled" and len(c.assistants) < len(c.loc.calls) and not d.r_ids:
+        return Cause.UNKNOWN, (
+            f"the final messages hold {len(c.assistants)} assistant messages for {len(c.loc.calls)} engine "
+            f"calls: sampled text {d.ds[:80]!r} has no message (the loop dropped a turn from its messages)"
+        )
+    return None
+
+
+def stop_text_in_message(d: Divergence) -> Named:
+    """Render-only stop-token text that an assistant message's content holds: the loop decoded the sampled stop
+    token into the message, and the template renders it again."""
+    c = d.ctx
+    leaked = sorted({c.r.decode([i]) for i in d.r_ids if i in c.stops} & c._assistant_texts())
+    if not d.s_ids and leaked:
+        return Cause.STOP_TEXT_IN_MESSAGE, (
+            f"the template renders {d.dr!r} that the stream lacks: an assistant message's content holds the stop "
+            f"token text {leaked[0]!r} (the loop decoded the stop token into the message)"
+        )
+    return None
+
+
+# First match wins. The order is the one the rules were written in; where two rules can match one divergence, the
+# comment on the later rule names the earlier one that takes it and why that reading is the right one. A rule
+# without a comment has no known overlap with an earlier one.
+RULES: tuple[Callable[[Divergence], Named], ...] = (
+    special_token_escaped,
+    # after special_token_escaped: escaped special-token text is also "the same text in other ids", but the
+    # escape is the more specific fact. Every rule after this one sees two different texts.
+    bpe_remerge,
+    close_variant,
+    # after close_variant: a turn that stopped on a template-written turn end that is not a close (Llama's
+    # <|eom_id|>) has "a close the stream lacks" too, but it is closed: the variant is the fact
+    close_missing,
+    eos_alias,
+    # after eos_alias: a repeated stop that is also an alias the template never renders is the kept sampled stop
+    ambiguous_stop_duplicated,
+    context_moved,
+    tool_result_labelled,
+    # after close_missing: on a template whose close is whitespace text, a missing close is named as such
+    boundary_missing,
+    prefill_dropped,
+    reasoning_stripped_with_prefill,
+    reasoning_inserted,
+    tool_call_reserialized,
+    # after tool_call_reserialized: a tool call's JSON re-serialized shorter (no spaces) is also "sampled text the
+    # render shortens to a part of itself"; the parsed objects being equal is the more specific fact
+    reasoning_stripped,
+    # after reasoning_stripped and eos_alias: a stream-only sampled span is read as stripped reasoning (on templates
+    # that strip it) or a kept stop before the loop is blamed for a lost message
+    turn_without_message,
+    # after close_missing: a render-only close at a turn end is a missing close, even when a message holds its text
+    stop_text_in_message,
+)
 
 
 _MOVED_MIN_CHARS = 24

@@ -17,6 +17,9 @@ from verl_ext.core.engine_output import OutputProblemKind, trainable_length, val
 
 @dataclass(frozen=True)
 class EngineViewResult:
+    """What ``check_engine_view`` found: its failures (empty: the trainer trains on the engine's tokens), whether
+    the training stream is a cut of the engine's, and the engine stream with which positions the engine sampled."""
+
     failures: tuple[EngineFailure, ...]
     truncated: bool
     lost_sampled_tokens: int
@@ -42,37 +45,73 @@ def check_engine_view(
     vocab_size: int | None = None,
     stop_ids: Collection[int] = (),
 ) -> EngineViewResult:
-    """``vocab_size`` (the tokenizer's) and ``stop_ids`` (the template profile's) let the view name invalid engine
-    output: ids the tokenizer cannot decode, NaN/inf/positive logprobs, SGLang's NaN stop, logprob counts."""
-    fail: list[EngineFailure] = []
+    """Compare the trainer's sample with the engine's record of the rollout; every mismatch is a failure.
 
-    def failure(kind: FailureKind, position: int | None, detail: str) -> None:
-        fail.append(EngineFailure(kind, None if position is None else turn_at(calls, position), position, detail))
+    ``vocab_size`` (the tokenizer's) and ``stop_ids`` (the template profile's) let the view name invalid engine
+    output: ids the tokenizer cannot decode, NaN/inf/positive logprobs, SGLang's NaN stop, logprob counts.
+    ``response_length`` is the trainer's cap: a stream shorter than the engine's is truncation only when its
+    response is exactly that long. Never raises on bad input: a sample of unequal lengths or a rollout with no
+    engine call returns that one failure and an empty engine stream.
+    """
+    shape = _sample_shape_failures(calls, sample)
+    if shape:
+        return EngineViewResult(tuple(shape), False, 0, (), ())
+    output = _validate_outputs(calls, vocab_size, stop_ids)
+    engine = _engine_stream(calls, sample, output.reject_at)
+    replayed = _replay_calls(calls, engine, output.bad_logprobs)
+    failures = [*output.failures, *replayed.failures, *_prompt_failures(calls, sample)]
+    stream_failures, truncated = _stream_failures(calls, sample, engine, response_length)
+    failures += stream_failures
+    failures += _mask_failures(calls, sample, engine, replayed.sampled)
+    failures += _logprob_failures(calls, sample, engine, replayed.logprobs, logprob_atol)
+    lost = sum(replayed.sampled[len(sample.stream) :]) if truncated else 0
+    return EngineViewResult(tuple(failures), truncated, lost, engine, tuple(replayed.sampled))
 
-    n_resp = len(sample.response_ids)
-    lengths = {"response_ids": n_resp, "response_mask": len(sample.response_mask)}
+
+def _failure(calls: Sequence[EngineCall], kind: FailureKind, position: int | None, detail: str) -> EngineFailure:
+    """A failure at a stream position (None: the whole sample), with the engine call it falls in."""
+    return EngineFailure(kind, None if position is None else turn_at(calls, position), position, detail)
+
+
+def _sample_shape_failures(calls: Sequence[EngineCall], sample: TrainerSample) -> list[EngineFailure]:
+    """Step 1: what makes the comparison impossible: a sample of unequal lengths, or no engine call."""
+    lengths = {"response_ids": len(sample.response_ids), "response_mask": len(sample.response_mask)}
     if sample.response_logprobs is not None:
         lengths["response_logprobs"] = len(sample.response_logprobs)
     if len(set(lengths.values())) != 1:
-        failure(FailureKind.LENGTH, None, f"trainer sample has unequal lengths: {lengths}")
-        return EngineViewResult(tuple(fail), False, 0, (), ())
+        return [_failure(calls, FailureKind.LENGTH, None, f"trainer sample has unequal lengths: {lengths}")]
     if not calls:
-        failure(FailureKind.RECORD, None, "no engine call was recorded for this rollout")
-        return EngineViewResult(tuple(fail), False, 0, (), ())
-    bad_logprobs: set[int] = set()
-    reject_at: int | None = None  # the first stream position of invalid engine output: nothing from there trains
+        return [_failure(calls, FailureKind.RECORD, None, "no engine call was recorded for this rollout")]
+    return []
+
+
+@dataclass
+class _Outputs:
+    failures: list[EngineFailure]
+    bad_logprobs: set[int]  # calls whose logprobs do not pair with their ids: no logprob of theirs is compared
+    reject_at: int | None  # the first stream position of invalid engine output: nothing from there trains
+
+
+def _validate_outputs(calls: Sequence[EngineCall], vocab_size: int | None, stop_ids: Collection[int]) -> _Outputs:
+    """Step 2: each call's output as the engine returned it: ids in the vocabulary, finite logprobs, one per id."""
+    out = _Outputs([], set(), None)
     for k, call in enumerate(calls):
         problems = validate_engine_output(
             call.output_ids, call.logprobs, vocab_size, stop_ids=stop_ids, finish_reason=call.finish_reason
         )
         for p in problems:
             if p.kind is OutputProblemKind.LOGPROB_COUNT:
-                bad_logprobs.add(k)
+                out.bad_logprobs.add(k)
             pos = call.output_start + p.index
-            fail.append(EngineFailure(FailureKind(p.kind.value), k, pos, f"engine call {k}: {p.detail}"))
-        if problems and reject_at is None:
-            reject_at = call.output_start + trainable_length(problems, len(call.output_ids))
+            out.failures.append(EngineFailure(FailureKind(p.kind.value), k, pos, f"engine call {k}: {p.detail}"))
+        if problems and out.reject_at is None:
+            out.reject_at = call.output_start + trainable_length(problems, len(call.output_ids))
+    return out
 
+
+def _engine_stream(calls: Sequence[EngineCall], sample: TrainerSample, reject_at: int | None) -> tuple[int, ...]:
+    """Step 3: the stream the trainer must match: the last call's prompt + output, cut at invalid output when the
+    rollout cut it there."""
     last = calls[-1]
     engine = last.prompt_ids + last.output_ids
     if reject_at is not None:
@@ -81,18 +120,30 @@ def check_engine_view(
         # mask 0. One that kept the output (a stock loop) is compared whole.
         departs = _first_difference(sample.stream, engine)
         p = len(sample.prompt_ids)
-        masked = p <= reject_at < p + n_resp and sample.response_mask[reject_at - p] == 0
+        masked = p <= reject_at < p + len(sample.response_ids) and sample.response_mask[reject_at - p] == 0
         if masked or (departs is not None and departs >= reject_at):
             engine = engine[:reject_at]
-    sampled = [False] * len(engine)
-    engine_logprob: dict[int, float] = {}
+    return tuple(engine)
+
+
+@dataclass
+class _Replayed:
+    failures: list[EngineFailure]
+    sampled: list[bool]  # per engine-stream position: sampled by the engine
+    logprobs: dict[int, float]  # per sampled engine-stream position: the engine's logprob, where it has a usable one
+
+
+def _replay_calls(calls: Sequence[EngineCall], engine: Sequence[int], bad_logprobs: set[int]) -> _Replayed:
+    """Step 4: each call's prompt + output must be a prefix of the engine stream (a re-tokenized turn fails here);
+    marks which positions the engine sampled, with their logprobs."""
+    out = _Replayed([], [False] * len(engine), {})
+    engine = tuple(engine)
     for k, call in enumerate(calls):
-        # Each output must reach the next prompt unchanged: a re-tokenized turn fails here.
         end = min(call.output_end, len(engine))  # a rejected output is compared up to its cut
         kept = call.output_ids[: max(0, end - call.output_start)]
         if engine[: call.output_start] != call.prompt_ids or engine[call.output_start : end] != kept:
             pos = _first_difference(engine, call.prompt_ids + call.output_ids)
-            fail.append(
+            out.failures.append(
                 EngineFailure(
                     FailureKind.PREFIX,
                     k,
@@ -103,69 +154,114 @@ def check_engine_view(
             )
             continue
         for i in range(call.output_start, end):
-            sampled[i] = True
+            out.sampled[i] = True
             if call.logprobs is not None and k not in bad_logprobs:
-                engine_logprob[i] = call.logprobs[i - call.output_start]
+                out.logprobs[i] = call.logprobs[i - call.output_start]
+    return out
 
+
+def _prompt_failures(calls: Sequence[EngineCall], sample: TrainerSample) -> list[EngineFailure]:
+    """Step 5: the trainer's prompt is the first prompt the engine received."""
     first_prompt = calls[0].prompt_ids
-    if sample.prompt_ids != first_prompt:
-        pos = _first_difference(sample.prompt_ids, first_prompt)
-        failure(
+    if sample.prompt_ids == first_prompt:
+        return []
+    pos = _first_difference(sample.prompt_ids, first_prompt)
+    return [
+        _failure(
+            calls,
             FailureKind.PREFIX,
             pos,
             f"the trainer's prompt ({len(sample.prompt_ids)} ids) is not the first prompt the engine received "
             f"({len(first_prompt)} ids); first difference at position {pos}",
         )
+    ]
 
+
+def _stream_failures(
+    calls: Sequence[EngineCall], sample: TrainerSample, engine: Sequence[int], response_length: int | None
+) -> tuple[list[EngineFailure], bool]:
+    """Step 6: the training stream is the engine stream, or a cut of it at the response length. Returns the
+    failures and whether the stream is truncated."""
+    out: list[EngineFailure] = []
     stream = sample.stream
     common = min(len(stream), len(engine))
     pos = _first_difference(stream[:common], engine[:common])
     if pos is not None:
-        failure(
-            FailureKind.STREAM,
-            pos,
-            f"training stream differs from the engine's final prompt + output at position {pos}: "
-            f"trainer id {stream[pos]}, engine id {engine[pos]}",
+        out.append(
+            _failure(
+                calls,
+                FailureKind.STREAM,
+                pos,
+                f"training stream differs from the engine's final prompt + output at position {pos}: "
+                f"trainer id {stream[pos]}, engine id {engine[pos]}",
+            )
         )
-
     truncated = len(stream) < len(engine)
     if truncated and response_length is not None and len(sample.response_ids) != response_length:
-        failure(
-            FailureKind.STREAM,
-            len(stream),
-            f"the response ends at position {len(stream)}, short of the engine's stream ({len(engine)} tokens) but "
-            f"not at the response length ({response_length}): tokens the engine produced were dropped",
+        out.append(
+            _failure(
+                calls,
+                FailureKind.STREAM,
+                len(stream),
+                f"the response ends at position {len(stream)}, short of the engine's stream ({len(engine)} tokens) "
+                f"but not at the response length ({response_length}): tokens the engine produced were dropped",
+            )
         )
         truncated = False
-    lost = sum(sampled[len(stream) :]) if truncated else 0
-    start = len(sample.prompt_ids)
+    return out, truncated
+
+
+def _mask_failures(
+    calls: Sequence[EngineCall], sample: TrainerSample, engine: Sequence[int], sampled: Sequence[bool]
+) -> list[EngineFailure]:
+    """Step 7: the loss mask is 1 exactly where the engine sampled the token."""
+    stream, start = sample.stream, len(sample.prompt_ids)
     mask_bad = [
         i for i in range(start, len(stream)) if sample.response_mask[i - start] != int(i < len(engine) and sampled[i])
     ]
-    if mask_bad:
-        i = mask_bad[0]
-        failure(
+    if not mask_bad:
+        return []
+    i = mask_bad[0]
+    return [
+        _failure(
+            calls,
             FailureKind.MASK,
             i,
             f"loss mask is {sample.response_mask[i - start]} at position {i}, where the token was "
             f"{'sampled' if i < len(engine) and sampled[i] else 'not sampled'} by the engine "
             f"({len(mask_bad)} positions wrong)",
         )
-    if sample.response_logprobs is not None:
-        lp_bad = [
-            i
-            for i in range(start, min(len(stream), len(engine)))
-            if i in engine_logprob and abs(sample.response_logprobs[i - start] - engine_logprob[i]) > logprob_atol
-        ]
-        if lp_bad:
-            i = lp_bad[0]
-            failure(
-                FailureKind.LOGPROB,
-                i,
-                f"logprob at position {i} is {sample.response_logprobs[i - start]:.6g}, the engine's is "
-                f"{engine_logprob[i]:.6g} ({len(lp_bad)} positions beyond atol {logprob_atol:g})",
-            )
-    return EngineViewResult(tuple(fail), truncated, lost, engine, tuple(sampled))
+    ]
+
+
+def _logprob_failures(
+    calls: Sequence[EngineCall],
+    sample: TrainerSample,
+    engine: Sequence[int],
+    engine_logprob: dict[int, float],
+    logprob_atol: float,
+) -> list[EngineFailure]:
+    """Step 8: the trainer's logprobs are the engine's, within ``logprob_atol``, where the engine sampled."""
+    if sample.response_logprobs is None:
+        return []
+    start = len(sample.prompt_ids)
+    lp_bad = [
+        i
+        for i in range(start, min(len(sample.stream), len(engine)))
+        if i in engine_logprob and abs(sample.response_logprobs[i - start] - engine_logprob[i]) > logprob_atol
+    ]
+    if not lp_bad:
+        return []
+    i = lp_bad[0]
+    return [
+        _failure(
+            calls,
+            FailureKind.LOGPROB,
+            i,
+            f"logprob at position {i} is {sample.response_logprobs[i - start]:.6g}, the engine's is "
+            f"{engine_logprob[i]:.6g} ({len(lp_bad)} positions beyond atol {logprob_atol:g})",
+        )
+    ]
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:

@@ -11,10 +11,13 @@ _INSERTING = (RepairKind.BOUNDARY, RepairKind.SYNTHETIC_CLOSE)
 
 @dataclass(frozen=True)
 class InvariantReport:
+    """The result of ``check_invariants``: one line per broken invariant."""
+
     failures: tuple[str, ...]
 
     @property
     def ok(self) -> bool:
+        """Every invariant holds."""
         return not self.failures
 
 
@@ -26,13 +29,19 @@ def check_invariants(t: TokenTrajectory) -> InvariantReport:
     - every prompt sent equals the stream's prefix of that length (by digest), and between two
       prompts lie, in order: the sampled output, its repairs, then the new context;
     - every repair token is in the edit log, and every inserting edit points at repair tokens.
+    Returns a report whose ``failures`` name each broken invariant (empty: all hold); never raises.
     """
-    fail: list[str] = []
     n = len(t.input_ids)
-    lengths = {"input_ids": n, "kinds": len(t.kinds), "turns": len(t.turn_of), "logprobs": len(t.logprobs)}
+    lengths = {"input_ids": n, "kinds": len(t.kinds), "turn_of": len(t.turn_of), "logprobs": len(t.logprobs)}
     if len(set(lengths.values())) != 1:
         return InvariantReport((f"unequal lengths: {lengths}",))
+    return InvariantReport((*_mask_failures(t), *_turn_failures(t), *_edit_failures(t)))
 
+
+def _mask_failures(t: TokenTrajectory) -> list[str]:
+    """Loss mask 1 exactly on the sampled spans; logprob 0.0 everywhere else (the first offence of each)."""
+    fail: list[str] = []
+    n = len(t.input_ids)
     sampled = [False] * n
     for turn in t.turns:
         for i in range(turn.sampled_start, turn.sampled_end):
@@ -46,7 +55,13 @@ def check_invariants(t: TokenTrajectory) -> InvariantReport:
         if not sampled[i] and t.logprobs[i] != 0.0:
             fail.append(f"position {i}: logprob {t.logprobs[i]} on a {t.kinds[i].value} token (must be 0.0)")
             break
+    return fail
 
+
+def _turn_failures(t: TokenTrajectory) -> list[str]:
+    """Each prompt is a prefix of the stream; between two prompts: sampled, repairs, context, owned by their turn."""
+    fail: list[str] = []
+    n = len(t.input_ids)
     bounds = [turn.prompt_length for turn in t.turns] + [n]
     first = t.turns[0].prompt_length if t.turns else n
     if any(k is not TokenKind.PROMPT for k in t.kinds[:first]):
@@ -67,7 +82,13 @@ def check_invariants(t: TokenTrajectory) -> InvariantReport:
             for o, k in zip(owners, segment, strict=False)
         ):
             fail.append(f"turn {turn.index}: tokens after its output are attributed to the wrong turn")
+    return fail
 
+
+def _edit_failures(t: TokenTrajectory) -> list[str]:
+    """Every inserting edit matches the stream and covers repair tokens; every repair token is logged."""
+    fail: list[str] = []
+    n = len(t.input_ids)
     logged = [False] * n
     for edit in t.edits:
         if edit.kind not in _INSERTING:
@@ -84,4 +105,4 @@ def check_invariants(t: TokenTrajectory) -> InvariantReport:
     unlogged = [i for i in range(n) if t.kinds[i] is TokenKind.REPAIR and not logged[i]]
     if unlogged:
         fail.append(f"repair tokens missing from the edit log at positions {unlogged[:10]}")
-    return InvariantReport(tuple(fail))
+    return fail

@@ -18,7 +18,7 @@ import json
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
@@ -32,7 +32,7 @@ from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from
 from verl_ext.check.policy import CheckMode, Enforcer
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import OptionsError, TemplateError
-from verl_ext.core.probe import TemplateProfile, probe_template
+from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.plugin import metrics_sink
@@ -146,8 +146,8 @@ def runtime_for(
         )
         extra = list(stop_ids) + [_token_id(tokenizer, s) for s in options.extra_stop_tokens]
         profile = probe_template(renderer, extra)
-        if profile.verdict.value == "unsupported":
-            reasons = "; ".join(r.text for r in profile.reasons if r.severity.value == "unsupported")
+        if profile.verdict is Verdict.UNSUPPORTED:
+            reasons = "; ".join(r.text for r in profile.reasons if r.severity is Severity.UNSUPPORTED)
             raise TemplateError(
                 f"{AGENT_NAME}: the chat template of {renderer.name!r} is unsupported: {reasons}. "
                 f"Run `verl-ext check-template {renderer.name}` for the full audit."
@@ -198,13 +198,50 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         )
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """One rollout: render the prompt once, then turn by turn generate, parse, run the tools and append their
+        replies as tokens; check and record the result; hand verl the trainer sample. Raises ``OptionsError`` for
+        a prompt over ``rollout.prompt_length``, ``ConsistencyError`` in strict mode for a defect."""
         rt = self.rt
         messages = [dict(m) for m in kwargs["raw_prompt"]]
+        ro = self._start(messages, sampling_params, kwargs)
+        while await self._turn(ro):
+            pass
+        t = ro.trajectory
+        t.finish()
+
+        sample = trainer_sample_from_trajectory(t, self.response_length)
+        # step 4: check the rollout, write its record, report its metrics, apply the policy
+        result = rt.conclude(
+            ro.calls,
+            sample,
+            t.messages,
+            ro.tools,
+            step=training_step(kwargs, ro.extra_fields.get("global_steps")),
+            prompt_messages=len(messages),
+            response_length=self.response_length,
+            counters=ro.counters,
+            repairs=Counter(e.kind.value for e in t.edits),
+            record={
+                "kinds": [k.value for k in t.kinds[: len(sample.stream)]],
+                "repairs": t.repair_log(),
+                "extra": {
+                    "data_source": kwargs.get("data_source"),
+                    "index": _plain_index(kwargs.get("index")),
+                    **({"resumed_turns": ro.resumed} if ro.resumed else {}),
+                },
+            },
+        )
+        return self._output(ro, sample, result)
+
+    # -- the rollout's steps, in order ------------------------------------------------------------
+    def _start(
+        self, messages: list[dict[str, Any]], sampling_params: dict[str, Any], kwargs: Mapping[str, Any]
+    ) -> _RolloutState:
+        """Step 1: render the first prompt (never truncated: the engine must see what the trainer trains on)."""
         active, schemas = self._active_tools(kwargs)
         tools = schemas or None
-        t = TokenTrajectory(rt.renderer, rt.profile)
+        t = TokenTrajectory(self.rt.renderer, self.rt.profile)
         prompt_ids = t.start(messages, tools)
-        first_prompt = len(prompt_ids)
         if len(prompt_ids) > self.prompt_length:
             raise OptionsError(
                 f"{AGENT_NAME}: the prompt renders to {len(prompt_ids)} tokens, more than rollout.prompt_length="
@@ -214,98 +251,86 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             )
         request_id = uuid4().hex
         metrics: dict[str, Any] = {}
-        counters: Counter[str] = Counter()
-        calls: list[EngineCall] = []
-        extra_fields: dict[str, Any] = {}
         agent_data = AgentData(messages, None, None, None, None, metrics, request_id, kwargs.get("tools_kwargs", {}))
         stop_ids = sorted(set(sampling_params.get("stop_token_ids") or []) | set(self.tool_parser.stop_token_ids))
-        tool_rewards: list[float] = []
-        resumed: list[dict[str, Any]] = []
-        replies = 0
-        turn = 0
-        while True:
-            remaining = self.response_length - (len(t.input_ids) - first_prompt)
-            if remaining <= 0:
-                break
-            params = dict(sampling_params)
-            if stop_ids:
-                params["stop_token_ids"] = stop_ids
-            with simple_timer("generate_sequences", metrics):
-                out = await generate_turn(self.server_manager, request_id, prompt_ids, params, remaining, counters)
-            ids = out.token_ids
-            finish = finish_reason(ids, remaining, stop_ids, rt.profile)
-            calls.append(EngineCall.of(prompt_ids, ids, out.log_probs, finish))
-            if len(out.segments) > 1:
-                resumed.append({"turn": turn, "segments": out.segments})
-            merge_engine_extra_fields(extra_fields, out.extra_fields or {})
-            if rt.output_problems(ids, out.log_probs):
-                # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
-                # keeps the turn up to the first problem (nothing after it trains), the check names the failure,
-                # and no parser or next turn sees the rest.
-                t.add_sampled(ids, out.log_probs, finish)
-                counters["rollouts_ended_on_invalid_output"] += 1
-                break
-            message, parsed, malformed = await self._parse(ids, turn, counters, active)
-            t.add_sampled(ids, out.log_probs, finish, message=message)
-            turn += 1
-            if not (parsed or malformed) or finish == FinishReason.LENGTH or self._turn_limit(turn):
-                break
-            tool_messages = await self._run_tools(parsed, active, agent_data, counters, metrics, tool_rewards)
-            tool_messages += [_malformed_message(turn - 1, i) for i in range(malformed)]
-            try:
-                prompt_ids = t.append_messages(tool_messages)
-                replies += 1
-            except TemplateError as exc:
-                if len(parsed) > 1 and rt.profile.parallel_tool_calls is False:
-                    # The model wrote more calls in one turn than the template can render: the trajectory refused
-                    # the reply (naming the limit); end this rollout, the check reports it, training goes on.
-                    log.warning("%s: %s; ending the rollout", AGENT_NAME, exc)
-                    counters["tool/over_template_call_limit"] += 1
-                    break
-                if not malformed:
-                    raise
-                # Some templates (GPT-OSS, Mistral) only render a tool message that answers a parsed call.
-                log.warning(
-                    "%s: the template cannot render a reply to a malformed tool call; ending the rollout", AGENT_NAME
-                )
-                counters["tool/malformed_unanswerable"] += malformed
-                break
-        t.finish()
-
-        sample = trainer_sample_from_trajectory(t, self.response_length)
-        result = rt.conclude(
-            calls,
-            sample,
-            t.messages,
-            tools,
-            step=training_step(kwargs, extra_fields.get("global_steps")),
-            prompt_messages=len(messages),
-            response_length=self.response_length,
-            counters=counters,
-            repairs=Counter(e.kind.value for e in t.edits),
-            record={
-                "kinds": [k.value for k in t.kinds[: len(sample.stream)]],
-                "repairs": t.repair_log(),
-                "extra": {
-                    "data_source": kwargs.get("data_source"),
-                    "index": _plain_index(kwargs.get("index")),
-                    **({"resumed_turns": resumed} if resumed else {}),
-                },
-            },
+        params = dict(sampling_params)
+        if stop_ids:
+            params["stop_token_ids"] = stop_ids
+        return _RolloutState(
+            t, tools, active, prompt_ids, len(prompt_ids), request_id, params, stop_ids, agent_data, metrics
         )
+
+    async def _turn(self, ro: _RolloutState) -> bool:
+        """Step 2, once per assistant turn: generate, keep the output as sampled tokens, parse it, and answer its
+        tool calls. False when the rollout ends (no room left, invalid output, no call, length cap, turn limit)."""
+        remaining = self.response_length - (len(ro.trajectory.input_ids) - ro.first_prompt)
+        if remaining <= 0:
+            return False
+        with simple_timer("generate_sequences", ro.metrics):
+            out = await generate_turn(
+                self.server_manager, ro.request_id, ro.prompt_ids, dict(ro.params), remaining, ro.counters
+            )
+        ids = out.token_ids
+        finish = finish_reason(ids, remaining, ro.stop_ids, self.rt.profile)
+        ro.calls.append(EngineCall.of(ro.prompt_ids, ids, out.log_probs, finish))
+        if len(out.segments) > 1:
+            ro.resumed.append({"turn": ro.turn, "segments": out.segments})
+        merge_engine_extra_fields(ro.extra_fields, out.extra_fields or {})
+        if self.rt.output_problems(ids, out.log_probs):
+            # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
+            # keeps the turn up to the first problem (nothing after it trains), the check names the failure,
+            # and no parser or next turn sees the rest.
+            ro.trajectory.add_sampled(ids, out.log_probs, finish)
+            ro.counters["rollouts_ended_on_invalid_output"] += 1
+            return False
+        message, parsed, malformed = await self._parse(ids, ro.turn, ro.counters, ro.active)
+        ro.trajectory.add_sampled(ids, out.log_probs, finish, message=message)
+        ro.turn += 1
+        if not (parsed or malformed) or finish is FinishReason.LENGTH or self._turn_limit(ro.turn):
+            return False
+        return await self._reply(ro, parsed, malformed)
+
+    async def _reply(self, ro: _RolloutState, parsed: Sequence[ParsedCall], malformed: int) -> bool:
+        """Step 3: run the parsed calls and append their results (and an error per malformed call) as context
+        tokens. False when the template cannot render the reply: the rollout ends there, the check reports it."""
+        tool_messages = await self._run_tools(parsed, ro.active, ro.agent_data, ro.counters, ro.metrics, ro.rewards)
+        tool_messages += [_malformed_message(ro.turn - 1, i) for i in range(malformed)]
+        try:
+            ro.prompt_ids = ro.trajectory.append_messages(tool_messages)
+            ro.replies += 1
+            return True
+        except TemplateError as exc:
+            if len(parsed) > 1 and self.rt.profile.parallel_tool_calls is False:
+                # The model wrote more calls in one turn than the template can render: the trajectory refused
+                # the reply (naming the limit); end this rollout, the check reports it, training goes on.
+                log.warning("%s: %s; ending the rollout", AGENT_NAME, exc)
+                ro.counters["tool/over_template_call_limit"] += 1
+                return False
+            if not malformed:
+                raise
+            # Some templates (GPT-OSS, Mistral) only render a tool message that answers a parsed call.
+            log.warning(
+                "%s: the template cannot render a reply to a malformed tool call; ending the rollout", AGENT_NAME
+            )
+            ro.counters["tool/malformed_unanswerable"] += malformed
+            return False
+
+    def _output(self, ro: _RolloutState, sample: TrainerSample, result: CheckResult) -> AgentLoopOutput:
+        """Step 5 (after the check): what verl trains on, with the verdict and verl's own extra fields."""
+        extra_fields = ro.extra_fields
         extra_fields["verl_ext_check"] = result.verdict_fields()
-        extra_fields.update({"turn_scores": [], "tool_rewards": tool_rewards})
+        extra_fields.update({"turn_scores": [], "tool_rewards": ro.rewards})
         return AgentLoopOutput(
             prompt_ids=list(sample.prompt_ids),
             response_ids=list(sample.response_ids),
             response_mask=list(sample.response_mask),
             response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
-            num_turns=1 + len(calls) + replies,  # as verl's tool_agent counts: the prompt, assistant turns, replies
-            metrics=AgentLoopMetrics(**{k: v for k, v in metrics.items() if k in AgentLoopMetrics.model_fields}),
+            num_turns=1 + len(ro.calls) + ro.replies,  # as verl's tool_agent counts: prompt, assistant turns, replies
+            metrics=AgentLoopMetrics(**{k: v for k, v in ro.metrics.items() if k in AgentLoopMetrics.model_fields}),
             extra_fields=extra_fields,
         )
 
-    # -- steps ------------------------------------------------------------------------------------
+    # -- helpers ----------------------------------------------------------------------------------
     async def _parse(
         self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[ParsedCall], int]:
@@ -371,6 +396,29 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         else:
             text = text[: limit // 2] + "...(truncated)..." + text[-(limit // 2) :]
         return dataclasses.replace(outcome, message={**outcome.message, "content": text})
+
+
+@dataclass
+class _RolloutState:
+    """What one rollout of ``VerlExtToolAgentLoop.run`` carries from turn to turn."""
+
+    trajectory: TokenTrajectory
+    tools: list[dict[str, Any]] | None  # the schemas the prompt rendered (None: no tools)
+    active: Mapping[str, Any]  # the tools this sample may call, by name
+    prompt_ids: list[int]  # the next engine call's prompt
+    first_prompt: int  # tokens in the first prompt (the response length counts from there)
+    request_id: str
+    params: dict[str, Any]  # sampling params of every call, stop ids merged in
+    stop_ids: list[int]
+    agent_data: AgentData
+    metrics: dict[str, Any]  # the same dict as agent_data's: verl's tools time into it too
+    counters: Counter[str] = field(default_factory=Counter)
+    calls: list[EngineCall] = field(default_factory=list)
+    extra_fields: dict[str, Any] = field(default_factory=dict)
+    rewards: list[float] = field(default_factory=list)  # tool rewards
+    resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
+    replies: int = 0  # tool replies appended
+    turn: int = 0  # assistant turns kept
 
 
 def training_step(kwargs: Mapping[str, Any], served_weight_version: Any) -> int:

@@ -69,19 +69,7 @@ async def generate_turn(
     out: Any = None
     for attempt in range(1 + MAX_CONTINUATIONS):
         params = {**sampling_params, "max_tokens": budget - len(ids)}
-        try:
-            out = await server_manager.generate(
-                request_id=request_id, prompt_ids=list(prompt_ids) + ids, sampling_params=params
-            )
-        except Exception as exc:
-            if not _is_ray_failure(exc):
-                raise
-            counters["engine/server_failures"] += 1
-            raise RolloutInterrupted(
-                f"verl_ext: the rollout server failed during a turn ({type(exc).__name__}: {exc}); the rollout is "
-                f"dropped, none of its {len(ids)} tokens of this turn is trained. Check the rollout server's log "
-                "(an engine crash, out of memory, or a killed actor)."
-            ) from exc
+        out = await _generate(server_manager, request_id, [*prompt_ids, *ids], params, len(ids), counters)
         new = [int(i) for i in out.token_ids]
         extra = dict(out.extra_fields or {})
         first_extra = extra if first_extra is None else first_extra
@@ -119,6 +107,29 @@ async def generate_turn(
     if len(segments) > 1:
         counters["engine/continued_turns"] += 1
     return TurnOutput(ids, logprobs, out.stop_reason, first_extra or {}, segments)
+
+
+async def _generate(
+    server_manager: Any,
+    request_id: str,
+    prompt_ids: list[int],
+    params: Mapping[str, Any],
+    done: int,
+    counters: Counter[str],
+) -> Any:
+    """One engine call. A Ray failure (the server crashed or was killed) raises ``RolloutInterrupted`` naming the
+    ``done`` tokens of the turn it loses; any other error is raised as it is."""
+    try:
+        return await server_manager.generate(request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
+    except Exception as exc:
+        if not _is_ray_failure(exc):
+            raise
+        counters["engine/server_failures"] += 1
+        raise RolloutInterrupted(
+            f"verl_ext: the rollout server failed during a turn ({type(exc).__name__}: {exc}); the rollout is "
+            f"dropped, none of its {done} tokens of this turn is trained. Check the rollout server's log "
+            "(an engine crash, out of memory, or a killed actor)."
+        ) from exc
 
 
 def _is_ray_failure(exc: BaseException) -> bool:

@@ -12,7 +12,7 @@ from loop_harness import REPO, verl_config
 from omegaconf import OmegaConf
 
 from verl_ext.configs import CONFIG_DIR, PRESETS
-from verl_ext.plugin.options import _KNOWN, OptionsError
+from verl_ext.plugin.options import _KNOWN, LoopOptions, OptionsError
 from verl_ext.plugin.preflight import PreflightError, check_config
 
 LOOP_KEY = "actor_rollout_ref.rollout.agent.default_agent_loop"
@@ -51,6 +51,7 @@ def test_the_warn_preset_lists_every_option():
     assert set(options) == _KNOWN[""]
     for section in ("check", "records"):
         assert set(options[section]) == _KNOWN[section]
+    assert LoopOptions.from_mapping(options) == LoopOptions()  # and each at the default the dataclasses define
     assert sorted(p.stem for p in (CONFIG_DIR / "verl_ext").glob("*.yaml")) == sorted(PRESETS)
 
 

@@ -5,17 +5,19 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
-from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, CheckResult
+from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, CheckResult, FailureKind
 from verl_ext.core.errors import OptionsError, VerlExtError
 
 log = logging.getLogger("verl_ext.check")
 
 
 class CheckMode(StrEnum):
+    """What the policy does with a failure or a defect (``verl_ext.check.mode``)."""
+
     STRICT = "strict"  # raise ConsistencyError on an engine-view failure or a defect
     WARN = "warn"  # log once per cause per step
     OFF = "off"  # do not check
@@ -31,6 +33,9 @@ class ConsistencyError(VerlExtError, RuntimeError):
 
 @dataclass(frozen=True)
 class CheckPolicy:
+    """The ``verl_ext.check`` options: each field is one option key with its default (defined here only).
+    Raises ``OptionsError`` for a value out of range."""
+
     mode: CheckMode = CheckMode.WARN
     allowed_causes: frozenset[Cause] = ALLOWED_BY_DESIGN
     template_view_rate: float = 1.0  # fraction of rollouts that also get the (full-render) template view
@@ -49,6 +54,7 @@ class CheckPolicy:
             raise OptionsError(f"template_view_budget_s must be a positive number of seconds or null, got {budget}")
 
     def allows(self, cause: Cause) -> bool:
+        """Whether a finding of ``cause`` is by design (not a defect)."""
         return cause in self.allowed_causes
 
     @classmethod
@@ -56,7 +62,7 @@ class CheckPolicy:
         """Build from config keys ``mode``, ``allowed_causes``, ``template_view_rate``, ``logprob_atol``,
         ``template_view_budget_s``. An unknown key or a bad value raises ``OptionsError`` (a ``ValueError``) naming it
         and what is accepted."""
-        known = {"mode", "allowed_causes", "template_view_rate", "logprob_atol", "template_view_budget_s"}
+        known = {f.name for f in fields(cls)}  # the option keys are the fields
         unknown = sorted(set(options) - known)
         if unknown:
             raise OptionsError(f"unknown check option(s) {unknown}; known: {sorted(known)}")
@@ -107,6 +113,8 @@ class Enforcer:
     _step: int | None = None
 
     def enforce(self, result: CheckResult, step: int = 0) -> None:
+        """Off: nothing. Strict: raises ``ConsistencyError`` when ``result`` is not ok. Warn: logs each engine
+        failure kind and defect cause once per ``step``. A skipped template view is logged, never raised."""
         if self.policy.mode is CheckMode.OFF:
             return
         if step != self._step:  # steps may interleave (async rollouts): forget only steps well behind
@@ -154,9 +162,9 @@ def explain(result: CheckResult) -> str:
         )
     if len(result.defects) > 10:
         lines.append(f"  ... and {len(result.defects) - 10} more defects")
-    if any(f.kind.value == "record" for f in result.engine_failures):
+    if any(f.kind is FailureKind.RECORD for f in result.engine_failures):
         lines.append("The engine's own record is inconsistent (e.g. fewer logprobs than output ids): check the engine.")
-    if any(f.kind.value != "record" for f in result.engine_failures):
+    if any(f.kind is not FailureKind.RECORD for f in result.engine_failures):
         lines.append(
             "An engine-view failure means the trainer trains on tokens or logprobs the engine did not produce: "
             "the rollout changed them after generation. Replay the record with `verl-ext replay` to see the turn."

@@ -9,7 +9,7 @@ See verl_ext/configs/verl_ext/warn.yaml for every key with its default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
@@ -17,12 +17,6 @@ from verl_ext.check.policy import CheckPolicy
 from verl_ext.core.errors import OptionsError
 
 __all__ = ["AgentNameColumn", "LoopOptions", "OptionsError", "RecordsOptions"]
-
-_KNOWN: dict[str, set[str]] = {
-    "": {"check", "records", "escape_special_tokens", "tool_timeout_s", "extra_stop_tokens", "agent_name_column"},
-    "check": {"mode", "allowed_causes", "template_view_rate", "logprob_atol", "template_view_budget_s"},
-    "records": {"dir", "max_bytes", "max_files"},
-}
 
 
 class AgentNameColumn(StrEnum):
@@ -78,20 +72,33 @@ class LoopOptions:
             policy = CheckPolicy.from_mapping(check)
         except ValueError as exc:
             raise OptionsError(f"verl_ext.check: {exc}") from None
+        d, r = _DEFAULTS, _DEFAULTS.records  # an absent key takes the dataclass default: defaults live there only
         return cls(
             check=policy,
             records=RecordsOptions(
                 dir=None if records.get("dir") in (None, "") else str(records["dir"]),
-                max_bytes=_positive_int("verl_ext.records.max_bytes", records.get("max_bytes", 64 * 1024 * 1024)),
-                max_files=_positive_int("verl_ext.records.max_files", records.get("max_files", 4)),
+                max_bytes=_positive_int("verl_ext.records.max_bytes", records.get("max_bytes", r.max_bytes)),
+                max_files=_positive_int("verl_ext.records.max_files", records.get("max_files", r.max_files)),
             ),
-            escape_special_tokens=_bool("verl_ext.escape_special_tokens", options.get("escape_special_tokens", True)),
-            tool_timeout_s=_positive_float("verl_ext.tool_timeout_s", options.get("tool_timeout_s", 30.0)),
-            extra_stop_tokens=tuple(str(s) for s in options.get("extra_stop_tokens") or ()),
+            escape_special_tokens=_bool(
+                "verl_ext.escape_special_tokens", options.get("escape_special_tokens", d.escape_special_tokens)
+            ),
+            tool_timeout_s=_positive_float("verl_ext.tool_timeout_s", options.get("tool_timeout_s", d.tool_timeout_s)),
+            extra_stop_tokens=tuple(str(s) for s in options.get("extra_stop_tokens") or d.extra_stop_tokens),
             agent_name_column=_choice(
-                "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", "switch")
+                "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", d.agent_name_column)
             ),
         )
+
+
+_DEFAULTS = LoopOptions()
+# The option keys, from the dataclasses' fields (the one place each option and its default is defined);
+# configs/verl_ext/warn.yaml lists every one with its default, and a test holds it to these.
+_KNOWN: dict[str, set[str]] = {
+    "": {f.name for f in fields(LoopOptions)},
+    "check": {f.name for f in fields(CheckPolicy)},
+    "records": {f.name for f in fields(RecordsOptions)},
+}
 
 
 def _not_a_mapping(value: Any) -> str:

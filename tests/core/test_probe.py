@@ -76,13 +76,22 @@ def test_user_stop_ids_join_the_stop_set(renderer_for):
     assert next(s.sources for s in p.stop_ids if s.id == tool_call_end) == ("user",)
 
 
-def test_probe_is_cached_per_template_and_kwargs(renderer_for):
+def test_probe_is_cached_per_template_and_kwargs(renderer_for, monkeypatch):
     r = renderer_for("qwen3")
-    assert probe_template(r) is probe_template(r)
-    other = r.with_template_kwargs({"enable_thinking": False})
-    p = probe_template(other)
-    assert p is not probe_template(r)
+    first = probe_template(r)
+    probes: list[int] = []
+    original = probe_module._Prober.run
+
+    def counting(self):
+        probes.append(1)
+        return original(self)
+
+    monkeypatch.setattr(probe_module._Prober, "run", counting)
+    assert probe_template(r) == first and not probes  # probed once: asking again renders nothing
+    p = probe_template(r.with_template_kwargs({"enable_thinking": False}))
+    assert p != first  # other template kwargs are another template, with its own profile
     assert r.decode(p.generation_prompt_ids).endswith("<think>\n\n</think>\n\n")
+    assert not r.decode(first.generation_prompt_ids).endswith("</think>\n\n")
 
 
 def test_probe_has_no_branch_on_model_names():

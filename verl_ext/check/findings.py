@@ -59,6 +59,8 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
 
 
 class FailureKind(StrEnum):
+    """The kind of an engine-view failure; every one is a bug, never allowed."""
+
     LENGTH = "length"  # response ids, mask and logprobs differ in length
     PREFIX = "prefix"  # a prompt the engine received is not a prefix of the training stream
     STREAM = "stream"  # the stream is not the engine's final prompt + final output
@@ -89,17 +91,23 @@ ENGINE_OUTPUT_FAILURES: frozenset[FailureKind] = frozenset(
 
 @dataclass(frozen=True)
 class EngineFailure:
+    """One engine-view failure: its kind, the engine call and stream position it starts at (None: the whole
+    sample), and a one-line detail."""
+
     kind: FailureKind
     turn: int | None
     position: int | None  # stream index (prompt + response) of the first offending token
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``kind`` as its string value."""
         return {"kind": self.kind.value, "turn": self.turn, "position": self.position, "detail": self.detail}
 
 
 @dataclass(frozen=True)
 class Span:
+    """Token positions ``start`` to ``end`` (exclusive); empty where one side has nothing."""
+
     start: int
     end: int  # exclusive
 
@@ -164,10 +172,12 @@ class CheckResult:
 
     @property
     def engine_ok(self) -> bool:
+        """The engine view found nothing: the trainer trains on the engine's tokens."""
         return not self.engine_failures
 
     @property
     def defects(self) -> tuple[Finding, ...]:
+        """The findings whose cause the policy does not allow."""
         return tuple(f for f in self.findings if not f.allowed)
 
     @property
@@ -176,9 +186,11 @@ class CheckResult:
         return self.engine_ok and not self.defects
 
     def cause_counts(self) -> Counter[str]:
+        """Findings per cause value."""
         return Counter(f.cause.value for f in self.findings)
 
     def summary(self) -> str:
+        """One line: ok / the failure or defect count, turns, sampled tokens, causes, truncation, a skip."""
         if self.ok:
             head = "ok"
         elif not self.engine_ok:

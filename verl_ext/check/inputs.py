@@ -31,6 +31,7 @@ class EngineCall:
         logprobs: Sequence[float] | None = None,
         finish_reason: str = "stop",
     ) -> EngineCall:
+        """From any sequences (lists, arrays): ids become ints, logprobs floats, the finish reason its string."""
         return cls(
             tuple(int(i) for i in prompt_ids),
             tuple(int(i) for i in output_ids),
@@ -40,10 +41,12 @@ class EngineCall:
 
     @property
     def output_start(self) -> int:
+        """The stream position of the first output id (the prompt's length)."""
         return len(self.prompt_ids)
 
     @property
     def output_end(self) -> int:
+        """The stream position just after the last output id."""
         return len(self.prompt_ids) + len(self.output_ids)
 
 
@@ -64,6 +67,7 @@ class TrainerSample:
         response_mask: Sequence[int],
         response_logprobs: Sequence[float] | None = None,
     ) -> TrainerSample:
+        """From any sequences (lists, tensors' ``tolist()``): ids and mask become ints, logprobs floats."""
         return cls(
             tuple(int(i) for i in prompt_ids),
             tuple(int(i) for i in response_ids),
@@ -73,6 +77,7 @@ class TrainerSample:
 
     @property
     def stream(self) -> tuple[int, ...]:
+        """The training stream: prompt ids then response ids."""
         return self.prompt_ids + self.response_ids
 
 

@@ -16,6 +16,8 @@ CONTEXT_TOKENS = 4  # decoded tokens shown on each side of a divergence
 
 @dataclass(frozen=True)
 class Locator:
+    """The engine calls laid over the training stream: which turn, region and boundary a position is in."""
+
     calls: tuple[EngineCall, ...]
     next_roles: tuple[str, ...]  # per turn: the role of the message after that assistant turn, or "end"
     stream: tuple[int, ...]
@@ -38,9 +40,12 @@ class Locator:
         return cls(tuple(calls), tuple(nxt), tuple(stream), r, tuple(assistants))
 
     def turn(self, position: int) -> int:
+        """The engine call a stream position belongs to (0 for the prompt)."""
         return turn_at(self.calls, position)
 
     def region(self, position: int) -> str:
+        """ "prompt" (before the first output), "sampled" (inside an output), "boundary" (the first 3 tokens after an
+        output) or "context" (the rest after it)."""
         if not self.calls or position < self.calls[0].output_start:
             return "prompt"
         call = self.calls[self.turn(position)]
@@ -67,6 +72,8 @@ class Locator:
         turn: int | None = None,
         region: str | None = None,
     ) -> Finding:
+        """A ``Finding`` at ``stream`` (turn and region from its start unless given), with the texts decoded and a few
+        tokens of context on each side."""
         s = self.stream
         at = stream.start if stream.start < len(s) else max(len(s) - 1, 0)
         region = region or self.region(at)

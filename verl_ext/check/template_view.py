@@ -242,10 +242,12 @@ class Divergence:
 
     @property
     def spans(self) -> tuple[int, int, int, int]:
+        """``(i1, i2, j1, j2)``, as ``classify`` takes them."""
         return self.i1, self.i2, self.j1, self.j2
 
     @classmethod
     def of(cls, ctx: _Rules, i1: int, i2: int, j1: int, j2: int) -> Divergence:
+        """The divergence ``stream[i1:i2]`` vs ``rendered[j1:j2]`` with its texts and where it lies."""
         s_ids, r_ids = tuple(ctx.stream[i1:i2]), tuple(ctx.rendered[j1:j2])
         region = ctx.loc.region(min(i1, max(len(ctx.stream) - 1, 0)))
         return cls(

@@ -22,6 +22,9 @@ from verl_ext.core.probe import END, TemplateProfile
 def turn_end_findings(
     loc: Locator, profile: TemplateProfile, stream: Sequence[int], allowed: Callable[[Cause], bool]
 ) -> list[Finding]:
+    """A finding for each turn end that is not "the template's close, sampled": an ambiguous stop kept once, a
+    close variant, an alias stop, a missing close, a synthetic close; ``allowed`` judges each cause. A turn followed
+    by a role the template cannot append is skipped (the template view reports what differs there)."""
     out: list[Finding] = []
     closes = profile.close_id_set
     turn_ends = profile.turn_end_id_set

@@ -25,6 +25,8 @@ POSITIVE_LOGPROB_TOLERANCE = 1e-3
 
 
 class OutputProblemKind(StrEnum):
+    """What is wrong with an engine output (each is also a ``FailureKind`` of the check's engine view)."""
+
     NEGATIVE_ID = "negative_id"
     ID_OUT_OF_VOCAB = "id_out_of_vocab"  # the tokenizer cannot decode it
     LOGPROB_COUNT = "logprob_count"  # not one logprob per output id
@@ -43,6 +45,7 @@ class OutputProblem:
     detail: str
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``kind`` as its string value."""
         return {"kind": self.kind.value, "index": self.index, "count": self.count, "detail": self.detail}
 
 
@@ -112,6 +115,7 @@ def trainable_length(problems: Sequence[OutputProblem], n_ids: int) -> int:
 
 
 def describe(problems: Sequence[OutputProblem]) -> str:
+    """The problems' details joined into one line ("" for none)."""
     return "; ".join(p.detail for p in problems)
 
 

@@ -216,6 +216,7 @@ class ChatRenderer:
 
     @property
     def name(self) -> str:
+        """The tokenizer's ``name_or_path`` (its folder, for a tokenizer loaded from one)."""
         return str(self.tokenizer.name_or_path)
 
     @functools.cached_property
@@ -281,11 +282,8 @@ class ChatRenderer:
         return self._text_only.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids: Sequence[int]) -> str:
+        """The text of ``ids``, special tokens included (never skipped: the check compares them too)."""
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
-
-    def token_strings(self, ids: Sequence[int]) -> list[str]:
-        """Each id decoded on its own (partial UTF-8 bytes show as replacement characters)."""
-        return [self.decode([i]) for i in ids]
 
     # -- escaping ---------------------------------------------------------------------------------
     def escapes(self, messages: Sequence[Message]) -> tuple[Escape, ...]:

@@ -49,7 +49,7 @@ def test_engine_view_passes_core_rollouts_and_catches_corruptions(renderer_for, 
     kinds = t.kinds[p:]
 
     # 1. a dropped boundary token (Qwen's "\n" after <|im_end|>): the trainer's stream is not the engine's
-    boundary = [e for e in t.edits if e.kind is RepairKind.BOUNDARY and e.position < len(t.input_ids) - 1]
+    boundary = [e for e in t.edits if e.kind is RepairKind.TRAILER and e.position < len(t.input_ids) - 1]
     if boundary:
         i = boundary[0].position - p
         dropped = TrainerSample.of(

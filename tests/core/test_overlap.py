@@ -34,5 +34,5 @@ def test_sampled_ambiguous_stop_is_kept_once(load_tokenizer):
     assert t.input_ids.count(observation) == 1  # not duplicated by the template's copy
     assert r.decode(t.input_ids[end:]) == "\n2" + ASSISTANT
     # the "\n" after the opener is never generated either: restored as a boundary repair (mask 0)
-    assert [e.kind for e in t.edits] == [RepairKind.OVERLAP_KEPT, RepairKind.BOUNDARY]
+    assert [e.kind for e in t.edits] == [RepairKind.OVERLAP_KEPT, RepairKind.TRAILER]
     assert check_invariants(t).ok

@@ -105,7 +105,7 @@ def test_fc_c1_newline_restored_after_im_end(renderer_for):
     prompt = t.append_messages([{"role": "user", "content": "Sure?"}])
     assert prompt[end - 1 : end + 3] == [IM_END, NL, IM_START, 872]  # <|im_end|> \n <|im_start|> user
     assert t.kinds[end] is TokenKind.REPAIR and t.loss_mask[end] == 0 and t.logprobs[end] == 0.0
-    assert [(e.kind, e.token_ids) for e in t.edits] == [(RepairKind.BOUNDARY, (NL,))]
+    assert [(e.kind, e.token_ids) for e in t.edits] == [(RepairKind.TRAILER, (NL,))]
 
 
 def test_stop_on_tool_call_end_gets_synthetic_close(renderer_for):
@@ -115,7 +115,7 @@ def test_stop_on_tool_call_end_gets_synthetic_close(renderer_for):
     end = len(t.input_ids)
     t.append_messages([TOOL_RESULT])
     assert t.input_ids[end : end + 4] == [IM_END, NL, IM_START, 872]
-    assert [e.kind for e in t.edits] == [RepairKind.SYNTHETIC_CLOSE, RepairKind.BOUNDARY]
+    assert [e.kind for e in t.edits] == [RepairKind.SYNTHETIC_CLOSE, RepairKind.TRAILER]
     assert t.turns[0].closed_by == "synthetic"
     assert check_invariants(t).ok
 

@@ -53,7 +53,7 @@ def test_gemma_canonical_replay_is_the_template_render_without_a_duplicated_clos
     assert t.input_ids + list(probe_template(r).boundary(END).trailer_ids) == expected
     text = r.decode(t.input_ids)
     assert text.count("<end_of_turn>") == 4 and "<end_of_turn>\n<end_of_turn>" not in text
-    assert [(e.kind, r.decode(e.token_ids)) for e in t.edits] == [(RepairKind.BOUNDARY, "\n")]
+    assert [(e.kind, r.decode(e.token_ids)) for e in t.edits] == [(RepairKind.TRAILER, "\n")]
     assert check_invariants(t).ok
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory, prompt_digest
 
-_INSERTING = (RepairKind.BOUNDARY, RepairKind.SYNTHETIC_CLOSE)
+_INSERTING = (RepairKind.TRAILER, RepairKind.SYNTHETIC_CLOSE)
 
 
 @dataclass(frozen=True)

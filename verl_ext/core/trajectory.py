@@ -42,14 +42,15 @@ class TokenKind(StrEnum):
 
 
 class RepairKind(StrEnum):
-    """The kind of one repair (one ``Edit`` of the edit log). ``BOUNDARY`` restores a trailer; the value keeps
-    its older name because records and metrics carry it."""
+    """The kind of one repair (one ``Edit`` of the edit log). ``TRAILER`` restores a trailer; its value keeps the
+    older name "boundary" because records and metrics carry it (``BOUNDARY`` is the same member, for old code)."""
 
-    BOUNDARY = "boundary"  # template text after a close that engines never generate (Qwen "\n")
+    TRAILER = "boundary"  # template text after a close that engines never generate (Qwen "\n")
     SYNTHETIC_CLOSE = "synthetic_close"  # the turn ended on an alias, a user stop id or the length limit
     OVERLAP_KEPT = "overlap_kept"  # the sampled stop token is also the next message's first token: kept once
     ESCAPED = "escaped_special"  # special-token text in untrusted content, encoded as plain text
     DELTA_RENDERED = "delta_rendered"  # no tokens changed: this context came from a render, not learned pieces
+    BOUNDARY = "boundary"  # the older name of TRAILER (an alias: the same member)
 
 
 class FinishReason(StrEnum):
@@ -322,7 +323,7 @@ class TokenTrajectory:
         if trailer:
             self.edits.append(
                 Edit(
-                    RepairKind.BOUNDARY,
+                    RepairKind.TRAILER,
                     turn,
                     len(self.input_ids),
                     trailer,

@@ -139,6 +139,9 @@ _RUNTIMES: dict[tuple[int, str, str], _Runtime] = {}
 def runtime_for(
     tokenizer: Any, template_kwargs: Mapping[str, Any], options: LoopOptions, stop_ids: Sequence[int]
 ) -> _Runtime:
+    """The renderer, template profile, checker and record writer for one tokenizer, template kwargs and options,
+    built once per process and shared by every loop instance. Raises ``TemplateError`` when the template's verdict
+    is unsupported, ``OptionsError`` for an extra stop token that is not one token."""
     key = (id(tokenizer), json.dumps(dict(template_kwargs), sort_keys=True, default=str), repr(options))
     if key not in _RUNTIMES:
         renderer = ChatRenderer(
@@ -190,6 +193,9 @@ def _token_id(tokenizer: Any, token: str) -> int:
 
 
 class VerlExtToolAgentLoop(ToolAgentLoop):
+    """verl's tool agent loop with token-exact trajectories: registered as ``verl_ext_tool_agent``. Options come
+    from verl's config (``verl_ext:``) and the loop's own config entry (``verl_ext`` keyword); see ``LoopOptions``."""
+
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)

@@ -63,6 +63,7 @@ class BypassError(VerlExtError, ValueError):
 
 
 def bypass_message(agent_name: str, default_loop: str, where: str = "a dataset row") -> str:
+    """The one-line error for a row that names another loop than verl_ext's, with the fixes."""
     return (
         f"verl_ext: {where} has agent_name={agent_name!r}: the dataset's `agent_name` column overrides "
         f"{DEFAULT_LOOP_KEY}={default_loop}, so verl would run its {agent_name} loop and bypass verl_ext's token "
@@ -84,6 +85,7 @@ class Route:
     verl_ext: bool  # the loop that runs is a verl_ext loop (the check watches it)
 
     def counters(self) -> dict[str, int]:
+        """The ``tito/loop/...`` counts this rollout adds."""
         counts = {f"loop/{self.loop}": 1}
         if self.switched:
             counts["loop/switched"] = 1
@@ -113,6 +115,7 @@ class LoopRouter:
         return router
 
     def is_verl_ext(self, name: str) -> bool:
+        """Whether the registered loop ``name`` is one of verl_ext's (False for an unregistered name)."""
         if name not in self._is_ours:
             entry = self._registry.get(name)
             target = entry.get("_target_") if entry is not None and hasattr(entry, "get") else None
@@ -120,6 +123,8 @@ class LoopRouter:
         return self._is_ours[name]
 
     def route(self, agent_name: str) -> Route:
+        """The loop a row naming ``agent_name`` runs. Raises ``BypassError`` when it is not verl_ext's and
+        ``agent_name_column`` is stop."""
         if agent_name == self.default_loop or self.is_verl_ext(agent_name):
             return Route(agent_name, switched=False, verl_ext=True)
         if self.column is AgentNameColumn.STOP:

@@ -31,6 +31,8 @@ class AgentNameColumn(StrEnum):
 
 @dataclass(frozen=True)
 class RecordsOptions:
+    """``verl_ext.records``: each field is an option key with its default (defined here only)."""
+
     dir: str | None = None  # None: no per-rollout records
     max_bytes: int = 64 * 1024 * 1024
     max_files: int = 4
@@ -38,6 +40,9 @@ class RecordsOptions:
 
 @dataclass(frozen=True)
 class LoopOptions:
+    """``verl_ext``: each field is an option key with its default (defined here only; ``check`` is ``CheckPolicy``,
+    ``records`` is ``RecordsOptions``)."""
+
     check: CheckPolicy = field(default_factory=CheckPolicy)
     records: RecordsOptions = field(default_factory=RecordsOptions)
     escape_special_tokens: bool = True  # special-token text in tool/user content stays text
@@ -47,6 +52,8 @@ class LoopOptions:
 
     @classmethod
     def from_sources(cls, *sources: Mapping[str, Any] | None) -> LoopOptions:
+        """Merge the sources in order (later wins; None is skipped), then ``from_mapping``. Raises ``OptionsError``
+        for a source that is not a mapping, an unknown key or a bad value."""
         merged: dict[str, Any] = {}
         for source in sources:
             if source is None:
@@ -59,6 +66,7 @@ class LoopOptions:
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> LoopOptions:
+        """Validated options; an absent key takes its default. Raises ``OptionsError`` naming the key and the fix."""
         if not isinstance(options, Mapping):
             raise OptionsError(_not_a_mapping(options))
         _reject_unknown("verl_ext", options, _KNOWN[""])

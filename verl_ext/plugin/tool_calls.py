@@ -19,6 +19,8 @@ log = logging.getLogger("verl_ext.plugin")
 
 
 class ToolStatus(StrEnum):
+    """How one tool call went (counted in ``tito/tool/<status>``)."""
+
     OK = "ok"
     MALFORMED = "malformed"  # the model wrote a tool call the parser could not read
     UNKNOWN_TOOL = "unknown_tool"
@@ -29,6 +31,8 @@ class ToolStatus(StrEnum):
 
 @dataclass(frozen=True)
 class ParsedCall:
+    """One tool call the parser read from a turn's output."""
+
     name: str
     arguments: str  # JSON text as the model wrote it (verl re-dumps parsed JSON)
     call_id: str
@@ -36,6 +40,8 @@ class ParsedCall:
 
 @dataclass(frozen=True)
 class ToolOutcome:
+    """A tool call's result: the tool message to append, its status, and the reward the tool returned (if any)."""
+
     message: dict[str, Any]
     status: ToolStatus
     reward: float | None = None
@@ -55,6 +61,8 @@ def malformed_count(parser: Any, text: str, parsed: int) -> int:
 
 
 def assistant_message(content: str, calls: Sequence[ParsedCall]) -> dict[str, Any]:
+    """The assistant message for the template: ``content``, and ``tool_calls`` when there are calls (arguments as
+    a JSON object where they parse to one, else the text the model wrote)."""
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:
         message["tool_calls"] = [
@@ -75,6 +83,8 @@ def _arguments(text: str) -> Any:
 async def run_tool(
     call: ParsedCall, tools: Mapping[str, Any], tools_kwargs: Mapping[str, Any], agent_data: Any, timeout_s: float
 ) -> ToolOutcome:
+    """Run one call with verl's tool API. Never raises for the tool's sake: an unknown tool, bad arguments, an
+    exception or a timeout becomes an error tool message for the model, with its status."""
     from verl.tools.function_tool import FunctionTool, normalize_function_tool_return
 
     def outcome(text: str, status: ToolStatus, reward: float | None = None) -> ToolOutcome:

@@ -3,7 +3,14 @@
 Nothing here imports verl, Ray or torch: only a Hugging Face tokenizer and its chat template.
 """
 
-from verl_ext.core.errors import TemplateError, TrajectoryError
+from verl_ext.core.errors import (
+    EngineRequestError,
+    MissingFileError,
+    OptionsError,
+    TemplateError,
+    TrajectoryError,
+    VerlExtError,
+)
 from verl_ext.core.invariants import InvariantReport, check_invariants
 from verl_ext.core.probe import TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer, Escape, load_renderer
@@ -11,9 +18,12 @@ from verl_ext.core.trajectory import FinishReason, RepairKind, TokenKind, TokenT
 
 __all__ = [
     "ChatRenderer",
+    "EngineRequestError",
     "Escape",
     "FinishReason",
     "InvariantReport",
+    "MissingFileError",
+    "OptionsError",
     "RepairKind",
     "TemplateError",
     "TemplateProfile",
@@ -21,6 +31,7 @@ __all__ = [
     "TokenTrajectory",
     "TrajectoryError",
     "Verdict",
+    "VerlExtError",
     "check_invariants",
     "load_renderer",
     "probe_template",

@@ -20,8 +20,6 @@ from verl_ext.check.policy import CheckMode
 from verl_ext.plugin.agent_loop import finish_reason, runtime_for, training_step
 from verl_ext.plugin.options import LoopOptions
 
-AUDIT_AGENT_NAME = "verl_ext_audited_tool_agent"
-
 
 class _RecordingServer:
     """Forwards to verl's server manager and keeps what each call sent and received."""

@@ -21,15 +21,16 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl_ext.core.errors import VerlExtError
+from verl_ext.plugin import _AGENT_LOOP_PATH, _AUDIT_LOOP_PATH, AGENT_LOOP_NAME, AUDIT_LOOP_NAME
 
 if TYPE_CHECKING:
     from verl_ext.plugin.loop_routing import LoopRouter
 
 # verl imports verl.utils.config in every process: this module stays light; the checks import what they need
 
-_BUILTIN = {
-    "verl_ext_tool_agent": {"_target_": "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"},
-    "verl_ext_audited_tool_agent": {"_target_": "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"},
+_BUILTIN = {  # the loops the plugin registers, under the names and paths it registers them with
+    AGENT_LOOP_NAME: {"_target_": _AGENT_LOOP_PATH},
+    AUDIT_LOOP_NAME: {"_target_": _AUDIT_LOOP_PATH},
 }
 
 

@@ -314,6 +314,7 @@ CLASSES = "tests/core/test_template_classes.py"
 THINKING = "tests/check/test_canonical_thinking.py"
 LOOP = "tests/plugin/test_agent_loop.py"
 RULE_TESTS = {  # rule -> (file, test)
+    # the escaped text is also "the same text in other ids" (bpe_remerge): this test proves the order too
     "special_token_escaped": (HERE, "test_special_token_escaped"),
     "bpe_remerge": (HERE, "test_bpe_remerge_when_reencoding_normalizes_the_text"),
     # the Llama turn stops on <|eom_id|>, which close_missing would also name: this test proves the order

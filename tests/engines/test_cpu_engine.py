@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import torch
 
+from verl_ext.core.errors import EngineRequestError
 from verl_ext.engines.cpu import (
     CPUGenerationServer,
     SamplingConfig,
@@ -135,9 +136,9 @@ def test_sampling_params_from_verl() -> None:
     assert sampling_config_from_params({"max_new_tokens": 4}, default_max_tokens=40, eos_ids=[1]).max_tokens == 4
     no_eos = sampling_config_from_params({"ignore_eos": True, "stop_token_ids": [5]}, default_max_tokens=4, eos_ids=[1])
     assert no_eos.stop_ids == frozenset({5}) and no_eos.logprobs is False
-    with pytest.raises(ValueError, match="unsupported sampling_params"):
+    with pytest.raises(EngineRequestError, match="unsupported sampling_params"):  # a ValueError too
         sampling_config_from_params({"n": 2}, default_max_tokens=4, eos_ids=[])
-    with pytest.raises(ValueError, match="repetition_penalty"):
+    with pytest.raises(EngineRequestError, match="repetition_penalty"):
         sampling_config_from_params({"repetition_penalty": 1.1}, default_max_tokens=4, eos_ids=[])
 
 

@@ -9,6 +9,7 @@ from rollouts import TOOLS, call
 
 from verl_ext.check import CheckPolicy, ConsistencyChecker, Enforcer, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
+from verl_ext.check.record import Rollout
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.plugin.agent_loop import _Runtime
@@ -31,14 +32,8 @@ def test_conclude_in_strict_mode_reports_a_refused_render_without_raising(load_t
         )
     ]
     counters: Counter[str] = Counter()
-    result = rt.conclude(
-        calls,
-        trainer_sample_from_trajectory(t),
-        t.messages,
-        TOOLS,
-        step=1,
-        prompt_messages=1,
-        response_length=64,
-        counters=counters,
+    rollout = Rollout.of(
+        calls, trainer_sample_from_trajectory(t), t.messages, TOOLS, step=1, prompt_messages=1, response_length=64
     )
+    result = rt.conclude(rollout, counters)
     assert result.ok and result.cause_counts()["template_refused"] == 1

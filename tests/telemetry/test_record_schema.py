@@ -104,6 +104,8 @@ def test_non_finite_logprobs_are_written_as_strict_json_and_read_back(renderer_f
         (lambda o: o["check"].update(ok="yes"), "'check.ok' must be true or false"),
         (lambda o: o.update(check=[]), "no 'check' object"),
         (lambda o: o["logprobs"].update({"1": ["x"]}), "'logprobs.1[0]' must be a number"),
+        (lambda o: o["engine_calls"][1].update(logprobs=[[0.1]]), "'engine_calls[1].logprobs[0]' must be a number"),
+        (lambda o: o.update(version="2"), "'version' must be an integer"),
     ],
 )
 def test_report_type_checks_record_fields_in_one_line_with_exit_2(written, tokenizer_dirs, tmp_path, capsys, edit, key):
@@ -125,3 +127,14 @@ def test_the_record_round_trips_through_its_json_and_replays_as_the_replay_forma
     assert RolloutRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
     replayed = record.replay_record()
     assert replayed.sampled == {i: c.output_ids for i, c in zip((1, 3), record.engine_calls, strict=True)}
+
+
+def test_the_replay_format_reads_the_strings_records_write_for_non_finite_floats():
+    from verl_ext.core.replay import ReplayRecord
+
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    record = ReplayRecord.from_json({"messages": messages, "sampled": {"1": [1, 2]}, "logprobs": {"1": ["NaN", -1]}})
+    assert math.isnan(record.logprobs[1][0]) and record.logprobs[1][1] == -1.0
+    for bad in (["nan", -1], [[0.1], -1]):
+        with pytest.raises(RecordError, match=r"'logprobs'\['1'\] is invalid: item 0 .* not a number"):
+            ReplayRecord.from_json({"messages": messages, "sampled": {"1": [1, 2]}, "logprobs": {"1": bad}})

@@ -521,6 +521,7 @@ class RolloutRecord:
 
 
 _MISSING: Any = object()
+_NON_FINITE_NAMES = 'or "NaN", "Infinity", "-Infinity"'
 
 
 class _Fields:
@@ -572,7 +573,7 @@ class _Fields:
         return self._typed(key, default, lambda v: isinstance(v, str), "a string")
 
     def float(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._typed(key, default, _is_float, 'a number (or "NaN", "Infinity", "-Infinity")')
+        value = self._typed(key, default, _is_float, f"a number ({_NON_FINITE_NAMES})")
         return value if value is default else _float(value)
 
     def list(self, key: str, default: Any = _MISSING) -> Any:
@@ -590,27 +591,33 @@ class _Fields:
         )
         return (int(value[0]), int(value[1]))
 
-    def _items(self, key: str, default: Any, ok: Callable[[Any], bool], expected: str) -> Any:
+    def _items(self, key: str, default: Any, ok: Callable[[Any], bool], one: str, many: str) -> Any:
+        """A list whose every item passes ``ok`` (the error names the first that does not)."""
         value = self._get(key, default)
         if value is _MISSING:
             return default
         if not isinstance(value, list):
-            raise self.error(key, f"a list of {expected}s", value)
+            raise self.error(key, f"a list of {many}", value)
         for k, item in enumerate(value):
             if not ok(item):
-                raise self.error(f"{key}[{k}]", f"{expected}", item)
+                raise self.error(f"{key}[{k}]", one, item)
         return value
 
     def ints(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._items(key, default, _is_int, "an integer")
+        value = self._get(key, default)
+        if isinstance(value, list) and all(type(v) is int for v in value):  # the common case, at C speed
+            return tuple(value)
+        value = self._items(key, default, _is_int, "an integer", "integers")
         return value if value is default else tuple(value)
 
     def floats(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._items(key, default, _is_float, 'a number (or "NaN", "Infinity", "-Infinity")')
+        value = self._items(
+            key, default, _is_float, f"a number ({_NON_FINITE_NAMES})", f"numbers ({_NON_FINITE_NAMES})"
+        )
         return value if value is default else tuple(_float(x) for x in value)
 
     def strs(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._items(key, default, lambda v: isinstance(v, str), "a string")
+        value = self._items(key, default, lambda v: isinstance(v, str), "a string", "strings")
         return value if value is default else tuple(value)
 
     def by_index(self, key: str, read: str) -> dict[int, Any]:
@@ -631,7 +638,9 @@ def _is_int(value: Any) -> bool:
 
 
 def _is_float(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)) or value in NON_FINITE_JSON
+    return (isinstance(value, int | float) and not isinstance(value, bool)) or (
+        isinstance(value, str) and value in NON_FINITE_JSON
+    )
 
 
 def _float(value: Any) -> float:

@@ -196,7 +196,7 @@ def _logprobs(value: Any) -> tuple[float, ...]:
     if not isinstance(value, list):
         raise TypeError(f"expected a list of numbers (one logprob per sampled id), got {json_type(value)}")
     for k, x in enumerate(value):
-        if x in NON_FINITE_JSON:
+        if isinstance(x, str) and x in NON_FINITE_JSON:
             continue
         if isinstance(x, bool) or not isinstance(x, int | float):
             raise TypeError(f'item {k} is {json_type(x)} ({x!r}), not a number (or "NaN", "Infinity", "-Infinity")')

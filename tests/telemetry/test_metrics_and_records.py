@@ -67,7 +67,7 @@ def test_records_replay_to_the_same_stream(renderer_for, tokenizer_dirs, tmp_pat
     written = rollout.record(result)
     writer.write(written)
     headers, rollouts = read_records([writer.path])
-    assert len(headers) == 1 and headers[0]["template_profile"]["verdict"] == "repairable"
+    assert len(headers) == 1 and headers[0].template_profile["verdict"] == "repairable"
     (rec,) = rollouts
     assert rec == written  # the typed record round-trips through its file exactly
     assert rec.version == 2 and json.loads(writer.path.read_text().splitlines()[1])["version"] == 2

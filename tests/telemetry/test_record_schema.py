@@ -73,6 +73,9 @@ def test_a_newer_schema_version_is_refused_with_the_fix(written, tmp_path):
     path.write_text(header + "\n" + json.dumps({**json.loads(line), "version": SCHEMA_VERSION + 1}) + "\n")
     with pytest.raises(RecordError, match=rf"{path}:2: record schema version {SCHEMA_VERSION + 1} is newer.*upgrade"):
         read_records([path])
+    path.write_text(json.dumps({**json.loads(header), "version": SCHEMA_VERSION + 1}) + "\n" + line + "\n")
+    with pytest.raises(RecordError, match=rf"{path}:1: record schema version {SCHEMA_VERSION + 1} is newer"):
+        read_records([path])
 
 
 def test_non_finite_logprobs_are_written_as_strict_json_and_read_back(renderer_for, written):

@@ -13,11 +13,17 @@ The flow of one rollout's data (every arrow hands over a frozen dataclass, never
     rollout.record(result) ──▶ RolloutRecord ── what one line of a record file holds, typed
       │  RecordWriter.write (telemetry/records.py): ``to_json()``, ``"version": SCHEMA_VERSION`` in every line
       ▼
-    record file (JSONL: a header line with the template profile, then one rollout per line)
-      │  RolloutRecord.from_json(obj, where="file:line"): every field type-checked, one-line RecordError
+    record file (JSONL: a ``RecordHeader`` line with the template profile, then one rollout per line)
+      │  read_records (telemetry/records.py) -> RecordHeader.from_json / RolloutRecord.from_json(obj, "file:line"):
+      │  every field type-checked, one-line RecordError naming file, line, key and fix
       ├──▶ verl-ext report (report/load.py ... report/tokens.py read RolloutRecord attributes, ``turn_of`` included)
       └──▶ verl-ext replay: ``RolloutRecord.replay_record()`` is a ``core.replay.ReplayRecord``, the same type
-           the replay format parses to (a record file is the replay format plus the keys below)
+           the replay format parses to (a record line is the replay format plus the stream, calls and check)
+
+The record holds the check's result as ``RecordedCheck`` (causes and failure kinds as strings, spans as pairs), not
+as ``CheckResult``: a record written by a newer verl_ext, with a cause this version does not know, still loads and
+is reported under its own name. ``ConsistencyChecker.check(calls, sample, messages, ...)`` remains for callers that
+hold the parts (tests, benchmarks): it builds the ``Rollout`` and calls ``check_rollout``.
 
 Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
 
@@ -451,14 +457,7 @@ class RolloutRecord:
         """A record line, every field type-checked. Raises RecordError with one line naming ``where`` (file:line),
         the key and the fix. Keys a version-less (pre-version-1) record lacks take their defaults."""
         f = _Fields(obj, where, "")
-        version = f.int("version", default=1)
-        if version < 1:
-            raise f.error("version", "a positive integer", obj.get("version"))
-        if version > SCHEMA_VERSION:
-            raise RecordError(
-                f"{where}: record schema version {version} is newer than this verl_ext reads (up to "
-                f"{SCHEMA_VERSION}); upgrade verl_ext to read it"
-            )
+        version = _read_version(f, where)
         input_ids = f.ints("input_ids", default=())
         n = len(input_ids)
         calls = []
@@ -518,6 +517,42 @@ class RolloutRecord:
             check=RecordedCheck.from_json(obj["check"], where),
             extra={k: v for k, v in obj.items() if k not in _KEYS},
         )
+
+
+@dataclass(frozen=True)
+class RecordHeader:
+    """A record file's first line: the template profile (``TemplateProfile.to_dict``) its rollouts were checked
+    against. The profile stays the JSON object the probe wrote; the report's audit (``report/audit.py``) displays it."""
+
+    version: int
+    template_profile: Mapping[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.template_profile.get("fingerprint", ""))
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "header") -> RecordHeader:
+        """Raises RecordError naming ``where`` for a wrong type or a schema version newer than this verl_ext reads."""
+        f = _Fields(obj, where, "")
+        version = _read_version(f, where)
+        return cls(version, f.dict("template_profile", default={}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "header", "version": self.version, "template_profile": dict(self.template_profile)}
+
+
+def _read_version(f: _Fields, where: str) -> int:
+    """The line's schema version: 1 when it has none (files from before it was written)."""
+    version = f.int("version", default=1)
+    if version < 1:
+        raise f.error("version", "a positive integer", version)
+    if version > SCHEMA_VERSION:
+        raise RecordError(
+            f"{where}: record schema version {version} is newer than this verl_ext reads (up to {SCHEMA_VERSION}); "
+            "upgrade verl_ext to read it"
+        )
+    return version
 
 
 _MISSING: Any = object()

@@ -42,9 +42,8 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
         # One file at a time, so each rollout keeps its file and position.
         headers, records = read_records([path])
         for h in headers:
-            profile = h.get("template_profile")
-            if isinstance(profile, dict):
-                profiles.setdefault(str(profile.get("fingerprint", "")), profile)
+            if h.template_profile:
+                profiles.setdefault(h.fingerprint, dict(h.template_profile))
         rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
     if not rollouts:
         names = ", ".join(str(p) for p in paths)

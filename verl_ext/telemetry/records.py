@@ -18,21 +18,21 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_ext.check.record import SCHEMA_VERSION, RolloutRecord, json_safe
+from verl_ext.check.record import SCHEMA_VERSION, RecordHeader, RolloutRecord, json_safe
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.replay import RecordError, read_json_lines
 
 log = logging.getLogger("verl_ext.records")
 
 
-def header_record(profile: TemplateProfile) -> dict[str, Any]:
+def header_record(profile: TemplateProfile) -> RecordHeader:
     """A record file's first line: the template profile every rollout in the file was checked against."""
-    return {"type": "header", "version": SCHEMA_VERSION, "template_profile": profile.to_dict()}
+    return RecordHeader(SCHEMA_VERSION, profile.to_dict())
 
 
-def to_json_line(record: RolloutRecord | Mapping[str, Any]) -> str:
+def to_json_line(record: RolloutRecord | RecordHeader | Mapping[str, Any]) -> str:
     """One record as a strict JSON line (no bare ``NaN``): non-finite floats become strings (module docstring)."""
-    obj = record.to_json() if isinstance(record, RolloutRecord) else record
+    obj = record.to_json() if isinstance(record, RolloutRecord | RecordHeader) else record
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:  # a NaN or infinity somewhere: rewrite only then (the walk costs a pass over the record)
@@ -46,7 +46,7 @@ class RecordWriter:
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        header: Mapping[str, Any] | None = None,
+        header: RecordHeader | None = None,
         *,
         max_bytes: int = 64 * 1024 * 1024,
         max_files: int = 4,
@@ -57,7 +57,7 @@ class RecordWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{prefix}-{socket.gethostname()}-{os.getpid()}.jsonl"
-        self.header = dict(header) if header else None
+        self.header = header
         self.max_bytes = max_bytes
         self.max_files = max_files
         self.dropped_files = 0
@@ -104,26 +104,19 @@ class RecordWriter:
 
 def read_records(
     paths: Sequence[str | os.PathLike[str]],
-) -> tuple[list[dict[str, Any]], list[RolloutRecord]]:
-    """(headers, rollouts) from record files, in file order; each rollout typed and checked field by field.
+) -> tuple[list[RecordHeader], list[RolloutRecord]]:
+    """(headers, rollouts) from record files, in file order; each line typed and checked field by field.
     Raises RecordError (a ValueError) with one line naming file:line (and the key) for a malformed line, a line
     that is not a record, a wrong type, or a schema version newer than this verl_ext reads."""
-    headers: list[dict[str, Any]] = []
+    headers: list[RecordHeader] = []
     rollouts: list[RolloutRecord] = []
     for path in paths:
         for n, obj in read_json_lines(path, "records file", hint="; is this a records file?"):
             kind = obj.get("type") if isinstance(obj, dict) else None
-            where = f"{path}:{n}"
             if kind == "header":
-                version = obj.get("version", 1)
-                if isinstance(version, int) and not isinstance(version, bool) and version > SCHEMA_VERSION:
-                    raise RecordError(
-                        f"{where}: record schema version {version} is newer than this verl_ext reads (up to "
-                        f"{SCHEMA_VERSION}); upgrade verl_ext to read it"
-                    )
-                headers.append(obj)
+                headers.append(RecordHeader.from_json(obj, f"{path}:{n}"))
             elif kind == "rollout":
-                rollouts.append(RolloutRecord.from_json(obj, where))
+                rollouts.append(RolloutRecord.from_json(obj, f"{path}:{n}"))
             else:
-                raise RecordError(f'{where}: not a verl_ext record (no "type": "rollout" or "header")')
+                raise RecordError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
     return headers, rollouts

@@ -646,12 +646,18 @@ class _Fields:
         return value if value is default else tuple(value)
 
     def floats(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if isinstance(value, list) and all(type(v) is float for v in value):  # the common case, at C speed
+            return tuple(value)
         value = self._items(
             key, default, _is_float, f"a number ({_NON_FINITE_NAMES})", f"numbers ({_NON_FINITE_NAMES})"
         )
         return value if value is default else tuple(_float(x) for x in value)
 
     def strs(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if isinstance(value, list) and all(type(v) is str for v in value):
+            return tuple(value)
         value = self._items(key, default, lambda v: isinstance(v, str), "a string", "strings")
         return value if value is default else tuple(value)
 

@@ -78,7 +78,7 @@ def test_a_newer_schema_version_is_refused_with_the_fix(written, tmp_path):
         read_records([path])
 
 
-def test_non_finite_logprobs_are_written_as_strict_json_and_read_back(renderer_for, written):
+def test_non_finite_logprobs_are_written_as_strict_json_and_read_back(renderer_for, written, tokenizer_dirs, capsys):
     writer, rollout, _ = written
     r = renderer_for("qwen3")
     first, second = rollout.calls
@@ -96,6 +96,9 @@ def test_non_finite_logprobs_are_written_as_strict_json_and_read_back(renderer_f
     assert math.isnan(got[0]) and got[1] == -math.inf and got[2:] == second.logprobs[2:]
     assert math.isnan(loaded.logprobs[3][0])  # the replay part (assistant message 3) too
     assert math.isnan(loaded.replay_record().logprobs[3][0])
+    # verl-ext replay reads the file: the NaN turn is rejected as engine output (exit 1), not a parse error (2)
+    assert cli(["replay", str(writer.path), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 1
+    assert "engine output: REJECTED" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize(

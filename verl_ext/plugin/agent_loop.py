@@ -30,7 +30,7 @@ from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, trainer_sample_from_trajectory
 from verl_ext.check.policy import CheckMode, Enforcer
-from verl_ext.check.record import Rollout, RolloutRecord
+from verl_ext.check.record import Rollout
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile, probe_template
@@ -86,17 +86,18 @@ class _Runtime:
         else:
             result = self.checker.check_rollout(rollout)
         if self.writer is not None:
-            self.write_record(rollout.record(result), counters)
+            self.write_record(rollout, result, counters)
         metrics_sink.report(result, counters)
         self.enforcer.enforce(result, rollout.step)
         return result
 
-    def write_record(self, record: RolloutRecord, counters: Counter[str]) -> None:
-        """Records are diagnostics: a failed write is logged with its cause and counted, and training goes on."""
+    def write_record(self, rollout: Rollout, result: CheckResult, counters: Counter[str]) -> None:
+        """Records are diagnostics: a record that cannot be built or written is logged with its cause and counted,
+        and training goes on."""
         if self.writer is None:
             return
         try:
-            self.writer.write(record)
+            self.writer.write(rollout.record(result))
         except (OSError, TypeError, ValueError) as exc:
             counters["records/write_errors"] += 1
             log.error("verl_ext: could not write a rollout record to %s: %s", self.writer.path, exc)

@@ -33,7 +33,7 @@ def main() -> int:
     tokenizer = ROOT / "build" / "tokenizers" / "qwen3"
     r = load_renderer(tokenizer)
     records = build_records(r)
-    clean = [rec for rec in records if rec["check"]["ok"] and not rec["check"]["truncated"]]
+    clean = [rec for rec in records if rec.check.ok and not rec.check.truncated]
     with tempfile.TemporaryDirectory() as tmp:
         for name, chosen in (("report-clean.png", clean), ("report-defective.png", records)):
             folder = Path(tmp) / name.removesuffix(".png")

@@ -176,10 +176,11 @@ def test_an_accepted_record_round_trips_through_records_and_report(cli, capsys, 
     """replay -> the check's record -> replay again (same stream) and report (one page)."""
     from verl_ext.check import ConsistencyChecker, EngineCall
     from verl_ext.check.inputs import trainer_sample_from_trajectory
+    from verl_ext.check.record import Rollout
     from verl_ext.core.probe import probe_template
     from verl_ext.core.rendering import load_renderer
     from verl_ext.core.replay import ReplayRecord, replay
-    from verl_ext.telemetry.records import RecordWriter, header_record, rollout_record
+    from verl_ext.telemetry.records import RecordWriter, header_record
 
     example = Path(__file__).resolve().parents[2] / "examples" / "replay" / "qwen3_tool_call.jsonl"
     renderer = load_renderer(cli)
@@ -198,20 +199,17 @@ def test_an_accepted_record_round_trips_through_records_and_report(cli, capsys, 
             )
             for turn in t.turns
         ]
-        sample = trainer_sample_from_trajectory(t)
-        result = ConsistencyChecker(checked).check(calls, sample, t.messages, json.loads(line).get("tools"))
-        assert result.engine_ok
-        writer.write(
-            rollout_record(
-                calls,
-                sample,
-                t.messages,
-                result,
-                tools=json.loads(line).get("tools"),
-                chat_template_kwargs=record.chat_template_kwargs,
-                kinds=[k.value for k in t.kinds],
-            )
+        rollout = Rollout.of(
+            calls,
+            trainer_sample_from_trajectory(t),
+            t.messages,
+            json.loads(line).get("tools"),
+            chat_template_kwargs=record.chat_template_kwargs,
+            kinds=[k.value for k in t.kinds],
         )
+        result = ConsistencyChecker(checked).check_rollout(rollout)
+        assert result.engine_ok
+        writer.write(rollout.record(result))
         streams.append(t.input_ids)
     code, out, err = run(capsys, "replay", str(writer.path), "--tokenizer", cli, "--json")
     assert code == 0, err

@@ -9,6 +9,7 @@ from rollouts import TOOLS, call
 
 from verl_ext.check import CheckPolicy, ConsistencyChecker, Enforcer, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
+from verl_ext.check.record import Rollout
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.plugin.agent_loop import _Runtime
@@ -31,14 +32,25 @@ def test_conclude_in_strict_mode_reports_a_refused_render_without_raising(load_t
         )
     ]
     counters: Counter[str] = Counter()
-    result = rt.conclude(
-        calls,
-        trainer_sample_from_trajectory(t),
-        t.messages,
-        TOOLS,
-        step=1,
-        prompt_messages=1,
-        response_length=64,
-        counters=counters,
+    rollout = Rollout.of(
+        calls, trainer_sample_from_trajectory(t), t.messages, TOOLS, step=1, prompt_messages=1, response_length=64
     )
+    result = rt.conclude(rollout, counters)
     assert result.ok and result.cause_counts()["template_refused"] == 1
+
+
+def test_a_record_that_cannot_be_written_is_counted_and_the_rollout_goes_on(renderer_for, tmp_path):
+    from rollouts import IM_END, Turn, run
+
+    from verl_ext.telemetry.records import RecordWriter, header_record
+
+    r = renderer_for("qwen3")
+    p = probe_template(r)
+    policy = CheckPolicy()
+    writer = RecordWriter(tmp_path, header_record(p))
+    writer.path.mkdir()  # the record file's name is taken by a folder: every write fails
+    rt = _Runtime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), writer)
+    ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nHi."), IM_END], {"role": "assistant", "content": "Hi."})])
+    counters: Counter[str] = Counter()
+    result = rt.conclude(Rollout.of(ro.calls, ro.sample(), ro.messages, TOOLS, step=1), counters)
+    assert result.ok and counters["records/write_errors"] == 1

@@ -197,7 +197,7 @@ def test_the_verdict_leads_with_everything_and_says_what_to_do(built_report):
 
 
 def test_a_run_where_every_rollout_has_a_defect_is_not_green(tmp_path, all_records, tokenizer_dirs):
-    defective = [r for r in all_records if not r["check"]["ok"] and r["check"]["engine_ok"]]
+    defective = [r for r in all_records if not r.check.ok and r.check.engine_ok]
     html = report_of(defective, tmp_path, tokenizer_dirs["qwen3"])
     verdict = text_of(section(html, "verdict"))
     assert verdict.startswith(
@@ -207,9 +207,9 @@ def test_a_run_where_every_rollout_has_a_defect_is_not_green(tmp_path, all_recor
 
 
 def test_tokens_lost_to_truncation_are_a_warning_with_their_share(tmp_path, all_records, tokenizer_dirs):
-    truncated = [r for r in all_records if r["check"]["truncated"]]
-    check = truncated[0]["check"]
-    share = 100 * check["lost_sampled_tokens"] / check["num_sampled"]
+    truncated = [r for r in all_records if r.check.truncated]
+    check = truncated[0].check
+    share = 100 * check.lost_sampled_tokens / check.num_sampled
     html = report_of(truncated, tmp_path, tokenizer_dirs["qwen3"])
     verdict = text_of(section(html, "verdict"))
     assert verdict.startswith(f"Tokens are consistent, but {share:.1f}% of sampled tokens were cut by truncation")
@@ -281,12 +281,12 @@ def test_a_long_turn_is_folded_out_of_the_page(tmp_path, renderer_for, tokenizer
     from long_rollouts import naive_repetitive
 
     from verl_ext.check import ConsistencyChecker
-    from verl_ext.telemetry.records import rollout_record
+    from verl_ext.check.record import Rollout
 
     r = renderer_for("qwen3")
     ro = naive_repetitive(r, 40_000, turns=1)
-    result = ConsistencyChecker(r).check(ro.calls, ro.sample, ro.messages, TOOLS)
-    record = rollout_record(ro.calls, ro.sample, ro.messages, result, tools=TOOLS, step=0)
+    rollout = Rollout.of(ro.calls, ro.sample, ro.messages, TOOLS)
+    record = rollout.record(ConsistencyChecker(r).check_rollout(rollout))
     html = report_of([record], tmp_path, tokenizer_dirs["qwen3"])
     assert ro.tokens > 40_000 and len(html.encode()) < 200_000
     assert re.search(r"⋯ \d{5} context tokens not shown \(positions \d+–\d+\)", html)
@@ -330,15 +330,14 @@ def test_a_rollout_whose_check_ran_out_of_time_makes_the_verdict_amber(tmp_path,
     from long_rollouts import repetitive_tool_output
 
     from verl_ext.check import CheckPolicy, ConsistencyChecker
-    from verl_ext.telemetry.records import rollout_record
+    from verl_ext.check.record import Rollout
 
     r = renderer_for("qwen3")
     ro = repetitive_tool_output(r, 2000, turns=1)
-    result = ConsistencyChecker(r, policy=CheckPolicy(template_view_budget_s=1e-6)).check(
-        ro.calls, ro.sample, ro.messages, TOOLS
-    )
+    rollout = Rollout.of(ro.calls, ro.sample, ro.messages, TOOLS)
+    result = ConsistencyChecker(r, policy=CheckPolicy(template_view_budget_s=1e-6)).check_rollout(rollout)
     assert result.template_view_skipped
-    record = rollout_record(ro.calls, ro.sample, ro.messages, result, tools=TOOLS, step=0)
+    record = rollout.record(result)
     html = report_of([record], tmp_path, tokenizer_dirs["qwen3"])
     verdict = text_of(section(html, "verdict"))
     assert verdict.startswith("Tokens are consistent, but the template view was skipped on 1 rollout")

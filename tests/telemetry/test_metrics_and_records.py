@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 
 from rollouts import TOOLS, Turn, call, run, tool_result
 
 from verl_ext.check import Cause, ConsistencyChecker
+from verl_ext.check.record import Rollout
 from verl_ext.cli.main import main as cli
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import RepairKind
 from verl_ext.telemetry.metrics import aggregate, format_metrics
-from verl_ext.telemetry.records import RecordWriter, header_record, read_records, rollout_record
+from verl_ext.telemetry.records import RecordWriter, header_record, read_records
 
 IM_END, ENDOFTEXT = 151645, 151643
 TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+1"}}\n</tool_call>'
@@ -30,11 +32,12 @@ def two_turn_rollout(r, stop_on_tool_call: bool = False):
     )
 
 
-def checked(r, ro, response_length=None):
+def checked(r, ro, response_length=None, **record):
+    """(the loop's Rollout, its check result); ``record``: more ``Rollout.of`` arguments (step, kinds, ...)."""
     t = ro.trajectory
     repairs = {k.value: sum(e.kind is k for e in t.edits) for k in RepairKind}
-    sample = ro.sample(response_length)
-    return sample, ConsistencyChecker(r).check(ro.calls, sample, ro.messages, TOOLS, repairs=repairs)
+    rollout = Rollout.of(ro.calls, ro.sample(response_length), ro.messages, TOOLS, repairs=repairs, **record)
+    return rollout, ConsistencyChecker(r).check_rollout(rollout)
 
 
 def test_metrics_count_findings_repairs_and_truncation(renderer_for):
@@ -58,26 +61,19 @@ def test_metrics_count_findings_repairs_and_truncation(renderer_for):
 def test_records_replay_to_the_same_stream(renderer_for, tokenizer_dirs, tmp_path, capsys):
     r = renderer_for("qwen3")
     ro = two_turn_rollout(r, stop_on_tool_call=True)
-    sample, result = checked(r, ro)
-    writer = RecordWriter(tmp_path, header_record(probe_template(r)))
     t = ro.trajectory
-    writer.write(
-        rollout_record(
-            ro.calls,
-            sample,
-            ro.messages,
-            result,
-            tools=TOOLS,
-            step=7,
-            kinds=[k.value for k in t.kinds],
-            repairs=t.to_dict()["repairs"],
-        )
-    )
+    rollout, result = checked(r, ro, step=7, kinds=[k.value for k in t.kinds], repair_log=t.to_dict()["repairs"])
+    writer = RecordWriter(tmp_path, header_record(probe_template(r)))
+    written = rollout.record(result)
+    writer.write(written)
     headers, rollouts = read_records([writer.path])
-    assert len(headers) == 1 and headers[0]["template_profile"]["verdict"] == "repairable"
+    assert len(headers) == 1 and headers[0].template_profile["verdict"] == "repairable"
     (rec,) = rollouts
-    assert rec["step"] == 7 and rec["input_ids"] == t.input_ids and rec["check"]["ok"]
-    assert {f["cause"] for f in rec["check"]["findings"]} >= {"eos_alias", "synthetic_close"}
+    assert rec == written  # the typed record round-trips through its file exactly
+    assert rec.version == 2 and json.loads(writer.path.read_text().splitlines()[1])["version"] == 2
+    assert rec.step == 7 and list(rec.input_ids) == t.input_ids and rec.check.ok
+    assert {f.cause for f in rec.check.findings} >= {"eos_alias", "synthetic_close"}
+    assert rec.turn_of == rollout.turn_of and rec.turn_of[-1] == 1  # the answer's tokens are turn 1
 
     assert cli(["replay", str(writer.path), "--tokenizer", str(tokenizer_dirs["qwen3"]), "--json"]) == 0
     (replayed,) = json.loads(capsys.readouterr().out)
@@ -88,26 +84,26 @@ def test_records_replay_to_the_same_stream(renderer_for, tokenizer_dirs, tmp_pat
 def test_rotation_keeps_max_files_and_a_header_in_each(renderer_for, tmp_path, caplog):
     r = renderer_for("qwen3")
     ro = two_turn_rollout(r)
-    sample, result = checked(r, ro)
-    record = rollout_record(ro.calls, sample, ro.messages, result, tools=TOOLS)
-    size = len(json.dumps(record, separators=(",", ":")))
+    rollout, result = checked(r, ro)
+    record = rollout.record(result)
+    size = len(json.dumps(record.to_json(), separators=(",", ":")))
     writer = RecordWriter(tmp_path, header_record(probe_template(r)), max_bytes=int(size * 2.5), max_files=3)
     with caplog.at_level(logging.WARNING, logger="verl_ext.records"):
         for step in range(9):
-            writer.write({**record, "step": step})
+            writer.write(dataclasses.replace(record, step=step))
     files = sorted(tmp_path.iterdir())
     expected = [writer.path.name.replace(".jsonl", suffix) for suffix in (".1.jsonl", ".2.jsonl", ".jsonl")]
     assert [f.name for f in files] == expected
     assert all(f.stat().st_size <= size * 2.5 for f in files)
     headers, rollouts = read_records(files)
-    steps = sorted(r["step"] for r in rollouts)
+    steps = sorted(r.step for r in rollouts)
     assert len(headers) == 3 and steps == list(range(steps[0], 9)) and steps[0] > 0  # newest kept, oldest dropped
     assert writer.dropped_files >= 1 and "deleted" in caplog.text
 
 
 def test_bad_records_name_file_and_line(tmp_path):
     bad = tmp_path / "x.jsonl"
-    bad.write_text('{"type": "rollout"}\nnot json\n')
+    bad.write_text('{"type": "header", "version": 2, "template_profile": {}}\nnot json\n')
     try:
         read_records([bad])
     except ValueError as exc:

@@ -5,6 +5,7 @@ from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, CheckResult, EngineFailure, FailureKind, Finding, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.policy import CheckMode, CheckPolicy, ConsistencyError, Enforcer, explain
+from verl_ext.check.record import SCHEMA_VERSION, Rollout, RolloutRecord
 
 __all__ = [
     "ALLOWED_BY_DESIGN",
@@ -19,6 +20,9 @@ __all__ = [
     "Enforcer",
     "FailureKind",
     "Finding",
+    "Rollout",
+    "RolloutRecord",
+    "SCHEMA_VERSION",
     "Span",
     "TrainerSample",
     "explain",

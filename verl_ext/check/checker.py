@@ -14,6 +14,7 @@ from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, Cause, CheckResult, 
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.locate import Locator
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.check.record import Rollout
 from verl_ext.check.template_view import template_findings
 from verl_ext.check.turn_boundaries import turn_end_findings
 from verl_ext.core.errors import TemplateError
@@ -57,13 +58,31 @@ class ConsistencyChecker:
         prompt_messages: int | None = None,
         response_length: int | None = None,
     ) -> CheckResult:
-        """Check one rollout.
+        """``check_rollout(Rollout.of(calls, sample, messages, tools, ...))``: for callers that hold the parts of a
+        rollout (tests, benchmarks, the replay round trip); the loop builds its ``Rollout`` once and passes that."""
+        rollout = Rollout.of(
+            calls,
+            sample,
+            messages,
+            tools,
+            prompt_messages=prompt_messages,
+            response_length=response_length,
+            repairs=repairs,
+        )
+        return self.check_rollout(rollout, template_view)
 
-        ``template_view`` forces the template view on or off (default: the policy's rate). ``prompt_messages`` is
-        the number of messages in the first prompt (assistant messages in it are history, not engine output).
-        ``response_length`` is the trainer's cap: a response shorter than the engine's stream is truncation only
-        when it is exactly that long; without it, any shorter response is taken as a cut.
+    def check_rollout(self, rollout: Rollout, template_view: bool | None = None) -> CheckResult:
+        """Check one rollout: the engine view always, the turn-end findings when the engine view leaves the stream
+        aligned, the template view at the policy's rate. Never raises for a rollout the template cannot render
+        (a ``template_refused`` finding) or one whose template view runs out of time (``template_view_skipped``).
+
+        ``template_view`` forces the template view on or off (default: the policy's rate). The rollout's
+        ``prompt_messages`` is the number of messages in the first prompt (assistant messages in it are history,
+        not engine output). Its ``response_length`` is the trainer's cap: a response shorter than the engine's
+        stream is truncation only when it is exactly that long; without it, any shorter response is a cut.
         """
+        calls, sample, messages, tools = rollout.calls, rollout.sample, rollout.messages, rollout.tools
+        prompt_messages, response_length = rollout.prompt_messages, rollout.response_length
         started = time.perf_counter()
         ev = check_engine_view(
             calls,
@@ -78,7 +97,7 @@ class ConsistencyChecker:
         skipped = ""
         if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
             stream = sample.stream if len(sample.stream) >= len(ev.engine_stream) else ev.engine_stream
-            loc = Locator.build(calls, messages, stream, self.renderer, prompt_messages)
+            loc = Locator.build(calls, messages, stream, self.renderer, prompt_messages, rollout.assistants)
             findings = turn_end_findings(loc, self.profile, stream, self.policy.allows)
             if template_view is None:
                 rate = self.policy.template_view_rate
@@ -119,8 +138,8 @@ class ConsistencyChecker:
             truncated=ev.truncated,
             lost_sampled_tokens=ev.lost_sampled_tokens,
             num_turns=len(calls),
-            num_sampled=sum(len(c.output_ids) for c in calls),
-            repairs=Counter(repairs or {}),
+            num_sampled=rollout.num_sampled,
+            repairs=Counter(rollout.repairs),
             seconds=time.perf_counter() - started,
             template_view_skipped=skipped,
         )

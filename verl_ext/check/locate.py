@@ -32,9 +32,13 @@ class Locator:
         stream: Sequence[int],
         r: ChatRenderer,
         prompt_messages: int | None = None,
+        assistants: Sequence[int] | None = None,
     ) -> Locator:
+        """``assistants``: the message index of each call's assistant message when already known (``Rollout``
+        computes it once); otherwise found from ``messages`` and ``prompt_messages``."""
         roles = [str(m.get("role")) for m in messages]
-        assistants = rollout_assistants(messages, len(calls), prompt_messages)
+        if assistants is None:
+            assistants = rollout_assistants(messages, len(calls), prompt_messages)
         nxt = [roles[i + 1] if i + 1 < len(roles) else "end" for i in assistants]
         nxt += ["end"] * (len(calls) - len(nxt))
         return cls(tuple(calls), tuple(nxt), tuple(stream), r, tuple(assistants))

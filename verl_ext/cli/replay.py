@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from typing import Any
 
+from verl_ext.check.record import RolloutRecord
 from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
 from verl_ext.core.invariants import check_invariants
 from verl_ext.core.rendering import ChatRenderer
@@ -18,12 +19,18 @@ LARGE_RECORD_IDS = 20_000  # about a second of replay on a contended 2-core mach
 
 
 def read_records(path: str) -> Iterator[tuple[int, ReplayRecord]]:
+    """(line number, conversation) for each record of a replay file or a check's record file (whose header line
+    is skipped). Raises RecordError naming file:line for a malformed record, and for a file with none."""
     count = 0
     for line_no, obj in read_json_lines(path, "replay file"):
         if isinstance(obj, dict) and obj.get("type") == "header":
             continue  # a rollout records file's header (the template profile); not a conversation
         count += 1
-        yield line_no, ReplayRecord.from_json(obj, where=f"{path}:{line_no}")
+        where = f"{path}:{line_no}"
+        if isinstance(obj, dict) and obj.get("type") == "rollout":  # a check's record: the typed record's loader
+            yield line_no, RolloutRecord.from_json(obj, where).replay_record(where)
+        else:
+            yield line_no, ReplayRecord.from_json(obj, where=where)
     if count == 0:
         raise RecordError(f"{path}: no records (the file is empty); write one JSON object per line")
 

@@ -5,7 +5,8 @@ One JSON object per line (see docs/replay-format.md):
 - ``tools`` (optional): OpenAI tool schemas;
 - ``chat_template_kwargs`` (optional): passed to the chat template (e.g. ``enable_thinking``);
 - ``sampled`` (optional): assistant message index (a string) -> the engine's output ids;
-- ``logprobs`` (optional): same keys -> one logprob per output id;
+- ``logprobs`` (optional): same keys -> one logprob per output id (``"NaN"``, ``"Infinity"``, ``"-Infinity"``: a float
+  that is not finite, as record files write it);
 - ``finish`` (optional): same keys -> ``"stop"``, ``"length"`` or SGLang's ``finish_reason`` object;
 - ``prompt_messages`` (optional): how many messages the first prompt has (chat history with assistant turns).
 An assistant message without sampled ids is taken as the model's canonical output.
@@ -14,6 +15,7 @@ An assistant message without sampled ids is taken as the model's canonical outpu
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +33,10 @@ from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 class RecordError(VerlExtError, ValueError):
     """A replay record is malformed; the message names the field and the fix."""
 
+
+# Strict JSON has no NaN or Infinity: record files (schema version 2, ``verl_ext.check.record``) write a float that
+# is not finite as one of these strings, and every float field of the replay format reads them back.
+NON_FINITE_JSON: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
 
 # One line is one record held in memory at once; a longer line is refused rather than read whole.
 MAX_LINE_BYTES = 256 * 1024 * 1024
@@ -186,12 +192,15 @@ def _token_ids(value: Any) -> tuple[int, ...]:
 
 
 def _logprobs(value: Any) -> tuple[float, ...]:
+    """Numbers, or the strings record files write for floats that are not finite (``NON_FINITE_JSON``)."""
     if not isinstance(value, list):
         raise TypeError(f"expected a list of numbers (one logprob per sampled id), got {json_type(value)}")
     for k, x in enumerate(value):
+        if isinstance(x, str) and x in NON_FINITE_JSON:
+            continue
         if isinstance(x, bool) or not isinstance(x, int | float):
-            raise TypeError(f"item {k} is {json_type(x)} ({x!r}), not a number")
-    return tuple(float(x) for x in value)
+            raise TypeError(f'item {k} is {json_type(x)} ({x!r}), not a number (or "NaN", "Infinity", "-Infinity")')
+    return tuple(NON_FINITE_JSON[x] if isinstance(x, str) else float(x) for x in value)
 
 
 def _finish(value: Any) -> FinishReason | str:

@@ -30,6 +30,7 @@ from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.policy import CheckMode, Enforcer
+from verl_ext.check.record import Rollout
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import OptionsError, TemplateError
 from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
@@ -47,7 +48,7 @@ from verl_ext.plugin.tool_calls import (
     malformed_count,
     run_tool,
 )
-from verl_ext.telemetry.records import RecordWriter, header_record, rollout_record
+from verl_ext.telemetry.records import RecordWriter, header_record
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -74,60 +75,29 @@ class _Runtime:
         """What is invalid in one engine output (the same test the trajectory and the check apply)."""
         return validate_engine_output(ids, logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set)
 
-    def conclude(
-        self,
-        calls: Sequence[EngineCall],
-        sample: TrainerSample,
-        messages: Sequence[Mapping[str, Any]],
-        tools: Sequence[Mapping[str, Any]] | None,
-        *,
-        step: int,
-        prompt_messages: int,
-        response_length: int,
-        counters: Counter[str],
-        repairs: Counter[str] | None = None,
-        record: Mapping[str, Any] | None = None,
-    ) -> CheckResult:
-        """The end of every rollout, in either loop: check it, record it, report its metrics, apply the policy.
-        ``record`` holds extra ``rollout_record`` arguments (kinds, repair log, ...)."""
+    def conclude(self, rollout: Rollout, counters: Counter[str]) -> CheckResult:
+        """The end of every rollout, in either loop: check it (unless the check is off), write its record, report its
+        metrics, apply the policy. Raises ``ConsistencyError`` only where the policy says so (strict mode); a
+        failed record write is counted in ``counters``, never raised."""
         if self.checker.policy.mode is CheckMode.OFF:
-            n_sampled = sum(len(c.output_ids) for c in calls)
-            result = CheckResult((), (), False, False, 0, len(calls), n_sampled, repairs or Counter())
+            result = CheckResult(
+                (), (), False, False, 0, len(rollout.calls), rollout.num_sampled, Counter(rollout.repairs)
+            )
         else:
-            result = self.checker.check(
-                calls,
-                sample,
-                messages,
-                tools,
-                repairs=repairs,
-                prompt_messages=prompt_messages,
-                response_length=response_length,
-            )
+            result = self.checker.check_rollout(rollout)
         if self.writer is not None:
-            self.write_record(
-                rollout_record(
-                    calls,
-                    sample,
-                    messages,
-                    result,
-                    tools=tools,
-                    chat_template_kwargs=self.renderer.template_kwargs,
-                    step=step,
-                    prompt_messages=prompt_messages,
-                    **(record or {}),
-                ),
-                counters,
-            )
+            self.write_record(rollout, result, counters)
         metrics_sink.report(result, counters)
-        self.enforcer.enforce(result, step)
+        self.enforcer.enforce(result, rollout.step)
         return result
 
-    def write_record(self, record: Mapping[str, Any], counters: Counter[str]) -> None:
-        """Records are diagnostics: a failed write is logged with its cause and counted, and training goes on."""
+    def write_record(self, rollout: Rollout, result: CheckResult, counters: Counter[str]) -> None:
+        """Records are diagnostics: a record that cannot be built or written is logged with its cause and counted,
+        and training goes on."""
         if self.writer is None:
             return
         try:
-            self.writer.write(record)
+            self.writer.write(rollout.record(result))
         except (OSError, TypeError, ValueError) as exc:
             counters["records/write_errors"] += 1
             log.error("verl_ext: could not write a rollout record to %s: %s", self.writer.path, exc)
@@ -217,26 +187,25 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
         # step 4: check the rollout, write its record, report its metrics, apply the policy
-        result = rt.conclude(
+        rollout = Rollout.of(
             ro.calls,
             sample,
             t.messages,
             ro.tools,
-            step=training_step(kwargs, ro.extra_fields.get("global_steps")),
             prompt_messages=len(messages),
             response_length=self.response_length,
-            counters=ro.counters,
+            step=training_step(kwargs, ro.extra_fields.get("global_steps")),
+            chat_template_kwargs=rt.renderer.template_kwargs,
+            kinds=[k.value for k in t.kinds[: len(sample.stream)]],
             repairs=Counter(e.kind.value for e in t.edits),
-            record={
-                "kinds": [k.value for k in t.kinds[: len(sample.stream)]],
-                "repairs": t.repair_log(),
-                "extra": {
-                    "data_source": kwargs.get("data_source"),
-                    "index": _plain_index(kwargs.get("index")),
-                    **({"resumed_turns": ro.resumed} if ro.resumed else {}),
-                },
+            repair_log=t.repair_log(),
+            extra={
+                "data_source": kwargs.get("data_source"),
+                "index": _plain_index(kwargs.get("index")),
+                **({"resumed_turns": ro.resumed} if ro.resumed else {}),
             },
         )
+        result = rt.conclude(rollout, ro.counters)
         return self._output(ro, sample, result)
 
     # -- the rollout's steps, in order ------------------------------------------------------------

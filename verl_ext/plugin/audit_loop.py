@@ -17,6 +17,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.policy import CheckMode
+from verl_ext.check.record import Rollout
 from verl_ext.plugin.agent_loop import finish_reason, runtime_for, training_step
 from verl_ext.plugin.options import LoopOptions
 
@@ -74,17 +75,18 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         prompt_messages = len(kwargs["raw_prompt"])
         await self._complete_messages(messages, prompt_messages, recorder, data)
         tools = (getattr(data, "_active_tool_schemas", None) if data is not None else None) or self.tool_schemas or None
-        result = self.rt.conclude(
+        rollout = Rollout.of(
             calls,
             sample,
             messages,
             tools,
-            # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
-            step=training_step(kwargs, output.extra_fields.get("global_steps")),
             prompt_messages=prompt_messages,
             response_length=self.response_length,
-            counters=Counter(),
+            # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
+            step=training_step(kwargs, output.extra_fields.get("global_steps")),
+            chat_template_kwargs=self.rt.renderer.template_kwargs,
         )
+        result = self.rt.conclude(rollout, Counter())
         output.extra_fields["verl_ext_check"] = result.verdict_fields()
         return output
 

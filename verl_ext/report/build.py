@@ -32,10 +32,10 @@ def decoding_mismatches(records: Records, decode: Decode, limit: int = 50) -> in
     bad = 0
     seen = 0
     for ref in records.rollouts:
-        for f in (ref.record.get("check") or {}).get("findings") or []:
-            if f.get("stream_ids") and seen < limit:
+        for f in ref.record.check.findings:
+            if f.stream_ids and seen < limit:
                 seen += 1
-                bad += decode([int(i) for i in f["stream_ids"]]) != f.get("stream_text")
+                bad += decode(f.stream_ids) != f.stream_text
     return bad
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from verl_ext.check.record import RecordedCheck, RecordedFailure, RecordedFinding
 from verl_ext.report.load import RolloutRef
-from verl_ext.report.summary import check_of, step_of
 from verl_ext.report.tokens import Decode, Item, token_view
 
 
@@ -16,7 +15,7 @@ class Example:
     rank: int
     label: str
     step: int
-    check: dict[str, Any]
+    check: RecordedCheck
     items: list[Item]
     tokens: int
     defects: int
@@ -26,19 +25,18 @@ class Example:
         return f"example-{self.rank}"
 
     @property
-    def findings(self) -> list[dict[str, Any]]:
-        return list(self.check.get("findings") or [])
+    def findings(self) -> tuple[RecordedFinding, ...]:
+        return self.check.findings
 
     @property
-    def engine_failures(self) -> list[dict[str, Any]]:
-        return list(self.check.get("engine_failures") or [])
+    def engine_failures(self) -> tuple[RecordedFailure, ...]:
+        return self.check.engine_failures
 
 
 def severity(ref: RolloutRef) -> tuple[int, int, int]:
-    check = check_of(ref)
-    findings = check.get("findings") or []
-    defects = sum(not f.get("allowed", False) for f in findings)
-    return len(check.get("engine_failures") or []), defects, len(findings)
+    """(engine failures, defects, findings): the order the report ranks rollouts by, worst first."""
+    check = ref.record.check
+    return len(check.engine_failures), check.defects, len(check.findings)
 
 
 def worst_examples(rollouts: Sequence[RolloutRef], decode: Decode, limit: int = 5) -> list[Example]:
@@ -50,10 +48,10 @@ def worst_examples(rollouts: Sequence[RolloutRef], decode: Decode, limit: int = 
         Example(
             rank=k,
             label=ref.label,
-            step=step_of(ref),
-            check=check_of(ref),
+            step=ref.record.step,
+            check=ref.record.check,
             items=token_view(ref.record, decode),
-            tokens=len(ref.record.get("input_ids") or []),
+            tokens=len(ref.record.input_ids),
             defects=severity(ref)[1],
         )
         for k, ref in enumerate(ranked[:limit], 1)

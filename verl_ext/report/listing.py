@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 from verl_ext.report.examples import severity
 from verl_ext.report.load import RolloutRef
-from verl_ext.report.summary import check_of, step_of
 
 LIST_LIMIT = 2000  # rows in the page; the rest are counted, worst first kept
 
@@ -48,22 +47,22 @@ def rollout_rows(rollouts: Sequence[RolloutRef], examples: Mapping[str, str]) ->
     ranked = sorted(rollouts, key=lambda r: tuple(-x for x in severity(r)))
     rows = []
     for ref in ranked[:LIST_LIMIT]:
-        check = check_of(ref)
-        findings = check.get("findings") or []
-        defect = sorted({str(f.get("cause")) for f in findings if not f.get("allowed")})
-        allowed = sorted({str(f.get("cause")) for f in findings if f.get("allowed")} - set(defect))
+        check = ref.record.check
+        findings = check.findings
+        defect = sorted({f.cause for f in findings if not f.allowed})
+        allowed = sorted({f.cause for f in findings if f.allowed} - set(defect))
         rows.append(
             RolloutRow(
                 label=ref.label,
-                step=step_of(ref),
-                engine_failures=tuple(sorted({str(f.get("kind")) for f in check.get("engine_failures") or []})),
+                step=ref.record.step,
+                engine_failures=tuple(sorted({f.kind for f in check.engine_failures})),
                 defect_causes=tuple(defect),
                 allowed_causes=tuple(allowed),
                 findings=len(findings),
-                tokens=len(ref.record.get("input_ids") or []),
-                turns=int(check.get("num_turns") or 0),
-                lost_sampled_tokens=int(check.get("lost_sampled_tokens") or 0),
-                skipped=bool(check.get("template_view_skipped")),
+                tokens=len(ref.record.input_ids),
+                turns=check.num_turns,
+                lost_sampled_tokens=check.lost_sampled_tokens,
+                skipped=bool(check.template_view_skipped),
                 example=examples.get(ref.label),
             )
         )

@@ -8,14 +8,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_ext.check.record import RolloutRecord
 from verl_ext.telemetry.records import read_records
 
 
 @dataclass(frozen=True)
 class RolloutRef:
+    """A rollout record and where it came from."""
+
     file: str  # the file's name, as given on the command line
     index: int  # 1-based position among the file's rollout records
-    record: dict[str, Any]
+    record: RolloutRecord
 
     @property
     def label(self) -> str:
@@ -30,16 +33,17 @@ class Records:
 
 
 def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
-    """Raises ValueError when the files hold no rollout (an empty report would look like a clean run)."""
+    """Every rollout record of the files, typed (``RolloutRecord.from_json``). Raises ValueError (one line naming
+    file:line, and the key and fix for a field of the wrong type) for a malformed record, and when the files hold
+    no rollout (an empty report would look like a clean run)."""
     profiles: dict[str, dict[str, Any]] = {}
     rollouts: list[RolloutRef] = []
     for path in paths:
         # One file at a time, so each rollout keeps its file and position.
         headers, records = read_records([path])
         for h in headers:
-            profile = h.get("template_profile")
-            if isinstance(profile, dict):
-                profiles.setdefault(str(profile.get("fingerprint", "")), profile)
+            if h.template_profile:
+                profiles.setdefault(h.fingerprint, dict(h.template_profile))
         rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
     if not rollouts:
         names = ", ".join(str(p) for p in paths)

@@ -1,6 +1,7 @@
 """Aggregate the ``check`` object of every rollout record: the summary table, findings per step and per turn.
 
-Works on the records' plain dicts (``CheckResult.to_dict()``), so the report needs no checker objects.
+Works on the records' ``RecordedCheck`` (causes are strings there), so the report needs no checker objects and
+counts a cause a newer verl_ext wrote under its own name.
 """
 
 from __future__ import annotations
@@ -8,7 +9,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause
 from verl_ext.report.load import RolloutRef
@@ -89,21 +89,9 @@ class Summary:
         )
 
 
-def check_of(ref: RolloutRef) -> dict[str, Any]:
-    check = ref.record.get("check")
-    if not isinstance(check, dict):
-        raise ValueError(f"{ref.label}: the rollout record has no 'check' object; was it written by the check?")
-    return check
-
-
-def step_of(ref: RolloutRef) -> int:
-    step = ref.record.get("step", 0)
-    return int(step) if isinstance(step, int | float) else 0
-
-
 def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
-    checks = [check_of(r) for r in rollouts]
-    steps = sorted({step_of(r) for r in rollouts})
+    checks = [r.record.check for r in rollouts]
+    steps = sorted({r.record.step for r in rollouts})
     step_index = {s: i for i, s in enumerate(steps)}
 
     allowed: Counter[str] = Counter()
@@ -115,44 +103,40 @@ def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
     all_by_step = [0] * len(steps)
     by_turn: dict[int, Counter[str]] = defaultdict(Counter)
     for ref, check in zip(rollouts, checks, strict=True):
-        i = step_index[step_of(ref)]
+        i = step_index[ref.record.step]
         all_by_step[i] += 1
-        bad_by_step[i] += not check.get("ok", False)
-        findings = check.get("findings") or []
-        for f in findings:
-            cause = str(f.get("cause", "unknown"))
-            (allowed if f.get("allowed") else defects)[cause] += 1
-            by_step[cause][i] += 1
-            by_turn[int(f.get("turn") or 0)][cause] += 1
-        with_cause.update({str(f.get("cause", "unknown")) for f in findings})
-        repairs.update({str(k): int(v) for k, v in (check.get("repairs") or {}).items()})
+        bad_by_step[i] += not check.ok
+        for f in check.findings:
+            (allowed if f.allowed else defects)[f.cause] += 1
+            by_step[f.cause][i] += 1
+            by_turn[f.turn][f.cause] += 1
+        with_cause.update({f.cause for f in check.findings})
+        repairs.update(check.repairs)
 
     known = [c.value for c in Cause]
     names = known + sorted((set(allowed) | set(defects)) - set(known))
     rows = tuple(
         CauseRow(c, c in {a.value for a in ALLOWED_BY_DESIGN}, allowed[c], defects[c], with_cause[c]) for c in names
     )
-    seconds = [float(c.get("seconds") or 0.0) for c in checks]
+    seconds = [c.seconds for c in checks]
     return Summary(
         rollouts=len(rollouts),
         steps=tuple(steps),
-        engine_failures=sum(len(c.get("engine_failures") or []) for c in checks),
-        engine_failed_rollouts=sum(not c.get("engine_ok", True) for c in checks),
-        defect_rollouts=sum(not c.get("ok", False) for c in checks),
+        engine_failures=sum(len(c.engine_failures) for c in checks),
+        engine_failed_rollouts=sum(not c.engine_ok for c in checks),
+        defect_rollouts=sum(not c.ok for c in checks),
         causes=rows,
         repairs=dict(sorted(repairs.items())),
-        truncated=sum(bool(c.get("truncated")) for c in checks),
-        lost_sampled_tokens=sum(int(c.get("lost_sampled_tokens") or 0) for c in checks),
-        sampled_tokens=sum(int(c.get("num_sampled") or 0) for c in checks),
-        template_view_rollouts=sum(bool(c.get("template_view")) for c in checks),
+        truncated=sum(c.truncated for c in checks),
+        lost_sampled_tokens=sum(c.lost_sampled_tokens for c in checks),
+        sampled_tokens=sum(c.num_sampled for c in checks),
+        template_view_rollouts=sum(c.template_view for c in checks),
         check_seconds_mean=sum(seconds) / len(seconds) if seconds else 0.0,
         check_seconds_max=max(seconds, default=0.0),
         findings_by_step={c: by_step[c] for c in names if c in by_step},
         defect_rate_by_step=[b / n if n else 0.0 for b, n in zip(bad_by_step, all_by_step, strict=True)],
         findings_by_turn={t: dict(by_turn[t]) for t in sorted(by_turn)},
-        template_view_skipped=sum(bool(c.get("template_view_skipped")) for c in checks),
-        engine_failure_kinds=dict(
-            Counter(str(f.get("kind")) for c in checks for f in c.get("engine_failures") or []).most_common()
-        ),
-        truncated_rollouts_lost=sum(int(c.get("lost_sampled_tokens") or 0) > 0 for c in checks),
+        template_view_skipped=sum(bool(c.template_view_skipped) for c in checks),
+        engine_failure_kinds=dict(Counter(f.kind for c in checks for f in c.engine_failures).most_common()),
+        truncated_rollouts_lost=sum(c.lost_sampled_tokens > 0 for c in checks),
     )

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from verl_ext.check.record import RolloutRecord
 from verl_ext.report.text import Piece, pieces
 
 Decode = Callable[[Sequence[int]], str]
@@ -28,7 +28,7 @@ class Token:
     id: int
     kind: str
     mask: int
-    turn: int  # engine call whose prompt or output holds it (-1: before the first call's prompt end)
+    turn: int  # the record's turn_of: engine call the token belongs to (-1: in the first prompt)
     logprob: float | None  # the engine's, on sampled tokens
     pieces: tuple[Piece, ...]
     finding: int | None = None  # number of the finding over it (defects win over allowed findings)
@@ -80,56 +80,44 @@ class Fold:
 Item = Token | Marker | Fold
 
 
-def token_view(record: dict[str, Any], decode: Decode) -> list[Item]:
-    ids: list[int] = [int(i) for i in record.get("input_ids") or []]
+def token_view(record: RolloutRecord, decode: Decode) -> list[Item]:
+    """The record's stream as tokens, finding and failure markers, and folds (module docstring). Each token's turn
+    is the record's ``turn_of``; tokens of the first prompt show none (-1)."""
+    ids = record.input_ids
     n = len(ids)
-    # The record's kinds come from the trajectory and may be longer than a truncated stream: align them.
-    kinds = [str(k) for k in (record.get("kinds") or [])][:n]
-    kinds += ["?"] * (n - len(kinds))
-    mask = [int(m) for m in (record.get("loss_mask") or [])][:n]
-    mask += [0] * (n - len(mask))
-    calls = record.get("engine_calls") or []
-    logprobs: dict[int, float] = {}
-    starts = []
-    for call in calls:
-        start = int(call.get("prompt_length") or 0)
-        starts.append(start)
-        for i, lp in enumerate(call.get("logprobs") or []):
-            logprobs[start + i] = float(lp)
+    kinds = record.kinds  # one per stream token (the loader pads or cuts them to the stream)
+    mask = list(record.loss_mask[:n]) + [0] * (n - len(record.loss_mask))
+    first_output = record.engine_calls[0].output_start if record.engine_calls else n
+    logprobs = record.sampled_logprobs
 
-    check = record.get("check") or {}
-    findings = check.get("findings") or []
+    check = record.check
+    findings = check.findings
     owner: dict[int, tuple[int, bool]] = {}  # position -> (finding number, defect)
     markers: dict[int, list[Marker]] = {}
     for number, f in enumerate(findings, 1):
-        start, end = (int(x) for x in f.get("stream") or (0, 0))
-        defect = not f.get("allowed", False)
+        start, end = f.stream
+        defect = not f.allowed
         for p in range(start, end):
             if p not in owner or (defect and not owner[p][1]):
                 owner[p] = (number, defect)
-        missing = tuple(pieces(str(f.get("rendered_text", "")))) if end == start else None
-        title = f"finding {number}: {f.get('cause')} ({'defect' if defect else 'allowed'}) — {f.get('detail', '')}"
-        markers.setdefault(min(start, n), []).append(Marker(str(number), str(f.get("cause")), defect, missing, title))
+        missing = tuple(pieces(f.rendered_text)) if end == start else None
+        title = f"finding {number}: {f.cause} ({'defect' if defect else 'allowed'}) — {f.detail}"
+        markers.setdefault(min(start, n), []).append(Marker(str(number), f.cause, defect, missing, title))
     failed: dict[int, str] = {}
-    for k, f in enumerate(check.get("engine_failures") or [], 1):
-        if f.get("position") is None:
+    for k, e in enumerate(check.engine_failures, 1):
+        if e.position is None:
             continue  # a failure of the whole record (e.g. lengths): shown above the tokens only
-        p = int(f["position"])
-        failed.setdefault(p, str(f.get("kind")))
-        title = f"engine-view failure: {f.get('kind')} — {f.get('detail', '')}"
-        marker = Marker(f"E{k}", f"engine: {f.get('kind')}", True, None, title, failure=True)
-        markers.setdefault(min(p, n), []).append(marker)
+        failed.setdefault(e.position, e.kind)
+        title = f"engine-view failure: {e.kind} — {e.detail}"
+        marker = Marker(f"E{k}", f"engine: {e.kind}", True, None, title, failure=True)
+        markers.setdefault(min(e.position, n), []).append(marker)
 
     # Tokens near where a finding starts or ends, or where the engine view failed, are always shown; runs of
     # other tokens (inside a long finding too) are folded. Tokens are built only where shown.
     loud = set(markers) | set(failed)
     for f in findings:
-        start, end = (int(x) for x in f.get("stream") or (0, 0))
-        for edge in (start, end):
+        for edge in f.stream:
             loud.update(range(max(0, edge - FOLD_EDGE), min(n, edge + FOLD_EDGE)))
-
-    def turn_at(p: int) -> int:
-        return sum(1 for s in starts if s <= p) - 1
 
     def token(p: int) -> Token:
         return Token(
@@ -137,7 +125,7 @@ def token_view(record: dict[str, Any], decode: Decode) -> list[Item]:
             id=ids[p],
             kind=kinds[p],
             mask=mask[p],
-            turn=turn_at(p),
+            turn=record.turn_of[p] if p >= first_output and p < len(record.turn_of) else -1,
             logprob=logprobs.get(p) if kinds[p] == "sampled" else None,
             pieces=tuple(pieces(decode([ids[p]]))),
             finding=owner[p][0] if p in owner else None,

@@ -1,9 +1,11 @@
-"""Per-rollout JSONL records: the replay input format plus ids, masks, repairs, engine calls and findings.
+"""Record files: each finished rollout's ``RolloutRecord`` (``verl_ext.check.record``) as one JSON line.
 
 Each process writes its own file (``<prefix>-<host>-<pid>.jsonl``), so Ray workers never interleave lines.
 A file starts with a header line (``"type": "header"``: the template profile); records follow
-(``"type": "rollout"``). When a file would exceed ``max_bytes`` it is rotated to ``.1``, ``.2``, ...; the
-oldest beyond ``max_files`` is deleted, and that deletion is logged.
+(``"type": "rollout"``). Every line carries ``"version"``: the record schema version (``SCHEMA_VERSION``). Lines
+are strict JSON: a float that is not finite (a NaN logprob) is written as the string ``"NaN"``, ``"Infinity"`` or
+``"-Infinity"``, which the record's loader reads back as that float. When a file would exceed ``max_bytes`` it is
+rotated to ``.1``, ``.2``, ...; the oldest beyond ``max_files`` is deleted, and that deletion is logged.
 """
 
 from __future__ import annotations
@@ -16,79 +18,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from verl_ext.check.engine_view import turn_at
-from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
-from verl_ext.core.engine_output import NAN_HAPPENED
+from verl_ext.check.record import SCHEMA_VERSION, RecordHeader, RolloutRecord, json_safe
 from verl_ext.core.probe import TemplateProfile
-from verl_ext.core.replay import read_json_lines
+from verl_ext.core.replay import RecordError, read_json_lines
 
 log = logging.getLogger("verl_ext.records")
 
-RECORD_VERSION = 1
-_REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
+
+def header_record(profile: TemplateProfile) -> RecordHeader:
+    """A record file's first line: the template profile every rollout in the file was checked against."""
+    return RecordHeader(SCHEMA_VERSION, profile.to_dict())
 
 
-def rollout_record(
-    calls: Sequence[EngineCall],
-    sample: TrainerSample,
-    messages: Sequence[Mapping[str, Any]],
-    result: CheckResult,
-    *,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    chat_template_kwargs: Mapping[str, Any] | None = None,
-    step: int = 0,
-    kinds: Sequence[str] | None = None,
-    repairs: Sequence[Mapping[str, Any]] = (),
-    extra: Mapping[str, Any] | None = None,
-    prompt_messages: int | None = None,
-) -> dict[str, Any]:
-    """One rollout as a JSON object that ``verl-ext replay`` reads back (``sampled`` maps the k-th
-    assistant message to engine call k) and ``verl-ext report`` renders."""
-    assistants = rollout_assistants(messages, len(calls), prompt_messages)
-    by_message = list(zip(assistants, calls, strict=False))
-    stream = list(sample.stream)
-    p = len(sample.prompt_ids)
-    if kinds is None:  # no trajectory: what the engine record alone can tell
-        sampled = {i for c in calls for i in range(c.output_start, c.output_end)}
-        kinds = ["prompt" if i < p else "sampled" if i in sampled else "context" for i in range(len(stream))]
-    if len(kinds) < len(stream):
-        raise ValueError(f"rollout_record: {len(kinds)} kinds for a stream of {len(stream)} tokens; pass one per token")
-    turn_of = [turn_at(calls, i) for i in range(len(stream))]
-    return {
-        "type": "rollout",
-        "version": RECORD_VERSION,
-        "step": step,
-        "messages": [dict(m) for m in messages],
-        "tools": [dict(t) for t in tools] if tools else None,
-        "chat_template_kwargs": dict(chat_template_kwargs or {}),
-        "prompt_messages": prompt_messages if prompt_messages is not None else (assistants[0] if assistants else None),
-        "sampled": {str(i): list(c.output_ids) for i, c in by_message},
-        "logprobs": {str(i): list(c.logprobs) for i, c in by_message if c.logprobs is not None},
-        "finish": {str(i): c.finish_reason for i, c in by_message if c.finish_reason in _REPLAYABLE_FINISH},
-        "prompt_length": len(sample.prompt_ids),
-        "input_ids": stream,
-        "loss_mask": [0] * p + list(sample.response_mask),
-        "trainer_logprobs": None if sample.response_logprobs is None else [0.0] * p + list(sample.response_logprobs),
-        "kinds": list(kinds)[: len(stream)],  # the trainer's stream may be cut at its response length
-        "turn_of": turn_of,  # engine call (assistant turn) each token belongs to
-        "repairs": [dict(r) for r in repairs],
-        "engine_calls": [
-            {
-                "prompt_length": len(c.prompt_ids),
-                "output_ids": list(c.output_ids),
-                "logprobs": None if c.logprobs is None else list(c.logprobs),
-                "finish_reason": c.finish_reason,
-            }
-            for c in calls
-        ],
-        "check": result.to_dict(),
-        **(dict(extra) if extra else {}),
-    }
-
-
-def header_record(profile: TemplateProfile) -> dict[str, Any]:
-    return {"type": "header", "version": RECORD_VERSION, "template_profile": profile.to_dict()}
+def to_json_line(record: RolloutRecord | RecordHeader | Mapping[str, Any]) -> str:
+    """One record as a strict JSON line (no bare ``NaN``): non-finite floats become strings (module docstring)."""
+    obj = record.to_json() if isinstance(record, RolloutRecord | RecordHeader) else record
+    try:
+        text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:  # a NaN or infinity somewhere: rewrite only then (the walk costs a pass over the record)
+        text = json.dumps(json_safe(obj), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return text + "\n"
 
 
 class RecordWriter:
@@ -97,7 +46,7 @@ class RecordWriter:
     def __init__(
         self,
         directory: str | os.PathLike[str],
-        header: Mapping[str, Any] | None = None,
+        header: RecordHeader | None = None,
         *,
         max_bytes: int = 64 * 1024 * 1024,
         max_files: int = 4,
@@ -108,14 +57,15 @@ class RecordWriter:
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{prefix}-{socket.gethostname()}-{os.getpid()}.jsonl"
-        self.header = dict(header) if header else None
+        self.header = header
         self.max_bytes = max_bytes
         self.max_files = max_files
         self.dropped_files = 0
 
-    def write(self, record: Mapping[str, Any]) -> None:
-        line = json.dumps(record, ensure_ascii=False, separators=(",", ":")) + "\n"
-        data = line.encode("utf-8")
+    def write(self, record: RolloutRecord | Mapping[str, Any]) -> None:
+        """Append one record (a ``RolloutRecord``, or any JSON object) as a line; rotate first when it would pass
+        ``max_bytes``. Raises OSError when the file cannot be written, TypeError for a value JSON cannot hold."""
+        data = to_json_line(record).encode("utf-8")
         size = self.path.stat().st_size if self.path.exists() else 0
         if size and size + len(data) > self.max_bytes:
             self._rotate()
@@ -129,7 +79,7 @@ class RecordWriter:
             )
         with self.path.open("ab") as fh:
             if size == 0 and self.header is not None:
-                fh.write((json.dumps(self.header, ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8"))
+                fh.write(to_json_line(self.header).encode("utf-8"))
             fh.write(data)
 
     def _rotate(self) -> None:
@@ -152,17 +102,21 @@ class RecordWriter:
         return self.path.with_name(f"{self.path.stem}.{n}.jsonl")
 
 
-def read_records(paths: Sequence[str | os.PathLike[str]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(headers, rollouts) from record files, in file order. Malformed lines raise ValueError naming file:line."""
-    headers: list[dict[str, Any]] = []
-    rollouts: list[dict[str, Any]] = []
+def read_records(
+    paths: Sequence[str | os.PathLike[str]],
+) -> tuple[list[RecordHeader], list[RolloutRecord]]:
+    """(headers, rollouts) from record files, in file order; each line typed and checked field by field.
+    Raises RecordError (a ValueError) with one line naming file:line (and the key) for a malformed line, a line
+    that is not a record, a wrong type, or a schema version newer than this verl_ext reads."""
+    headers: list[RecordHeader] = []
+    rollouts: list[RolloutRecord] = []
     for path in paths:
         for n, obj in read_json_lines(path, "records file", hint="; is this a records file?"):
             kind = obj.get("type") if isinstance(obj, dict) else None
             if kind == "header":
-                headers.append(obj)
+                headers.append(RecordHeader.from_json(obj, f"{path}:{n}"))
             elif kind == "rollout":
-                rollouts.append(obj)
+                rollouts.append(RolloutRecord.from_json(obj, f"{path}:{n}"))
             else:
-                raise ValueError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
+                raise RecordError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
     return headers, rollouts

@@ -1,0 +1,707 @@
+"""The rollout record: one typed, versioned object per rollout, from the agent loop to the report.
+
+The flow of one rollout's data (every arrow hands over a frozen dataclass, never loose parameters or raw dicts)::
+
+    agent loop (plugin/agent_loop.py, plugin/audit_loop.py; tests and bench build it the same way)
+      │  Rollout.of(calls, sample, messages, tools, step=..., prompt_messages=..., response_length=..., ...)
+      ▼
+    Rollout ── engine calls, trainer sample, messages, tools, prompt/response lengths, step, the trajectory's
+      │        token kinds and repair log; computed once: ``assistants`` (assistant message of each engine
+      │        call) and ``turn_of`` (the engine call each stream token belongs to)
+      ├──▶ ConsistencyChecker.check_rollout(rollout) ──▶ CheckResult ──▶ tito/ metrics (telemetry/metrics.py)
+      ▼
+    rollout.record(result) ──▶ RolloutRecord ── what one line of a record file holds, typed
+      │  RecordWriter.write (telemetry/records.py): ``to_json()``, ``"version": SCHEMA_VERSION`` in every line
+      ▼
+    record file (JSONL: a ``RecordHeader`` line with the template profile, then one rollout per line)
+      │  read_records (telemetry/records.py) -> RecordHeader.from_json / RolloutRecord.from_json(obj, "file:line"):
+      │  every field type-checked, one-line RecordError naming file, line, key and fix
+      ├──▶ verl-ext report (report/load.py ... report/tokens.py read RolloutRecord attributes, ``turn_of`` included)
+      └──▶ verl-ext replay: ``RolloutRecord.replay_record()`` is a ``core.replay.ReplayRecord``, the same type
+           the replay format parses to (a record line is the replay format plus the stream, calls and check)
+
+The record holds the check's result as ``RecordedCheck`` (causes and failure kinds as strings, spans as pairs), not
+as ``CheckResult``: a record written by a newer verl_ext, with a cause this version does not know, still loads and
+is reported under its own name. ``ConsistencyChecker.check(calls, sample, messages, ...)`` remains for callers that
+hold the parts (tests, benchmarks): it builds the ``Rollout`` and calls ``check_rollout``.
+
+Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
+
+- no version: files written before the version was recorded. Same keys as version 1; they load as version 1
+  (keys they lack take their defaults: ``turn_of`` is recomputed from ``engine_calls``).
+- 1: JSON floats could be bare ``NaN``/``Infinity`` (not JSON; Python's reader accepts them, others do not).
+- 2 (current): a float that is not finite is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``
+  (valid JSON). Float fields (logprobs) read those strings back as floats, so a record round-trips exactly; a
+  non-finite float anywhere else (a tool argument in a message) stays that string.
+- A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
+
+The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from verl_ext.check.engine_view import turn_at
+from verl_ext.check.findings import CheckResult
+from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
+from verl_ext.core.engine_output import NAN_HAPPENED
+from verl_ext.core.messages import json_type
+from verl_ext.core.replay import NON_FINITE_JSON, RecordError, ReplayRecord
+
+SCHEMA_VERSION = 2
+_REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
+
+
+@dataclass(frozen=True)
+class Rollout:
+    """One finished rollout as the loop hands it to the check, the metrics and the record writer.
+
+    Build it with ``Rollout.of``. ``kinds`` (one per trainer-stream token: "prompt", "sampled", "boundary", ...)
+    and ``repair_log`` come from the loop's trajectory; without them the record derives kinds from the engine
+    calls alone. ``repairs`` counts the trajectory's edits by kind (empty when unknown).
+    """
+
+    calls: tuple[EngineCall, ...]
+    sample: TrainerSample
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    prompt_messages: int | None = None  # messages in the first prompt (assistant messages in it are history)
+    response_length: int | None = None  # the trainer's cap on the response (truncation is judged against it)
+    step: int = 0
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    kinds: tuple[str, ...] | None = None
+    repairs: Mapping[str, int] = field(default_factory=dict)
+    repair_log: tuple[Mapping[str, Any], ...] = ()
+    extra: Mapping[str, Any] = field(default_factory=dict)  # more keys for the record (data_source, index, ...)
+
+    @classmethod
+    def of(
+        cls,
+        calls: Sequence[EngineCall],
+        sample: TrainerSample,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        prompt_messages: int | None = None,
+        response_length: int | None = None,
+        step: int = 0,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        kinds: Sequence[str] | None = None,
+        repairs: Mapping[str, int] | None = None,
+        repair_log: Sequence[Mapping[str, Any]] = (),
+        extra: Mapping[str, Any] | None = None,
+    ) -> Rollout:
+        """Raises ValueError when ``kinds`` is shorter than the trainer's stream (one kind per token is needed)."""
+        if kinds is not None and len(kinds) < len(sample.stream):
+            raise ValueError(
+                f"Rollout: {len(kinds)} kinds for a stream of {len(sample.stream)} tokens; pass one per token"
+            )
+        return cls(
+            tuple(calls),
+            sample,
+            tuple(messages),
+            tuple(tools) if tools else None,
+            prompt_messages,
+            response_length,
+            int(step),
+            dict(chat_template_kwargs or {}),
+            None if kinds is None else tuple(str(k) for k in kinds[: len(sample.stream)]),
+            dict(repairs or {}),
+            tuple(repair_log),
+            dict(extra or {}),
+        )
+
+    @cached_property
+    def assistants(self) -> tuple[int, ...]:
+        """Index of the assistant message each engine call produced (``assistants[k]`` answers call k); shorter
+        than ``calls`` when the rollout ended before a call's message was appended."""
+        return tuple(rollout_assistants(self.messages, len(self.calls), self.prompt_messages))
+
+    @cached_property
+    def turn_of(self) -> tuple[int, ...]:
+        """The engine call (assistant turn) each trainer-stream token belongs to (``turn_at``)."""
+        return turns_of(self.calls, len(self.sample.stream))
+
+    @cached_property
+    def token_kinds(self) -> tuple[str, ...]:
+        """``kinds`` when the loop gave them; otherwise what the engine record alone tells: prompt, sampled or
+        context."""
+        if self.kinds is not None:
+            return self.kinds
+        p = len(self.sample.prompt_ids)
+        sampled = {i for c in self.calls for i in range(c.output_start, c.output_end)}
+        n = len(self.sample.stream)
+        return tuple("prompt" if i < p else "sampled" if i in sampled else "context" for i in range(n))
+
+    @property
+    def num_sampled(self) -> int:
+        return sum(len(c.output_ids) for c in self.calls)
+
+    def record(self, result: CheckResult) -> RolloutRecord:
+        """The record file's line for this rollout, with the check's result."""
+        by_message = list(zip(self.assistants, self.calls, strict=False))
+        p = len(self.sample.prompt_ids)
+        first_assistant = self.assistants[0] if self.assistants else None
+        logprobs = self.sample.response_logprobs
+        return RolloutRecord(
+            version=SCHEMA_VERSION,
+            step=self.step,
+            messages=tuple(dict(m) for m in self.messages),
+            tools=tuple(dict(t) for t in self.tools) if self.tools else None,
+            chat_template_kwargs=dict(self.chat_template_kwargs),
+            prompt_messages=self.prompt_messages if self.prompt_messages is not None else first_assistant,
+            sampled={i: c.output_ids for i, c in by_message},
+            logprobs={i: c.logprobs for i, c in by_message if c.logprobs is not None},
+            finish={i: c.finish_reason for i, c in by_message if c.finish_reason in _REPLAYABLE_FINISH},
+            prompt_length=p,
+            input_ids=self.sample.stream,
+            loss_mask=(0,) * p + self.sample.response_mask,
+            trainer_logprobs=None if logprobs is None else (0.0,) * p + logprobs,
+            kinds=self.token_kinds,
+            turn_of=self.turn_of,
+            repairs=tuple(dict(r) for r in self.repair_log),
+            engine_calls=tuple(RecordedCall.of(c) for c in self.calls),
+            check=RecordedCheck.of(result),
+            extra=dict(self.extra),
+        )
+
+
+def turns_of(calls: Sequence[EngineCall] | Sequence[RecordedCall], n: int) -> tuple[int, ...]:
+    """``turn_at`` (the engine call a stream position belongs to: the last call whose output starts at or before
+    it; the first call's prompt belongs to call 0) for positions 0..n-1, in one pass."""
+    starts = [c.output_start for c in calls]
+    if starts != sorted(starts):  # only a broken engine record: take turn_at's answer position by position
+        return tuple(turn_at(calls, p) for p in range(n))  # type: ignore[arg-type]
+    out = []
+    k = 0
+    for position in range(n):
+        while k + 1 < len(calls) and calls[k + 1].output_start <= position:
+            k += 1
+        out.append(k)
+    return tuple(out)
+
+
+# -- what a record file holds, typed ------------------------------------------------------------------------
+# The check's result as the file holds it: causes and failure kinds are strings, so a record written by a newer
+# verl_ext (a cause this version does not know) still loads and is reported under its name.
+
+
+@dataclass(frozen=True)
+class RecordedCall:
+    """One engine call as the record holds it: its prompt is the stream's first ``prompt_length`` tokens."""
+
+    prompt_length: int
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    finish_reason: str
+
+    @classmethod
+    def of(cls, call: EngineCall) -> RecordedCall:
+        return cls(len(call.prompt_ids), call.output_ids, call.logprobs, call.finish_reason)
+
+    @property
+    def output_start(self) -> int:
+        return self.prompt_length
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "prompt_length": self.prompt_length,
+            "output_ids": list(self.output_ids),
+            "logprobs": None if self.logprobs is None else list(self.logprobs),
+            "finish_reason": self.finish_reason,
+        }
+
+
+@dataclass(frozen=True)
+class RecordedFailure:
+    """An engine-view failure (``EngineFailure.to_dict``); ``position`` None: a failure of the whole rollout."""
+
+    kind: str
+    turn: int | None
+    position: int | None
+    detail: str
+
+
+@dataclass(frozen=True)
+class RecordedFinding:
+    """A finding (``Finding.to_dict``): spans are (start, end) stream / template positions."""
+
+    cause: str
+    allowed: bool
+    turn: int
+    boundary: str
+    region: str
+    stream: tuple[int, int]
+    rendered: tuple[int, int]
+    stream_ids: tuple[int, ...]
+    rendered_ids: tuple[int, ...]
+    stream_text: str
+    rendered_text: str
+    context_before: str
+    context_after: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class RecordedCheck:
+    """The check's verdict on one rollout (``CheckResult.to_dict``)."""
+
+    ok: bool
+    engine_ok: bool
+    engine_failures: tuple[RecordedFailure, ...]
+    findings: tuple[RecordedFinding, ...]
+    template_view: bool
+    truncated: bool
+    lost_sampled_tokens: int
+    num_turns: int
+    num_sampled: int
+    repairs: Mapping[str, int]
+    seconds: float
+    template_view_skipped: str = ""
+
+    @classmethod
+    def of(cls, result: CheckResult) -> RecordedCheck:
+        return cls.from_json(result.to_dict(), "check result")
+
+    @property
+    def defects(self) -> int:
+        return sum(not f.allowed for f in self.findings)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str) -> RecordedCheck:
+        f = _Fields(obj, where, "check")
+        findings = []
+        for k, item in enumerate(f.list("findings", default=[])):
+            g = _Fields(item, where, f"check.findings[{k}]")
+            findings.append(
+                RecordedFinding(
+                    cause=g.str("cause", default="unknown"),
+                    allowed=g.bool("allowed", default=False),
+                    turn=g.int("turn", default=0),
+                    boundary=g.str("boundary", default=""),
+                    region=g.str("region", default=""),
+                    stream=g.span("stream"),
+                    rendered=g.span("rendered"),
+                    stream_ids=g.ints("stream_ids", default=()),
+                    rendered_ids=g.ints("rendered_ids", default=()),
+                    stream_text=g.str("stream_text", default=""),
+                    rendered_text=g.str("rendered_text", default=""),
+                    context_before=g.str("context_before", default=""),
+                    context_after=g.str("context_after", default=""),
+                    detail=g.str("detail", default=""),
+                )
+            )
+        failures = []
+        for k, item in enumerate(f.list("engine_failures", default=[])):
+            g = _Fields(item, where, f"check.engine_failures[{k}]")
+            failures.append(
+                RecordedFailure(
+                    kind=g.str("kind", default="unknown"),
+                    turn=g.int("turn", default=None),
+                    position=g.int("position", default=None),
+                    detail=g.str("detail", default=""),
+                )
+            )
+        return cls(
+            ok=f.bool("ok", default=False),
+            engine_ok=f.bool("engine_ok", default=True),
+            engine_failures=tuple(failures),
+            findings=tuple(findings),
+            template_view=f.bool("template_view", default=False),
+            truncated=f.bool("truncated", default=False),
+            lost_sampled_tokens=f.int("lost_sampled_tokens", default=0) or 0,
+            num_turns=f.int("num_turns", default=0) or 0,
+            num_sampled=f.int("num_sampled", default=0) or 0,
+            repairs={str(k): f.count(f"repairs.{k}", v) for k, v in f.dict("repairs", default={}).items()},
+            seconds=f.float("seconds", default=0.0),
+            template_view_skipped=f.str("template_view_skipped", default=""),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "engine_ok": self.engine_ok,
+            "engine_failures": [
+                {"kind": e.kind, "turn": e.turn, "position": e.position, "detail": e.detail}
+                for e in self.engine_failures
+            ],
+            "findings": [
+                {
+                    "cause": x.cause,
+                    "allowed": x.allowed,
+                    "turn": x.turn,
+                    "boundary": x.boundary,
+                    "region": x.region,
+                    "stream": list(x.stream),
+                    "rendered": list(x.rendered),
+                    "stream_ids": list(x.stream_ids),
+                    "rendered_ids": list(x.rendered_ids),
+                    "stream_text": x.stream_text,
+                    "rendered_text": x.rendered_text,
+                    "context_before": x.context_before,
+                    "context_after": x.context_after,
+                    "detail": x.detail,
+                }
+                for x in self.findings
+            ],
+            "template_view": self.template_view,
+            "truncated": self.truncated,
+            "lost_sampled_tokens": self.lost_sampled_tokens,
+            "num_turns": self.num_turns,
+            "num_sampled": self.num_sampled,
+            "repairs": dict(self.repairs),
+            "seconds": self.seconds,
+            "template_view_skipped": self.template_view_skipped,
+        }
+
+
+# The record's own keys; any other key of a rollout line (data_source, index, resumed_turns, ...) is ``extra``.
+_KEYS = frozenset(
+    {
+        "type",
+        "version",
+        "step",
+        "messages",
+        "tools",
+        "chat_template_kwargs",
+        "prompt_messages",
+        "sampled",
+        "logprobs",
+        "finish",
+        "prompt_length",
+        "input_ids",
+        "loss_mask",
+        "trainer_logprobs",
+        "kinds",
+        "turn_of",
+        "repairs",
+        "engine_calls",
+        "check",
+    }
+)
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """One rollout line of a record file. ``sampled``, ``logprobs`` and ``finish`` map an assistant message index to
+    its engine call's output (the replay format); the stream fields (``input_ids``, ``loss_mask``, ``kinds``,
+    ``turn_of``, ``trainer_logprobs``) have one entry per trainer-stream token."""
+
+    version: int
+    step: int
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] | None
+    chat_template_kwargs: Mapping[str, Any]
+    prompt_messages: int | None
+    sampled: Mapping[int, tuple[int, ...]]
+    logprobs: Mapping[int, tuple[float, ...]]
+    finish: Mapping[int, Any]  # "stop", "length", SGLang's "NaN happened" (or its finish_reason object)
+    prompt_length: int
+    input_ids: tuple[int, ...]
+    loss_mask: tuple[int, ...]
+    trainer_logprobs: tuple[float, ...] | None
+    kinds: tuple[str, ...]
+    turn_of: tuple[int, ...]
+    repairs: tuple[dict[str, Any], ...]  # the trajectory's edit log
+    engine_calls: tuple[RecordedCall, ...]
+    check: RecordedCheck
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def sampled_logprobs(self) -> dict[int, float]:
+        """Stream position -> the engine's logprob, over every engine call's output."""
+        out: dict[int, float] = {}
+        for call in self.engine_calls:
+            for i, lp in enumerate(call.logprobs or ()):
+                out[call.prompt_length + i] = lp
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON object of the record line, in its key order; floats that are not finite are still floats here
+        (``RecordWriter`` writes them as strings, see the module docstring)."""
+        return {
+            "type": "rollout",
+            "version": self.version,
+            "step": self.step,
+            "messages": [dict(m) for m in self.messages],
+            "tools": [dict(t) for t in self.tools] if self.tools else None,
+            "chat_template_kwargs": dict(self.chat_template_kwargs),
+            "prompt_messages": self.prompt_messages,
+            "sampled": {str(i): list(v) for i, v in self.sampled.items()},
+            "logprobs": {str(i): list(v) for i, v in self.logprobs.items()},
+            "finish": {str(i): v for i, v in self.finish.items()},
+            "prompt_length": self.prompt_length,
+            "input_ids": list(self.input_ids),
+            "loss_mask": list(self.loss_mask),
+            "trainer_logprobs": None if self.trainer_logprobs is None else list(self.trainer_logprobs),
+            "kinds": list(self.kinds),
+            "turn_of": list(self.turn_of),
+            "repairs": [dict(r) for r in self.repairs],
+            "engine_calls": [c.to_json() for c in self.engine_calls],
+            "check": self.check.to_json(),
+            **dict(self.extra),
+        }
+
+    def replay_record(self, where: str = "record") -> ReplayRecord:
+        """The conversation as ``verl-ext replay`` rebuilds it. Raises RecordError (naming ``where``) when the
+        record cannot be replayed (e.g. logprob counts that disagree with the ids: an engine failure)."""
+        return ReplayRecord.from_json(self.to_json(), where)
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "record") -> RolloutRecord:
+        """A record line, every field type-checked. Raises RecordError with one line naming ``where`` (file:line),
+        the key and the fix. Keys a version-less (pre-version-1) record lacks take their defaults."""
+        f = _Fields(obj, where, "")
+        version = _read_version(f, where)
+        input_ids = f.ints("input_ids", default=())
+        n = len(input_ids)
+        calls = []
+        for k, item in enumerate(f.list("engine_calls", default=[])):
+            g = _Fields(item, where, f"engine_calls[{k}]")
+            calls.append(
+                RecordedCall(
+                    prompt_length=g.int("prompt_length", default=0) or 0,
+                    output_ids=g.ints("output_ids", default=()),
+                    logprobs=g.floats("logprobs", default=None),
+                    finish_reason=g.str("finish_reason", default="stop"),
+                )
+            )
+        if "check" not in obj or not isinstance(obj["check"], dict):
+            raise RecordError(
+                f"{where}: the rollout record has no 'check' object ({json_type(obj.get('check'))}); "
+                "was it written by the check? Records come from verl_ext.records.dir"
+            )
+        messages = f.list("messages", default=[])
+        for k, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise f.error(f"messages[{k}]", "an object (an OpenAI-format message)", m)
+        tools = f.list("tools", default=None)
+        for k, t in enumerate(tools or []):
+            if not isinstance(t, dict):
+                raise f.error(f"tools[{k}]", "an object (a tool schema)", t)
+        kinds = tuple(f.strs("kinds", default=()))[:n]
+        repairs = f.list("repairs", default=[])
+        for k, edit in enumerate(repairs):
+            if not isinstance(edit, dict):
+                raise f.error(f"repairs[{k}]", "an object (one edit of the trajectory's repair log)", edit)
+        finish = f.dict("finish", default={})
+        for k in finish:
+            if not (k.isascii() and k.isdigit()):
+                raise RecordError(f"{where}: 'finish' key {k!r} is not a message index (write \"1\")")
+        turn_of = f.ints("turn_of", default=None)
+        if turn_of is None:  # a record from before turn_of was written
+            turn_of = turns_of(calls, n)
+        return cls(
+            version=version,
+            step=f.int("step", default=0) or 0,
+            messages=tuple(messages),
+            tools=tuple(tools) if tools else None,
+            chat_template_kwargs=f.dict("chat_template_kwargs", default={}),
+            prompt_messages=f.int("prompt_messages", default=None),
+            sampled=f.by_index("sampled", "ints"),
+            logprobs=f.by_index("logprobs", "floats"),
+            finish={int(k): v for k, v in finish.items()},
+            prompt_length=f.int("prompt_length", default=calls[0].prompt_length if calls else 0) or 0,
+            input_ids=input_ids,
+            loss_mask=f.ints("loss_mask", default=()),
+            trainer_logprobs=f.floats("trainer_logprobs", default=None),
+            kinds=kinds + ("?",) * (n - len(kinds)),
+            turn_of=turn_of,
+            repairs=tuple(repairs),
+            engine_calls=tuple(calls),
+            check=RecordedCheck.from_json(obj["check"], where),
+            extra={k: v for k, v in obj.items() if k not in _KEYS},
+        )
+
+
+@dataclass(frozen=True)
+class RecordHeader:
+    """A record file's first line: the template profile (``TemplateProfile.to_dict``) its rollouts were checked
+    against. The profile stays the JSON object the probe wrote; the report's audit (``report/audit.py``) displays it."""
+
+    version: int
+    template_profile: Mapping[str, Any]
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.template_profile.get("fingerprint", ""))
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "header") -> RecordHeader:
+        """Raises RecordError naming ``where`` for a wrong type or a schema version newer than this verl_ext reads."""
+        f = _Fields(obj, where, "")
+        version = _read_version(f, where)
+        return cls(version, f.dict("template_profile", default={}))
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": "header", "version": self.version, "template_profile": dict(self.template_profile)}
+
+
+def _read_version(f: _Fields, where: str) -> int:
+    """The line's schema version: 1 when it has none (files from before it was written)."""
+    version = f.int("version", default=1)
+    if version < 1:
+        raise f.error("version", "a positive integer", version)
+    if version > SCHEMA_VERSION:
+        raise RecordError(
+            f"{where}: record schema version {version} is newer than this verl_ext reads (up to {SCHEMA_VERSION}); "
+            "upgrade verl_ext to read it"
+        )
+    return version
+
+
+_MISSING: Any = object()
+_NON_FINITE_NAMES = 'or "NaN", "Infinity", "-Infinity"'
+
+
+class _Fields:
+    """Typed reads of one JSON object's keys; each wrong type is a RecordError naming where, the key and the fix.
+    A missing key (or null) takes its default; ``default=_MISSING`` makes it required."""
+
+    def __init__(self, obj: Any, where: str, path: str) -> None:
+        if not isinstance(obj, dict):
+            raise RecordError(f"{where}: {path or 'the record'} must be a JSON object, got {json_type(obj)}")
+        self.obj, self.where, self.path = obj, where, path
+
+    def _key(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def error(self, key: str, expected: str, value: Any) -> RecordError:
+        return RecordError(
+            f"{self.where}: {self._key(key)!r} must be {expected}, got {json_type(value)} ({_short(value)}); "
+            "fix or remove that key (records are written by verl_ext.records.dir, see docs/check.md)"
+        )
+
+    def _get(self, key: str, default: Any) -> Any:
+        value = self.obj.get(key)
+        if value is None:
+            if default is _MISSING:
+                raise RecordError(f"{self.where}: {self._key(key)!r} is missing; records written by verl_ext have it")
+            return _MISSING
+        return value
+
+    def _typed(self, key: str, default: Any, ok: Callable[[Any], bool], expected: str) -> Any:
+        value = self._get(key, default)
+        if value is _MISSING:
+            return default
+        if not ok(value):
+            raise self.error(key, expected, value)
+        return value
+
+    def int(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, _is_int, "an integer")
+
+    def count(self, key: str, value: Any) -> int:
+        if not _is_int(value):
+            raise self.error(key, "an integer", value)
+        return int(value)
+
+    def bool(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, lambda v: isinstance(v, bool), "true or false")
+
+    def str(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, lambda v: isinstance(v, str), "a string")
+
+    def float(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._typed(key, default, _is_float, f"a number ({_NON_FINITE_NAMES})")
+        return value if value is default else _float(value)
+
+    def list(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, lambda v: isinstance(v, list), "a list")
+
+    def dict(self, key: str, default: Any = _MISSING) -> Any:
+        return self._typed(key, default, lambda v: isinstance(v, dict), "an object")
+
+    def span(self, key: str) -> tuple[int, int]:
+        value = self._typed(
+            key,
+            [0, 0],
+            lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_int, v)),
+            "[start, end] (two integers)",
+        )
+        return (int(value[0]), int(value[1]))
+
+    def _items(self, key: str, default: Any, ok: Callable[[Any], bool], one: str, many: str) -> Any:
+        """A list whose every item passes ``ok`` (the error names the first that does not)."""
+        value = self._get(key, default)
+        if value is _MISSING:
+            return default
+        if not isinstance(value, list):
+            raise self.error(key, f"a list of {many}", value)
+        for k, item in enumerate(value):
+            if not ok(item):
+                raise self.error(f"{key}[{k}]", one, item)
+        return value
+
+    def ints(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if isinstance(value, list) and all(type(v) is int for v in value):  # the common case, at C speed
+            return tuple(value)
+        value = self._items(key, default, _is_int, "an integer", "integers")
+        return value if value is default else tuple(value)
+
+    def floats(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if isinstance(value, list) and all(type(v) is float for v in value):  # the common case, at C speed
+            return tuple(value)
+        value = self._items(
+            key, default, _is_float, f"a number ({_NON_FINITE_NAMES})", f"numbers ({_NON_FINITE_NAMES})"
+        )
+        return value if value is default else tuple(_float(x) for x in value)
+
+    def strs(self, key: str, default: Any = _MISSING) -> Any:
+        value = self._get(key, default)
+        if isinstance(value, list) and all(type(v) is str for v in value):
+            return tuple(value)
+        value = self._items(key, default, lambda v: isinstance(v, str), "a string", "strings")
+        return value if value is default else tuple(value)
+
+    def by_index(self, key: str, read: str) -> dict[int, Any]:
+        """An object keyed by assistant message index (``"3"``), each value read by the method named ``read``
+        (``"ints"``, ``"floats"``)."""
+        raw = self.dict(key, default={})
+        inner = _Fields(raw, self.where, self._key(key))
+        out = {}
+        for k in raw:
+            if not (k.isascii() and k.isdigit()):
+                raise RecordError(f'{self.where}: {self._key(key)!r} key {k!r} is not a message index (write "1")')
+            out[int(k)] = getattr(inner, read)(k)
+        return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float(value: Any) -> bool:
+    return (isinstance(value, int | float) and not isinstance(value, bool)) or (
+        isinstance(value, str) and value in NON_FINITE_JSON
+    )
+
+
+def _float(value: Any) -> float:
+    return NON_FINITE_JSON[value] if isinstance(value, str) else float(value)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every float that is not finite replaced by ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so
+    ``json.dumps(..., allow_nan=False)`` writes valid JSON (schema version 2)."""
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value

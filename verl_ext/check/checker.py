@@ -92,7 +92,7 @@ class ConsistencyChecker:
             vocab_size=self.renderer.vocab_size,
             stop_ids=self.profile.stop_id_set,
         )
-        findings = []
+        findings: list[Finding] = []
         ran_template = False
         skipped = ""
         if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
@@ -103,34 +103,8 @@ class ConsistencyChecker:
                 rate = self.policy.template_view_rate
                 template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
             if template_view:
-                explained = {i for f in findings for i in range(f.stream.start, f.stream.end)}
-                budget = self.policy.template_view_budget_s
-                view_started = time.perf_counter()
-                try:
-                    rendered = template_findings(
-                        loc,
-                        self.profile,
-                        self.renderer,
-                        messages,
-                        tools,
-                        explained,
-                        self.policy.allows,
-                        deadline=None if budget is None else view_started + budget,
-                    )
-                except TemplateError as exc:
-                    # Final messages the template refuses to render: nothing to compare with, say so.
-                    rendered = [self._refused(loc, exc)]
-                except BudgetExceeded as exc:
-                    # A long, divergent rollout must not stall the step: count it and say why, keep the rest.
-                    skipped = (
-                        f"over its {budget:g} s budget after {time.perf_counter() - view_started:.1f} s on "
-                        f"{len(stream)} tokens: {exc} (raise verl_ext.check.template_view_budget_s)"
-                    )
-                if not skipped:
-                    # Where both views found the same thing, keep the template view's (it has both sides).
-                    located = {(f.cause, f.turn) for f in rendered}
-                    findings = [f for f in findings if (f.cause, f.turn) not in located] + rendered
-                    ran_template = True
+                findings, skipped = self._with_template_view(loc, messages, tools, findings)
+                ran_template = not skipped
         return CheckResult(
             engine_failures=ev.failures,
             findings=tuple(sorted(findings, key=lambda f: (f.stream.start, f.cause.value))),
@@ -143,6 +117,43 @@ class ConsistencyChecker:
             seconds=time.perf_counter() - started,
             template_view_skipped=skipped,
         )
+
+    def _with_template_view(
+        self,
+        loc: Locator,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        findings: list[Finding],
+    ) -> tuple[list[Finding], str]:
+        """The turn-end ``findings`` merged with the template view's, and ""; or, when the template view ran out of
+        its time budget, ``findings`` unchanged and why it stopped. Never raises for a template that refuses the
+        final messages (a ``template_refused`` finding instead)."""
+        explained = {i for f in findings for i in range(f.stream.start, f.stream.end)}
+        budget = self.policy.template_view_budget_s
+        view_started = time.perf_counter()
+        try:
+            rendered = template_findings(
+                loc,
+                self.profile,
+                self.renderer,
+                messages,
+                tools,
+                explained,
+                self.policy.allows,
+                deadline=None if budget is None else view_started + budget,
+            )
+        except TemplateError as exc:
+            # Final messages the template refuses to render: nothing to compare with, say so.
+            rendered = [self._refused(loc, exc)]
+        except BudgetExceeded as exc:
+            # A long, divergent rollout must not stall the step: count it and say why, keep the rest.
+            return findings, (
+                f"over its {budget:g} s budget after {time.perf_counter() - view_started:.1f} s on "
+                f"{len(loc.stream)} tokens: {exc} (raise verl_ext.check.template_view_budget_s)"
+            )
+        # Where both views found the same thing, keep the template view's (it has both sides).
+        located = {(f.cause, f.turn) for f in rendered}
+        return [f for f in findings if (f.cause, f.turn) not in located] + rendered, ""
 
     def _refused(self, loc: Locator, exc: TemplateError) -> Finding:
         """The template refuses to render the final messages (two tool calls in one turn on a single-call

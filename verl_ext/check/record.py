@@ -452,6 +452,7 @@ class RolloutRecord:
         record cannot be replayed (e.g. logprob counts that disagree with the ids: an engine failure)."""
         return ReplayRecord.from_json(self.to_json(), where)
 
+    # long: one type check per field, in the order the format documents them; split, the format would scatter
     @classmethod
     def from_json(cls, obj: Any, where: str = "record") -> RolloutRecord:
         """A record line, every field type-checked. Raises RecordError with one line naming ``where`` (file:line),

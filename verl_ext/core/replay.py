@@ -101,6 +101,7 @@ class ReplayRecord:
     finish: Mapping[int, FinishReason | str] = field(default_factory=dict)  # str: SGLang's "NaN happened"
     prompt_messages: int | None = None  # messages in the first prompt; default: up to the first assistant message
 
+    # long: one type check per field, in the order the format documents them; split, the format would scatter
     @classmethod
     def from_json(cls, obj: Any, where: str = "record") -> ReplayRecord:
         """Every field checked for its type; an error names the field (and message index) and the fix."""

@@ -253,3 +253,22 @@ def test_non_string_content_falls_back_to_the_render(renderer_for, family):
     got = deltas.context_delta([message], TOOLS, _calling(2), False)
     assert got.rendered_because == "message 0 has non-string content: rendered"
     assert got.delta == expected and deltas.stats.learned == 0
+
+
+def test_mistral_tool_call_id_is_learned_as_a_slot(renderer_for):
+    """Mistral v0.3 prints each result's tool_call_id, which changes every turn: one learned shape serves them all
+    (keyed by the id's length), each delta the render's; an id that is not plain text is keyed by its value."""
+    r = renderer_for("mistral-7b-v0.3")
+    profile = probe_template(r)
+    deltas = LearnedDeltas(r, profile, verify_rate=0.0)
+    for n in range(1, 41):
+        messages = [_result(n, f"result {n}")]
+        got = deltas.context_delta(messages, TOOLS, _calling(n), False)
+        assert got.delta == render_context_delta(r, profile, messages, TOOLS, _calling(n), False)
+        assert got.rendered_because is None
+    assert f'"call_id": "call{40:05d}"' in r.decode(got.delta.context_ids)
+    assert deltas.stats.shapes == 1 and deltas.stats.learned == 39
+    odd = [{**_result(41, "odd id"), "tool_call_id": 'call"0041'}]  # 9 characters, one a quote
+    got = deltas.context_delta(odd, TOOLS, _calling(41), False)
+    assert got.delta == render_context_delta(r, profile, odd, TOOLS, _calling(41), False)
+    assert deltas.stats.shapes == 2 and deltas.stats.learned == 39  # a new shape, verified on first use

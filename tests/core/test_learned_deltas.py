@@ -272,3 +272,30 @@ def test_mistral_tool_call_id_is_learned_as_a_slot(renderer_for):
     got = deltas.context_delta(odd, TOOLS, _calling(41), False)
     assert got.delta == render_context_delta(r, profile, odd, TOOLS, _calling(41), False)
     assert deltas.stats.shapes == 2 and deltas.stats.learned == 39  # a new shape, verified on first use
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_renderer_encode_is_the_tokenizers_encode(renderer_for, family):
+    """The learned path and the check encode with ``ChatRenderer.encode`` (the backend without offsets where that is
+    the same): its ids must be ``tokenizer.encode``'s, special-token text and edge whitespace included."""
+    r = renderer_for(family)
+    assert r._backend is not None  # the fast path is taken on every shipped tokenizer
+    specials = [r.tokenizer.convert_ids_to_tokens(i) for i in sorted(r.control_ids)[:20]]
+    texts = [*CONTENTS, "".join(specials), f" {specials[0]}x{specials[-1]} \n", "a" * 5000]
+    for text in texts:
+        assert r.encode(text) == list(r.tokenizer.encode(text, add_special_tokens=False)), text
+
+
+def test_renderer_encode_keeps_the_tokenizers_semantics_when_the_backend_truncates(load_tokenizer):
+    """A backend left with truncation set (the wrapper resets it on each call; a direct call would not) is encoded
+    through the wrapper, so nothing is cut."""
+    import copy
+
+    from verl_ext.core.rendering import ChatRenderer
+
+    tokenizer = copy.deepcopy(load_tokenizer("qwen3"))
+    tokenizer.backend_tokenizer.enable_truncation(4)
+    r = ChatRenderer(tokenizer)
+    text = "one two three four five six seven eight"
+    assert len(r.encode(text)) > 4
+    assert r.encode(text) == list(tokenizer.encode(text, add_special_tokens=False))

@@ -299,3 +299,25 @@ def test_renderer_encode_keeps_the_tokenizers_semantics_when_the_backend_truncat
     text = "one two three four five six seven eight"
     assert len(r.encode(text)) > 4
     assert r.encode(text) == list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def test_a_field_printed_twice_is_keyed_by_its_value_and_then_rendered_with_the_reason(renderer_for):
+    """A template printing tool_call_id twice: not one slot, so each id is its own shape (verified on first use),
+    and past a few ids the shape is rendered, saying why; every delta is still the render's."""
+    branch = (
+        "        {{- '\\n<tool_response>\\n' + message.tool_call_id + ' ' + message.tool_call_id + '\\n' }}\n"
+        "        {{- message.content }}\n"
+        "        {{- '\\n</tool_response>' }}\n"
+    )
+    r = _qwen25_with_tool_template(renderer_for, branch)
+    profile = probe_template(r)
+    deltas = LearnedDeltas(r, profile, verify_rate=0.0)
+    reasons = []
+    for n in range(1, 13):
+        messages = [_result(n, f"result {n}")]
+        got = deltas.context_delta(messages, TOOLS, _calling(n), False)
+        assert got.delta == render_context_delta(r, profile, messages, TOOLS, _calling(n), False)
+        assert f"call{n:05d} call{n:05d}" in r.decode(got.delta.context_ids)
+        reasons.append(got.rendered_because)
+    assert reasons[:8] == [None] * 8 and deltas.stats.shapes == 8
+    assert all(why and "tool.tool_call_id" in why and "change every turn" in why for why in reasons[8:])

@@ -3,7 +3,8 @@
 ``render_context_delta`` renders two synthetic conversations per append (Jinja, and the tool schema encoded twice).
 For messages of the same *shape* (their roles, the other fields the template prints, the previous turn's tool
 names, the tools and the system-prompt layout) the template renders the same text around each message's content,
-so that text is learned once, as fixed pieces around content slots. Each turn then builds
+so that text is learned once, as fixed pieces around content slots. A string field the template prints and that
+changes every turn (Mistral's ``tool_call_id``) is a slot too, learned per value length. Each turn then builds
 ``piece0 + content0 + piece1 + ... + pieceN`` and encodes it in one call: BPE merges across a content's edges come
 out exactly as in a render, and the text starts at an added token, where tokenizers split their input, so its
 tokens are the render's tokens. Nothing per turn depends on the length of the stream or of the conversation.

@@ -34,8 +34,6 @@ from verl_ext.core.rendering import ChatRenderer, load_renderer  # noqa: E402
 DEFAULT_SIZES = (10_000, 30_000, 100_000, 300_000)
 
 
-
-
 def best_of(runs: int, fn: Callable[[], object]) -> float:
     times = []
     for _ in range(runs):

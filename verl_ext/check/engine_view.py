@@ -63,9 +63,9 @@ def check_engine_view(
     stream_failures, truncated = _stream_failures(calls, sample, engine, response_length)
     failures += stream_failures
     failures += _mask_failures(calls, sample, engine, replayed.sampled)
-    failures += _logprob_failures(calls, sample, engine, replayed.logprobs, logprob_atol)
+    failures += _logprob_failures(calls, sample, engine, replayed.logprob_spans, logprob_atol)
     lost = sum(replayed.sampled[len(sample.stream) :]) if truncated else 0
-    return EngineViewResult(tuple(failures), truncated, lost, engine, tuple(replayed.sampled))
+    return EngineViewResult(tuple(failures), truncated, lost, engine, tuple(map(bool, replayed.sampled)))
 
 
 def _failure(calls: Sequence[EngineCall], kind: FailureKind, position: int | None, detail: str) -> EngineFailure:
@@ -129,14 +129,16 @@ def _engine_stream(calls: Sequence[EngineCall], sample: TrainerSample, reject_at
 @dataclass
 class _Replayed:
     failures: list[EngineFailure]
-    sampled: list[bool]  # per engine-stream position: sampled by the engine
-    logprobs: dict[int, float]  # per sampled engine-stream position: the engine's logprob, where it has a usable one
+    # Per engine-stream position, 1 where the engine sampled it; filled and compared a slice at a time (C speed,
+    # not per token).
+    sampled: bytearray
+    logprob_spans: list[tuple[int, int, Sequence[float]]]  # (start, end, the engine's logprobs) per usable call
 
 
 def _replay_calls(calls: Sequence[EngineCall], engine: Sequence[int], bad_logprobs: set[int]) -> _Replayed:
     """Step 4: each call's prompt + output must be a prefix of the engine stream (a re-tokenized turn fails here);
     marks which positions the engine sampled, with their logprobs."""
-    out = _Replayed([], [False] * len(engine), {})
+    out = _Replayed([], bytearray(len(engine)), [])
     engine = tuple(engine)
     for k, call in enumerate(calls):
         end = min(call.output_end, len(engine))  # a rejected output is compared up to its cut
@@ -153,10 +155,10 @@ def _replay_calls(calls: Sequence[EngineCall], engine: Sequence[int], bad_logpro
                 )
             )
             continue
-        for i in range(call.output_start, end):
-            out.sampled[i] = True
+        if end > call.output_start:
+            out.sampled[call.output_start : end] = b"\x01" * (end - call.output_start)
             if call.logprobs is not None and k not in bad_logprobs:
-                out.logprobs[i] = call.logprobs[i - call.output_start]
+                out.logprob_spans.append((call.output_start, end, call.logprobs))
     return out
 
 
@@ -212,10 +214,17 @@ def _stream_failures(
 
 
 def _mask_failures(
-    calls: Sequence[EngineCall], sample: TrainerSample, engine: Sequence[int], sampled: Sequence[bool]
+    calls: Sequence[EngineCall], sample: TrainerSample, engine: Sequence[int], sampled: bytearray
 ) -> list[EngineFailure]:
     """Step 7: the loss mask is 1 exactly where the engine sampled the token."""
     stream, start = sample.stream, len(sample.prompt_ids)
+    expected_mask = bytes(sampled[start : len(stream)])
+    expected_mask += bytes(len(stream) - start - len(expected_mask))
+    try:
+        if bytes(sample.response_mask) == expected_mask:  # usually: one C-speed comparison
+            return []
+    except (TypeError, ValueError):  # a mask value outside 0..255: compared position by position below
+        pass
     mask_bad = [
         i for i in range(start, len(stream)) if sample.response_mask[i - start] != int(i < len(engine) and sampled[i])
     ]
@@ -238,33 +247,41 @@ def _logprob_failures(
     calls: Sequence[EngineCall],
     sample: TrainerSample,
     engine: Sequence[int],
-    engine_logprob: dict[int, float],
+    logprob_spans: Sequence[tuple[int, int, Sequence[float]]],
     logprob_atol: float,
 ) -> list[EngineFailure]:
     """Step 8: the trainer's logprobs are the engine's, within ``logprob_atol``, where the engine sampled."""
     if sample.response_logprobs is None:
         return []
     start = len(sample.prompt_ids)
-    lp_bad = [
-        i
-        for i in range(start, min(len(sample.stream), len(engine)))
-        if i in engine_logprob and abs(sample.response_logprobs[i - start] - engine_logprob[i]) > logprob_atol
-    ]
+    lp_bad: list[tuple[int, float]] = []  # (position, the engine's logprob there)
+    top = min(len(sample.stream), len(engine))
+    for s0, e0, engine_lps in logprob_spans:
+        a, b = max(s0, start), min(e0, top)
+        if a >= b:
+            continue
+        mine = tuple(sample.response_logprobs[a - start : b - start])
+        theirs = tuple(engine_lps[a - s0 : b - s0])
+        if mine != theirs:  # usually equal: one comparison per turn
+            lp_bad += [(i, y) for i, x, y in zip(range(a, b), mine, theirs, strict=False) if abs(x - y) > logprob_atol]
     if not lp_bad:
         return []
-    i = lp_bad[0]
+    i, engine_lp = lp_bad[0]
     return [
         _failure(
             calls,
             FailureKind.LOGPROB,
             i,
             f"logprob at position {i} is {sample.response_logprobs[i - start]:.6g}, the engine's is "
-            f"{engine_logprob[i]:.6g} ({len(lp_bad)} positions beyond atol {logprob_atol:g})",
+            f"{engine_lp:.6g} ({len(lp_bad)} positions beyond atol {logprob_atol:g})",
         )
     ]
 
 
 def _first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    n = min(len(a), len(b))
+    if tuple(a[:n]) == tuple(b[:n]):  # usually: one C-speed comparison instead of a loop over the stream
+        return None if len(a) == len(b) else n
     for i, (x, y) in enumerate(zip(a, b, strict=False)):
         if x != y:
             return i

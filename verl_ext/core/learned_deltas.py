@@ -3,7 +3,8 @@
 ``render_context_delta`` renders two synthetic conversations per append (Jinja, and the tool schema encoded twice).
 For messages of the same *shape* (their roles, the other fields the template prints, the previous turn's tool
 names, the tools and the system-prompt layout) the template renders the same text around each message's content,
-so that text is learned once, as fixed pieces around content slots. Each turn then builds
+so that text is learned once, as fixed pieces around content slots. A string field the template prints and that
+changes every turn (Mistral's ``tool_call_id``) is a slot too, learned per value length. Each turn then builds
 ``piece0 + content0 + piece1 + ... + pieceN`` and encodes it in one call: BPE merges across a content's edges come
 out exactly as in a render, and the text starts at an added token, where tokenizers split their input, so its
 tokens are the render's tokens. Nothing per turn depends on the length of the stream or of the conversation.
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
@@ -54,6 +56,20 @@ _TRANSFORMS: dict[str, Callable[[str], str]] = {
 _MARKER = "QXSLOT{}QX"
 _TRICKY = '  QXTRICKY{} "q" \\ \u00e9\u4e2d {{x}} <b>&amp;\t\n 1\n\n'
 _ALTERED = "QXFIELD{}QX"
+# A string field the template prints (Mistral's tool_call_id) is a slot like content when its value is at least this
+# long and plain (letters, digits, "_-.:": nothing a template would quote or escape, no special-token text): learned
+# with a marker of the value's own length (templates check lengths: Mistral requires 9 characters), keyed by that
+# length, printed verbatim. Other values stay in the key.
+_MIN_FIELD_SLOT = 4
+_PLAIN_FIELD = re.compile(r"[A-Za-z0-9_.:-]+")
+
+
+def _field_marker(j: int, n: int) -> str:
+    return (f"QF{j}" + "Z" * n)[:n]
+
+
+def _field_alternative(j: int, n: int) -> str:
+    return (f"Rk{j}" + "m7Pq2" * n)[:n]
 
 
 @dataclass(frozen=True)
@@ -66,8 +82,9 @@ class DeltaResult:
 class _Shape:
     close_ids: tuple[int, ...]
     trailer_ids: tuple[int, ...]
-    pieces: tuple[str, ...]  # len(pieces) == number of content slots + 1
-    transform: Callable[[str], str]
+    pieces: tuple[str, ...]  # len(pieces) == len(slots) + 1
+    transform: Callable[[str], str]  # applied to contents, not to fields
+    slots: tuple[tuple[int, str], ...]  # in text order: (message index, "content" or the printed field's name)
     uses: int = 0
 
 
@@ -103,6 +120,7 @@ class LearnedDeltas:
         self._shapes: OrderedDict[tuple[Any, ...], _Shape | str] = OrderedDict()  # str: why it is not learnable
         self._variants: dict[tuple[Any, ...], int] = {}  # shapes learned per key without field values
         self._relevant: dict[tuple[Any, ...], tuple[tuple[int, str], ...]] = {}  # fields the template prints
+        self._no_slots: set[tuple[Any, ...]] = set()  # keys without field values whose fields cannot be slots
 
     # -- the per-turn call --------------------------------------------------------------------------
     def context_delta(
@@ -139,17 +157,21 @@ class LearnedDeltas:
             return DeltaResult(render(), why)
         if tools_key is None:
             tools_key = tools_fingerprint(tools)
-        key = self._key(messages, tools, previous_assistant, with_system, tools_key)
+        base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
         shape = self._shapes.get(key)
         if shape is None:
-            base = key[:-1]
             self._variants[base] = self._variants.get(base, 0) + 1
             if self._variants[base] > _MAX_VARIANTS:
-                # The template prints a field that changes every turn (Mistral's tool_call_id): learning each
-                # value would cost more than rendering.
+                # The template prints a field that changes every turn and cannot be a slot: learning each value
+                # would cost more than rendering.
                 fields = [f"{messages[i].get('role')}.{k}" for i, k in self._relevant[base]]
                 return DeltaResult(render(), f"the template prints {fields}, which change every turn: rendered")
-            shape = self._learn(messages, tools, previous_assistant, with_system)
+            shape = self._learn(messages, tools, previous_assistant, with_system, slots)
+            if isinstance(shape, str) and slots:
+                # The printed fields are not plain slots (printed twice, cut, transformed): key by their values.
+                self._no_slots.add(base)
+                base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
+                shape = self._shapes.get(key) or self._learn(messages, tools, previous_assistant, with_system, ())
             self._remember(key, shape)
         else:
             self._shapes.move_to_end(key)
@@ -158,8 +180,11 @@ class LearnedDeltas:
 
         f = shape.transform
         parts = [shape.pieces[0]]
-        for content, piece in zip(contents, shape.pieces[1:], strict=True):
-            parts += (f(content), piece)
+        for (i, field), piece in zip(shape.slots, shape.pieces[1:], strict=True):
+            if field == "content":
+                parts += (f(contents[i]), piece)
+                continue
+            parts += (messages[i][field], piece)
         ids = self.renderer.encode("".join(parts))
         lead = len(shape.close_ids) + len(shape.trailer_ids)
         if tuple(ids[:lead]) != shape.close_ids + shape.trailer_ids:
@@ -192,7 +217,8 @@ class LearnedDeltas:
         previous: Message | None,
         with_system: bool,
         tools_key: str,
-    ) -> tuple[Any, ...]:
+    ) -> tuple[tuple[Any, ...], tuple[tuple[int, str], ...], tuple[Any, ...]]:
+        """(the key without field values, the printed fields learned as slots, the shape's key)."""
         layout = tuple((str(m.get("role")), tuple(sorted(k for k in m if k != "content"))) for m in messages)
         calls = None
         if previous is not None:
@@ -202,8 +228,17 @@ class LearnedDeltas:
         if relevant is None:
             relevant = self._relevant_fields(messages, tools, previous, with_system)
             self._relevant[base] = relevant
-        values = tuple(_hashable(messages[i].get(k)) for i, k in relevant)
-        return (*base, values)
+        slotted = base not in self._no_slots
+        slots: list[tuple[int, str]] = []
+        values: list[Any] = []
+        for i, k in relevant:
+            value = messages[i].get(k)
+            if slotted and isinstance(value, str) and len(value) >= _MIN_FIELD_SLOT and _PLAIN_FIELD.fullmatch(value):
+                slots.append((i, k))
+                values.append(("slot", len(value)))  # learned per length, any value of that length
+            else:
+                values.append(_hashable(value))
+        return base, tuple(slots), (*base, tuple(values))
 
     def _remember(self, key: tuple[Any, ...], shape: _Shape | str) -> None:
         self._shapes[key] = shape
@@ -259,12 +294,16 @@ class LearnedDeltas:
         tools: Sequence[Mapping[str, Any]] | None,
         previous: Message | None,
         with_system: bool,
+        fields: Sequence[tuple[int, str]],
     ) -> _Shape | str:
-        """Fixed pieces around each content, or why this shape must be rendered."""
+        """Fixed pieces around each content and each printed field in ``fields``, or why this shape must be
+        rendered."""
         r = self.renderer
         roles = [m.get("role") for m in messages]
         markers = [_MARKER.format(i) for i in range(len(messages))]
-        marked = _with_contents(messages, markers)
+        field_markers = [_field_marker(j, len(messages[i][k])) for j, (i, k) in enumerate(fields)]
+        alternatives = [_field_alternative(j, len(messages[i][k])) for j, (i, k) in enumerate(fields)]
+        marked = _with_fields(_with_contents(messages, markers), fields, field_markers)
         try:
             delta = render_context_delta(r, self.profile, marked, tools, previous, with_system)
             head, assistant = synthetic_history(marked, previous, with_system)
@@ -284,21 +323,31 @@ class LearnedDeltas:
         tricky = [_TRICKY.format(i) for i in range(len(messages))]
         try:
             expected = render_context_delta(
-                r, self.profile, _with_contents(messages, tricky), tools, previous, with_system
+                r,
+                self.profile,
+                _with_fields(_with_contents(messages, tricky), fields, alternatives),
+                tools,
+                previous,
+                with_system,
             )
         except TemplateError as exc:
             return f"cannot render tricky contents for {roles}: {exc}"
         if (expected.close_ids, expected.trailer_ids) != (delta.close_ids, delta.trailer_ids):
             return f"the close before {roles} depends on the content"
+        names = [(i, "content") for i in range(len(messages))] + list(fields)
         for f in _TRANSFORMS.values():
-            pieces = _split(tail, [f(m) for m in markers])
-            if pieces is None:
+            found = _split(tail, [f(m) for m in markers] + field_markers)
+            if found is None:
                 continue
-            if tuple(r.encode("".join(_interleave(pieces, [f(m) for m in markers])))) != context:
+            order, pieces = found
+            slots = tuple(names[n] for n in order)
+            marks = [f(m) for m in markers] + field_markers
+            if tuple(r.encode("".join(_interleave(pieces, [marks[n] for n in order])))) != context:
                 return f"the delta for {roles} does not encode on its own to its render's tokens"
-            built = r.encode("".join(_interleave(pieces, [f(t) for t in tricky])))
+            values = [f(t) for t in tricky] + alternatives
+            built = r.encode("".join(_interleave(pieces, [values[n] for n in order])))
             if tuple(built) == expected.boundary_ids:
-                return _Shape(delta.close_ids, delta.trailer_ids, tuple(pieces), f)
+                return _Shape(delta.close_ids, delta.trailer_ids, tuple(pieces), f, slots)
         return f"the template transforms the content of {roles} in a way not learned (not verbatim, trimmed or JSON)"
 
 
@@ -307,18 +356,25 @@ def tools_fingerprint(tools: Sequence[Mapping[str, Any]] | None) -> str:
     return json.dumps(tools or [], sort_keys=True, default=str)
 
 
-def _split(text: str, slots: Sequence[str]) -> list[str] | None:
-    """The text around each slot, in order, when each slot occurs exactly once; else None."""
-    pieces: list[str] = []
-    at = 0
-    for slot in slots:
-        found = text.find(slot, at)
+def _split(text: str, slots: Sequence[str]) -> tuple[list[int], list[str]] | None:
+    """(the slots' indices in text order, the text around them) when each slot occurs exactly once and none
+    overlap; else None."""
+    at: list[tuple[int, int]] = []
+    for n, slot in enumerate(slots):
+        found = text.find(slot)
         if found < 0 or text.find(slot, found + 1) >= 0:
             return None
-        pieces.append(text[at:found])
-        at = found + len(slot)
-    pieces.append(text[at:])
-    return pieces
+        at.append((found, n))
+    at.sort()
+    pieces: list[str] = []
+    end = 0
+    for found, n in at:
+        if found < end:
+            return None
+        pieces.append(text[end:found])
+        end = found + len(slots[n])
+    pieces.append(text[end:])
+    return [n for _, n in at], pieces
 
 
 def _interleave(pieces: Sequence[str], contents: Sequence[str]) -> list[str]:
@@ -330,6 +386,15 @@ def _interleave(pieces: Sequence[str], contents: Sequence[str]) -> list[str]:
 
 def _with_contents(messages: Sequence[Message], contents: Sequence[str]) -> list[dict[str, Any]]:
     return [{**m, "content": c} for m, c in zip(messages, contents, strict=True)]
+
+
+def _with_fields(
+    messages: Sequence[dict[str, Any]], fields: Sequence[tuple[int, str]], values: Sequence[str]
+) -> list[dict[str, Any]]:
+    out = [dict(m) for m in messages]
+    for (i, k), value in zip(fields, values, strict=True):
+        out[i][k] = value
+    return out
 
 
 def _call_name(call: Any) -> Any:

@@ -7,9 +7,8 @@ import dataclasses
 import json
 
 import pytest
-from foreign_templates import foreign_renderer
 from rollouts import TOOLS, call, tool_result
-from template_fixtures import TEMPLATE_KWARGS
+from template_fixtures import TEMPLATE_KWARGS, template_renderer
 
 from verl_ext.check import Cause, ConsistencyChecker, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
@@ -40,8 +39,8 @@ def test_tool_call_shape_conforms_content_and_arguments():
         ("meetkai-functionary-medium-v3.2.jinja", False, {}),
     ],
 )
-def test_string_argument_templates_append_tool_results(load_tokenizer, template, content_none, kwargs):
-    r = foreign_renderer(load_tokenizer, template, kwargs)
+def test_string_argument_templates_append_tool_results(template, content_none, kwargs):
+    r = template_renderer(template, kwargs)
     p = probe_template(r)
     assert "tool" not in p.unsupported_roles and p.verdict is not Verdict.UNSUPPORTED
     assert p.tool_call_shape == ToolCallShape(content_none, ARGUMENTS_STRING)
@@ -54,10 +53,10 @@ def test_string_argument_templates_append_tool_results(load_tokenizer, template,
     assert "QXRESULT" in r.decode(ids[t.turns[0].sampled_end :])
 
 
-def test_a_template_that_renders_no_tool_call_can_still_take_tool_results(load_tokenizer):
-    granite = probe_template(foreign_renderer(load_tokenizer, "ibm-granite-granite-3.3-2B-Instruct.jinja"))
+def test_a_template_that_renders_no_tool_call_can_still_take_tool_results():
+    granite = probe_template(template_renderer("ibm-granite-granite-3.3-2B-Instruct.jinja"))
     assert granite.tool_call_shape.renders == RENDERS_NOTHING and "tool" not in granite.unsupported_roles
-    phi = probe_template(foreign_renderer(load_tokenizer, "microsoft-Phi-3.5-mini-instruct.jinja"))
+    phi = probe_template(template_renderer("microsoft-Phi-3.5-mini-instruct.jinja"))
     # unsupported for the true reason: the template renders no tool message at all
     assert "drops the content of an appended 'tool' message" in phi.unsupported_roles["tool"]
 
@@ -68,10 +67,10 @@ def test_shipped_templates_keep_their_tool_call_shape(renderer_for):
         assert not shape.content_none and shape.renders == "arguments", family
 
 
-def test_system_text_moved_to_the_top_is_refused(load_tokenizer):
+def test_system_text_moved_to_the_top_is_refused():
     """DeepSeek V3.1 gathers every system message at the top: a system message appended mid-rollout would never
     reach the engine. The probe says so, and the trajectory refuses it naming the role and why."""
-    r = foreign_renderer(load_tokenizer, "deepseek-ai-DeepSeek-V3.1.jinja")
+    r = template_renderer("deepseek-ai-DeepSeek-V3.1.jinja")
     p = probe_template(r)
     assert "before the assistant turn" in p.unsupported_roles["system"]
     t = TokenTrajectory(r, p)
@@ -94,9 +93,9 @@ def test_system_text_moved_to_the_top_is_refused(load_tokenizer):
         t.append_messages([{"role": "system", "content": "Now answer in French."}])
 
 
-def test_tool_text_through_tojson_is_not_mistaken_for_a_drop(load_tokenizer):
+def test_tool_text_through_tojson_is_not_mistaken_for_a_drop():
     """Llama 3.2 writes tool content with `| tojson` (quotes, escaped newlines and <>): that text reached the engine."""
-    r = foreign_renderer(load_tokenizer, "meta-llama-Llama-3.2-3B-Instruct.jinja")
+    r = template_renderer("meta-llama-Llama-3.2-3B-Instruct.jinja")
     p = probe_template(r)
     t = TokenTrajectory(r, p)
     t.start(PROMPT, TOOLS)
@@ -104,8 +103,8 @@ def test_tool_text_through_tojson_is_not_mistaken_for_a_drop(load_tokenizer):
     t.append_messages([tool_result('a "quoted" <b>\nline')])
 
 
-def test_two_calls_on_a_single_call_template_are_refused_up_front_and_the_check_does_not_raise(load_tokenizer):
-    r = foreign_renderer(load_tokenizer, "meta-llama-Llama-3.2-3B-Instruct.jinja")
+def test_two_calls_on_a_single_call_template_are_refused_up_front_and_the_check_does_not_raise():
+    r = template_renderer("meta-llama-Llama-3.2-3B-Instruct.jinja")
     p = probe_template(r)
     assert p.parallel_tool_calls is False and "single tool-calls" in p.parallel_tool_calls_error
     two = {"role": "assistant", "content": "", "tool_calls": [call("1+1", 1), call("2+2", 2)]}
@@ -124,9 +123,9 @@ def test_two_calls_on_a_single_call_template_are_refused_up_front_and_the_check_
     assert f.allowed and "single tool-calls" in f.detail and result.ok
 
 
-def test_check_template_takes_template_kwargs(load_tokenizer, tmp_path, capsys):
+def test_check_template_takes_template_kwargs(tmp_path, capsys):
     """firefunction-v2 needs `functions` and `datetime`: without them the audit fails naming the variable."""
-    r = foreign_renderer(load_tokenizer, "fireworks-ai-llama-3-firefunction-v2.jinja")
+    r = template_renderer("fireworks-ai-llama-3-firefunction-v2.jinja")
     r.tokenizer.save_pretrained(tmp_path / "tok")
     template = str(tmp_path / "t.jinja")
     (tmp_path / "t.jinja").write_text(r.chat_template or "", encoding="utf-8")

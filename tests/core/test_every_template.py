@@ -181,19 +181,22 @@ def test_fuzzed_rollouts_keep_invariants_engine_view_and_inject_nothing(case_ren
 
 
 # -- canonical parity -----------------------------------------------------------------------------------------------
-# Seed-OSS renders an assistant message with empty content without its close, so the synthetic assistant of a
-# user-message delta loses the user message. Since the silent-drop refusal (issue 8 item 6) the append is refused
-# with an error naming the dropped text instead of losing it; the user append itself is still a gap, checked here so
-# it stays visible.
-KNOWN_GAPS = {("templates/ByteDance-Seed-OSS", "user")}
+# Templates where an append a rollout may make is a known gap (checked to still be one, so it stays visible). None:
+# Seed-OSS's user append (its text turn with empty content has no close) works since the delta's synthetic assistant
+# turn carries text, as a real turn does; test_seed_oss_appends_a_user_message_after_a_text_turn keeps it so.
+KNOWN_GAPS: set[tuple[str, str]] = set()
 
 
-def test_known_gaps_are_still_gaps(case_renderer):
+def test_seed_oss_appends_a_user_message_after_a_text_turn(case_renderer):
+    """Seed-OSS writes an assistant turn whose content is empty without its <seed:eos>: the delta for an appended
+    user message must still hold that message (it used to be refused as dropped text)."""
     r = case_renderer("templates/ByteDance-Seed-OSS")
-    chat = conversations(probe_template(r))["user"]
-    # Remove from KNOWN_GAPS once this replays.
-    with pytest.raises(TemplateError, match="does not render the appended 'user' message's text"):
-        replay(r, ReplayRecord.from_json({"messages": chat, "tools": TOOLS}))
+    p = probe_template(r)
+    assert p.boundary("user").prefix_preserving
+    chat = conversations(p)["user"]
+    t = replay(r, ReplayRecord.from_json({"messages": chat, "tools": TOOLS}))
+    assert t.input_ids + list(p.boundary(END).trailer_ids) == r.encode(r.render_text(chat, TOOLS))
+    assert "How are you?" in r.decode(t.input_ids[t.turns[0].sampled_end : t.turns[1].prompt_length])
 
 
 def conversations(p: TemplateProfile) -> dict[str, list[dict[str, Any]]]:

@@ -14,8 +14,9 @@ from verl_ext.check import Cause, ConsistencyChecker, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.cli.main import main
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import Verdict, probe_template
-from verl_ext.core.tool_call_shape import ARGUMENTS_STRING, RENDERS_NOTHING, ToolCallShape
+from verl_ext.core.probe import END, Verdict, probe_template
+from verl_ext.core.replay import ReplayRecord, replay
+from verl_ext.core.tool_call_shape import ARGUMENTS_STRING, RENDERS_NAME, RENDERS_NOTHING, ToolCallShape
 from verl_ext.core.trajectory import TokenTrajectory
 
 FIREFUNCTION_KWARGS = TEMPLATE_KWARGS["fireworks-ai-llama-3-firefunction-v2"]
@@ -139,3 +140,40 @@ def test_check_template_takes_template_kwargs(tmp_path, capsys):
     assert "--template-kwargs '{bad' is not valid JSON" in capsys.readouterr().err
     assert main([*base, "--template-kwargs", "[1]"]) == 2
     assert "must be a JSON object" in capsys.readouterr().err
+
+
+NAME_ONLY = "verl-ext-name-only-tool-calls"
+
+
+def test_a_name_only_template_is_probed_and_rolled_out_truthfully():
+    """Our own template that writes a call's name and never its arguments (the shape of some trainers' test
+    templates): the probe says so, tool results append after the turn's own close, and a rollout keeps the
+    engine's call text (arguments included) while the canonical replay is exactly the template's text."""
+    r = template_renderer(NAME_ONLY)
+    p = probe_template(r)
+    assert p.tool_call_shape.renders == RENDERS_NAME and p.tool_call_arguments == "not rendered"
+    assert "renders a tool call's name but not its arguments" in [reason.text for reason in p.reasons]
+    assert "tool" not in p.unsupported_roles and r.decode(p.boundary("tool").close_ids) == "<|end|>"
+    assert r.render_text([*PROMPT, CALL_TURN]).endswith("<|assistant|>\n[call: calculator]<|end|>\n")
+
+    # The engine wrote the arguments too: the trajectory keeps what it sampled, and the result follows the close.
+    sampled = r.encode('[call: calculator]{"expression": "1+1"}<|end|>')
+    t = TokenTrajectory(r, p)
+    t.start(PROMPT, TOOLS)
+    t.add_sampled(sampled, None, message=CALL_TURN)
+    ids = t.append_messages([tool_result("QXRESULT")])
+    assert t.input_ids[t.turns[0].sampled_start : t.turns[0].sampled_end] == sampled
+    assert r.decode(ids[t.turns[0].sampled_end :]).startswith("\n<|tool|>\nQXRESULT<|end|>")
+
+    # Canonical: the model wrote what the template writes; the rollout is the template's text and the check is clean.
+    chat = [*PROMPT, CALL_TURN, tool_result("2"), {"role": "assistant", "content": "It is 2."}]
+    t = replay(r, ReplayRecord.from_json({"messages": chat, "tools": TOOLS}))
+    assert t.input_ids + list(p.boundary(END).trailer_ids) == r.encode(r.render_text(chat, TOOLS))
+    calls = [
+        EngineCall.of(t.input_ids[: turn.prompt_length], t.input_ids[turn.sampled_start : turn.sampled_end])
+        for turn in t.turns
+    ]
+    result = ConsistencyChecker(r, p).check(
+        calls, trainer_sample_from_trajectory(t), t.messages, TOOLS, template_view=True
+    )
+    assert result.ok and not result.defects, [(f.cause.value, f.detail) for f in result.defects]

@@ -177,3 +177,45 @@ def test_a_name_only_template_is_probed_and_rolled_out_truthfully():
         calls, trainer_sample_from_trajectory(t), t.messages, TOOLS, template_view=True
     )
     assert result.ok and not result.defects, [(f.cause.value, f.detail) for f in result.defects]
+
+
+@pytest.mark.parametrize(
+    ("template", "close", "call_markers"),
+    [
+        ("moonshotai-Kimi-K2", "<|im_end|>", ("<|tool_call_end|>", "<|tool_calls_section_end|>")),
+        ("deepseek-ai-DeepSeek-V3.1", "<｜end▁of▁sentence｜>", ("<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>")),
+        (
+            "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B",
+            "<｜end▁of▁sentence｜>",
+            ("<｜tool▁call▁end｜>", "<｜tool▁calls▁end｜>"),
+        ),
+    ],
+)
+def test_per_call_end_markers_are_not_the_turns_close(template, close, call_markers):
+    """Kimi-K2 and DeepSeek end each call (and the call section) with markers of their own before the turn's close:
+    the probe takes the turn's close, and a tool-call turn the engine ended on it appends the result after it."""
+    r = template_renderer(template)
+    p = probe_template(r)
+    assert {r.decode(b.close_ids) for b in p.boundaries} == {close}
+    assert not {r.encode(m)[0] for m in call_markers} & p.stop_id_set  # never a stop id or a close
+    t = TokenTrajectory(r, p)
+    t.start(PROMPT, TOOLS)
+    message = p.tool_call_shape.conform([CALL_TURN])[0]
+    # What the model writes for the call is the template's own rendering of it, up to and including the close.
+    rendered = r.render_text([*PROMPT, message], TOOLS)
+    body = rendered[len(r.render_text(PROMPT, TOOLS, add_generation_prompt=True)) :]
+    sampled = r.encode(body[: body.rindex(close) + len(close)])
+    assert all(r.encode(m)[0] in sampled for m in call_markers)
+    t.add_sampled(sampled, None, message=CALL_TURN)
+    ids = t.append_messages([tool_result("QXRESULT")])
+    after = r.decode(ids[t.turns[0].sampled_end :])
+    assert "QXRESULT" in after and close not in after.split("QXRESULT")[0]  # no second close before the result
+
+
+def test_a_template_that_always_writes_the_generation_prompt_closes_on_its_end_token():
+    """firefunction-v2 writes "<|start_header_id|>assistant<|end_header_id|>" after every conversation, asked or
+    not: the turn's close is <|eot_id|> before every role, not the header that opens the next message."""
+    r = template_renderer("fireworks-ai-llama-3-firefunction-v2")
+    p = probe_template(r)
+    assert {r.decode(b.close_ids) for b in p.boundaries} == {"<|eot_id|>"}
+    assert r.decode(p.boundary(END).trailer_ids) == "<|start_header_id|>assistant<|end_header_id|>\n\n"

@@ -3,13 +3,18 @@ any shipped template, with thinking on and off; thinking off names the dropped p
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 from rollouts import TOOLS, call, tool_result
+from template_fixtures import template_files, template_renderer
 
 from verl_ext.check import Cause, ConsistencyChecker, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
+from verl_ext.core.errors import TemplateError
+from verl_ext.core.probe import END, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import ReplayRecord, replay
 from verl_ext.core.trajectory import TokenTrajectory
@@ -63,17 +68,73 @@ def test_shipped_templates_have_no_defect_on_canonical_rollouts(renderer_for, fa
             assert result.ok, (kwargs, reasoning, name, [(f.cause.value, f.detail) for f in result.defects])
 
 
-@pytest.mark.parametrize(
-    "template",
-    ["qwen3-2504-original", "qwen3-coder-30b-a3b-instruct_ollama-gguf", "qwen3-next-80b-a3b-instruct_ollama-gguf"],
+QWEN3_EXTRAS = (
+    "qwen3-2504-original",
+    "qwen3-coder-30b-a3b-instruct_ollama-gguf",
+    "qwen3-next-80b-a3b-instruct_ollama-gguf",
+    "qwq-32b",
 )
+# Fixture templates that write reasoning: the kwargs that turn thinking on, and off where they have a switch
+# (test_every_thinking_template_is_covered keeps this list complete).
+THINKING_TEMPLATES: dict[str, tuple[dict[str, Any], dict[str, Any] | None]] = {
+    "ByteDance-Seed-OSS": ({}, {"thinking_budget": 0}),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ({}, None),  # always thinks
+    "deepseek-ai-DeepSeek-V3.1": ({"thinking": True}, {"thinking": False}),
+    "ibm-granite-granite-3.3-2B-Instruct": ({"thinking": True}, {"thinking": False}),
+}
+
+
+def settings_for(on: dict[str, Any], off: dict[str, Any] | None) -> list[tuple[dict[str, Any], str | None]]:
+    """(kwargs, reasoning) pairs: every kind of turn with thinking on; with it off, turns without reasoning."""
+    return [(on, r) for r in (None, "", "Think.")] + ([(off, r) for r in (None, "")] if off is not None else [])
+
+
+THINKS = re.compile(r"enable_thinking|thinking_budget|\bthinking\b|reasoning_content|<think>|think_begin")
+
+
+def assert_no_defect_or_a_truthful_refusal(
+    r: ChatRenderer, settings: Sequence[tuple[dict[str, Any], str | None]]
+) -> int:
+    """Every canonical rollout (each reasoning kind, thinking on and off) has no defect; where the template never
+    re-renders its own generation prompt (a pre-filled "<think>\n" it drops), there is no canonical output: the replay
+    says so, and the profile says the template re-renders the turn from the generation prompt on. Returns how many
+    rollouts were checked."""
+    checked = 0
+    for kwargs, reasoning in settings:
+        profile = probe_template(r.with_template_kwargs({**r.template_kwargs, **kwargs}))
+        for name, messages in conversations(reasoning).items():
+            if name in profile.unsupported_roles:
+                continue
+            try:
+                result = check_canonical(r, messages, kwargs)
+            except TemplateError as exc:
+                assert "canonical output is undefined" in str(exc), exc
+                end = profile.boundary(END)
+                assert not end.prefix_preserving and "the generation prompt" in end.divergence, (kwargs, end)
+                continue
+            assert result.ok, (kwargs, reasoning, name, [(f.cause.value, f.detail) for f in result.defects])
+            checked += 1
+    return checked
+
+
+@pytest.mark.parametrize("template", QWEN3_EXTRAS)
 def test_extra_qwen_templates_have_no_defect_on_canonical_rollouts(load_tokenizer, qwen3_extra_templates, template):
     path = next(p for p in qwen3_extra_templates if p.stem == template)
     r = ChatRenderer(load_tokenizer("qwen3"), chat_template=path.read_text())
-    for kwargs, reasoning in THINKING:
-        for name, messages in conversations(reasoning).items():
-            result = check_canonical(r, messages, kwargs)
-            assert result.ok, (kwargs, reasoning, name, [(f.cause.value, f.detail) for f in result.defects])
+    assert_no_defect_or_a_truthful_refusal(r, THINKING)
+
+
+@pytest.mark.parametrize("template", sorted(THINKING_TEMPLATES))
+def test_thinking_fixture_templates_have_no_defect_on_canonical_rollouts(template):
+    r = template_renderer(template)
+    assert_no_defect_or_a_truthful_refusal(r, settings_for(*THINKING_TEMPLATES[template]))
+
+
+def test_every_thinking_template_is_covered(qwen3_extra_templates):
+    """Every shipped extra Qwen3 template and every fixture template that writes reasoning is checked above."""
+    assert {p.stem for p in qwen3_extra_templates} == set(QWEN3_EXTRAS)
+    thinking = {p.stem for p in template_files() if THINKS.search(p.read_text(encoding="utf-8"))}
+    assert thinking == set(THINKING_TEMPLATES)
 
 
 def test_thinking_off_names_the_dropped_empty_think_block(renderer_for):

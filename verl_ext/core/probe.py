@@ -579,11 +579,41 @@ class _Prober:
 
     # -- template habits --------------------------------------------------------------------------
     def reasoning_stripping(self) -> bool | None:
+        """Whether the template drops an earlier turn's reasoning (None: it never renders reasoning). Reasoning is
+        given as a message field, and, for a template that reads it from the content, as the model writes it after
+        the opener its generation prompt pre-fills (QwQ and DeepSeek R1 pre-fill "<think>\n" and keep only what
+        follows "</think>", even in the last turn: that template drops every turn's reasoning)."""
+        user = {"role": "user", "content": "QXUSERB"}
         last, _ = self.render([*self.head, _assistant_text()], gen=False)
-        if _REASONING not in last:
+        if _REASONING in last:
+            later, _ = self.render([*self.head, _assistant_text(), user], gen=True)
+            return _REASONING not in later
+        inline = self.inline_reasoning_content()
+        if inline is None:
             return None
-        later, _ = self.render([*self.head, _assistant_text(), {"role": "user", "content": "QXUSERB"}], gen=True)
+        message = {"role": "assistant", "content": inline}
+        try:
+            last, _ = self.render([*self.head, message], gen=False)
+            later, _ = self.render([*self.head, message, user], gen=True)
+        except TemplateError:
+            return None
+        if "QXASSISTANT" not in last:
+            return None
         return _REASONING not in later
+
+    def inline_reasoning_content(self) -> str | None:
+        """Assistant content with reasoning as a model writes it after the generation prompt's pre-filled opener
+        ("QXREASON\n</think>\n\nQXASSISTANT" after "<think>\n"), or None when the prompt pre-fills no opening tag
+        that the turn's rendering drops."""
+        gen_text, _ = self.render(self.head, gen=True)
+        turn_text, _ = self.render([*self.head, _assistant_text(None)], gen=False)
+        common = len(_common_prefix(gen_text, turn_text))
+        if gen_text.rfind("<", 0, common) > gen_text.rfind(">", 0, common):
+            common = gen_text.rfind("<", 0, common)  # never split a tag: "<think>" against "</think>"
+        opener = re.match(r"\s*<([A-Za-z_][\w:.-]*)>\s*$", gen_text[common:])
+        if opener is None:
+            return None
+        return f"{_REASONING}\n</{opener.group(1)}>\n\nQXASSISTANT"
 
     def tool_call_arguments(self) -> str:
         spaced = '{"query":   "QXARG1" }'
@@ -651,6 +681,11 @@ class _Prober:
             self.note(Severity.REPAIR, "strips reasoning from earlier assistant turns; the rollout keeps it as sampled")
         if args == "re-serialized":
             self.note(Severity.REPAIR, "re-serializes tool-call arguments; the rollout keeps the sampled text")
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[:n]
 
 
 def _generation_config_eos(tokenizer_dir: str) -> list[int]:

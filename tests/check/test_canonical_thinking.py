@@ -160,3 +160,28 @@ def test_thinking_on_empty_reasoning_is_stripped_reasoning_not_a_defect(renderer
     result = check_canonical(r, conversations("")["tool"], {})
     assert result.ok and [f.cause for f in result.findings] == [Cause.REASONING_STRIPPED]
     assert result.findings[0].stream_text == "<think>\n\n</think>\n\n" and result.findings[0].region == "sampled"
+
+
+@pytest.mark.parametrize("template", ["qwq-32b", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"])
+def test_reasoning_read_from_the_content_is_stripped_reasoning_not_a_defect(
+    load_tokenizer, qwen3_extra_templates, template
+):
+    """QwQ and R1 pre-fill "<think>\\n" and keep only what follows "</think>" of an assistant's content: the probe
+    says the template strips reasoning, and a thinking rollout's dropped thinking is `reasoning_stripped` (allowed),
+    never `unknown` (which would stop a strict run)."""
+    from rollouts import Turn, run
+
+    path = next((p for p in qwen3_extra_templates if p.stem == template), None)
+    r = ChatRenderer(load_tokenizer("qwen3"), chat_template=path.read_text()) if path else template_renderer(template)
+    p = probe_template(r)
+    assert p.strips_reasoning is True
+    close = r.decode(p.boundary("user").close_ids)
+    chat = conversations(None)["user"]
+    turns = [
+        Turn(r.encode(f"Think {k}.\n</think>\n\n{chat[k]['content']}{close}"), chat[k], [chat[k + 1]] if k == 1 else [])
+        for k in (1, 3)
+    ]
+    ro = run(r, turns, prompt=chat[:1], tools=None)
+    result = ConsistencyChecker(r, p).check(ro.calls, ro.sample(), ro.messages, template_view=True)
+    assert result.engine_ok and not result.defects, [(f.cause.value, f.detail) for f in result.defects]
+    assert Cause.REASONING_STRIPPED in result.cause_counts()

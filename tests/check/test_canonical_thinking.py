@@ -50,10 +50,48 @@ def engine_calls(t: TokenTrajectory) -> list[EngineCall]:
     ]
 
 
-def check_canonical(r: ChatRenderer, messages: list[dict[str, Any]], kwargs: dict[str, Any]) -> Any:
-    t = replay(r, ReplayRecord.from_json({"messages": messages, "tools": TOOLS, "chat_template_kwargs": kwargs}))
+def check_canonical(
+    r: ChatRenderer,
+    messages: list[dict[str, Any]],
+    kwargs: dict[str, Any],
+    sampled: dict[str, list[int]] | None = None,
+) -> Any:
+    record = {"messages": messages, "tools": TOOLS, "chat_template_kwargs": kwargs, "sampled": sampled}
+    t = replay(r, ReplayRecord.from_json(record))
     checker = ConsistencyChecker(r.with_template_kwargs(kwargs))
     return checker.check(engine_calls(t), trainer_sample_from_trajectory(t), t.messages, TOOLS, template_view=True)
+
+
+# How a model continues a pre-filled thinking opener that the template never re-renders (its own format).
+_AFTER_OPENER = {"<think>\n": "{reasoning}\n</think>\n\n", "<think>": "{reasoning}</think>"}
+
+
+def thinking_outputs(
+    r: ChatRenderer, messages: list[dict[str, Any]], kwargs: dict[str, Any], reasoning: str | None
+) -> dict[str, list[int]]:
+    """The engine's ids for each assistant message of a template that drops its own generation prompt's pre-fill:
+    the model's thinking after the pre-filled text (nothing after a closed block: Seed-OSS with budget 0), then
+    the turn as the template writes it."""
+    rk = r.with_template_kwargs({**r.template_kwargs, **kwargs})
+    end = probe_template(rk).boundary(END)
+    messages = probe_template(rk).tool_call_shape.conform(messages)
+    out: dict[str, list[int]] = {}
+    for i, m in enumerate(messages):
+        if m["role"] != "assistant":
+            continue
+        prompt = rk.render_text(messages[:i], TOOLS, add_generation_prompt=True)
+        turn = rk.render_text(messages[: i + 1], TOOLS)
+        n = next((k for k, (a, b) in enumerate(zip(prompt, turn, strict=False)) if a != b), min(len(prompt), len(turn)))
+        if prompt.rfind("<", 0, n) > prompt.rfind(">", 0, n):
+            n = prompt.rfind("<", 0, n)  # never split a tag: "<think>" against "</think>"
+        text = _AFTER_OPENER.get(prompt[n:], "").format(reasoning=reasoning or "") + turn[n:]
+        # Encoded after the prompt where that keeps the prompt's ids (SentencePiece adds no prefix space there), on
+        # its own where the sampled text would merge with the pre-fill's last token ("<think>\n" + "\n").
+        prompt_ids, ids = rk.encode(prompt), rk.encode(prompt + text)
+        ids = ids[len(prompt_ids) :] if ids[: len(prompt_ids)] == prompt_ids else rk.encode(text)
+        trailer = list(end.trailer_ids)
+        out[str(i)] = ids[: -len(trailer)] if trailer and ids[-len(trailer) :] == trailer else ids
+    return out
 
 
 THINKING = [({}, None), ({}, ""), ({}, "Think."), ({"enable_thinking": False}, None), ({"enable_thinking": False}, "")]
@@ -111,7 +149,8 @@ def assert_no_defect_or_a_truthful_refusal(
                 assert "canonical output is undefined" in str(exc), exc
                 end = profile.boundary(END)
                 assert not end.prefix_preserving and "the generation prompt" in end.divergence, (kwargs, end)
-                continue
+                # What the model writes there instead: its thinking after the pre-filled opener, then the turn.
+                result = check_canonical(r, messages, kwargs, sampled=thinking_outputs(r, messages, kwargs, reasoning))
             assert result.ok, (kwargs, reasoning, name, [(f.cause.value, f.detail) for f in result.defects])
             checked += 1
     return checked

@@ -83,14 +83,17 @@ def load_renderer(
         tokenizer = load_tokenizer(path)
     except Exception as exc:  # transformers raises many types for a damaged file; each is traced to the file
         raise explain_load_failure(path, exc) from exc
+    origin = str(chat_template_file) if chat_template_file is not None else template_origin(path)
     if template is None and isinstance(tokenizer.chat_template, str):
-        refuse_unparsable(tokenizer.chat_template, template_origin(path))
-    return ChatRenderer(
+        refuse_unparsable(tokenizer.chat_template, origin)
+    renderer = ChatRenderer(
         tokenizer,
         chat_template=template,
         template_kwargs=template_kwargs,
         escape_special_tokens=escape_special_tokens,
     )
+    renderer.template_source = origin
+    return renderer
 
 
 # Plain text every chat tokenizer encodes and decodes back unchanged (no space before punctuation, which
@@ -148,6 +151,9 @@ class ChatRenderer:
     untrusted message contains special-token text; when one does, that text is encoded as plain
     text and reported in ``Rendered.escapes``.
     """
+
+    # Where the template came from, named in render errors (``load_renderer`` sets the file, or the config key).
+    template_source: str = "the chat template"
 
     def __init__(
         self,
@@ -246,7 +252,8 @@ class ChatRenderer:
             )
         except Exception as exc:  # jinja raises many types; all mean "this template refused"
             roles = [m.get("role") for m in messages]
-            raise TemplateError(f"chat template failed to render roles {roles}: {exc}") from exc
+            why = " ".join(str(exc).split())  # one line, whatever the template's message holds
+            raise TemplateError(f"{self.template_source}: chat template failed to render roles {roles}: {why}") from exc
         assert isinstance(text, str)
         return text
 

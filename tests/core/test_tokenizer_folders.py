@@ -358,3 +358,53 @@ def test_report_names_a_damaged_tokenizer_folder(bases, expected, record_file, t
     assert code == 0, err  # the records are fine ...
     code, _, err = run(capsys, "report", str(writer.path), "-o", str(html), "--tokenizer", str(folder))
     assert_clear_error(code, err, "report", str(folder / "tokenizer.json"))  # ... the folder is not
+
+
+def set_key(name: str, key: str, value: Any) -> Mutation:
+    def mutate(folder: Path) -> tuple[str, bool]:
+        config = json.loads((folder / name).read_text())
+        config[key] = value
+        replace(folder / name, json.dumps(config).encode())
+        return name, True
+
+    return mutate
+
+
+def make_folder(name: str) -> Mutation:
+    def mutate(folder: Path) -> tuple[str, bool]:
+        (folder / name).unlink()
+        (folder / name).mkdir()
+        return name, True
+
+    return mutate
+
+
+def duplicate_added_token(folder: Path) -> tuple[str, bool]:
+    text = (folder / "tokenizer.json").read_text()
+    start = text.index("[", text.index('"added_tokens"'))
+    added, end = json.JSONDecoder().raw_decode(text, start)
+    added.append({**added[-1], "id": 151645, "content": "<extra>"})  # <|im_end|>'s id again
+    replace(folder / "tokenizer.json", (text[:start] + json.dumps(added) + text[end:]).encode())
+    return "tokenizer.json", True
+
+
+# What the property test and a manual sweep found before the fix: a traceback (chat_template a number), silent
+# acceptance (transformers 5 ignores special_tokens_map.json and tokenizer.json's added tokens, and falls back to
+# tokenizer_config.json's template when chat_template.jinja is a folder; an engine loading the folder otherwise
+# would see other tokens), and errors that named no file (generation_config.json read by the probe).
+FOUND = {
+    "chat_template is a number": ("published", set_key("tokenizer_config.json", "chat_template", 5)),
+    "eos_token is a list of ids": ("published", set_key("tokenizer_config.json", "eos_token", [151645])),
+    "special_tokens_map eos_token is an id": ("published", set_key("special_tokens_map.json", "eos_token", 5)),
+    "added token with <|im_end|>'s id": ("published", duplicate_added_token),
+    "chat_template.jinja is a folder": ("saved", make_folder("chat_template.jinja")),
+    "generation_config eos_token_id is a string": ("saved", set_key("generation_config.json", "eos_token_id", "x")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FOUND))
+def test_each_case_found_is_refused_naming_the_file(bases, record_file, capsys, tmp_path, case):
+    layout, mutation = FOUND[case]
+    folder, names, _ = mutated_folder(bases[layout], tmp_path, mutation)
+    code, _, err = run(capsys, "replay", str(record_file), "--tokenizer", str(folder), "--json")
+    assert_clear_error(code, err, "replay", str(folder / names))

@@ -215,3 +215,43 @@ def test_any_value_of_any_option_is_taken_or_refused_in_one_line_naming_it(path,
     if path in (("tool_timeout_s",), ("check", "logprob_atol"), ("check", "template_view_rate")):
         number = parsed.tool_timeout_s if path == ("tool_timeout_s",) else getattr(parsed.check, path[1])
         assert math.isfinite(number) and number == value and not isinstance(value, bool)
+
+
+LOOP_ENTRY = "- name: my_loop\n  _target_: verl_ext.plugin.agent_loop.VerlExtToolAgentLoop\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "fix"),
+    [
+        (None, "cannot be read (FileNotFoundError"),
+        ("DIR", "cannot be read (IsADirectoryError"),
+        (b"\xff\xfe- name: x\n", "cannot be read (UnicodeDecodeError"),
+        ("- name: [x\n", "not valid YAML at line 2"),
+        ("5\n", "cannot be read"),
+        ("name: my_loop\n_target_: x\n", "expected a YAML list of agent loops"),
+        ("- _target_: a.b\n", "entry 0 must be a mapping with a string 'name'"),
+        ("- just_a_string\n", "entry 0 must be a mapping"),
+    ],
+)  # each was a traceback from inside verl's validate_config
+def test_a_broken_agent_loop_config_file_is_one_line_naming_it(tmp_path, content, fix):
+    loops = tmp_path / "loops.yaml"
+    if content == "DIR":
+        loops.mkdir()
+    elif isinstance(content, bytes):
+        loops.write_bytes(content)
+    elif content is not None:
+        loops.write_text(content)
+    cfg = verl_config(["+verl_ext=warn", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"])
+    with pytest.raises(PreflightError) as raised:
+        check_config(cfg)
+    message = str(raised.value)
+    assert message.startswith(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}: "), message
+    assert fix in message and "\n" not in message, message
+
+
+def test_a_bad_option_in_a_loop_entry_names_the_file_and_the_loop(tmp_path):
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(LOOP_ENTRY + "  verl_ext:\n    extra_stop_tokens: </tool_call>\n")
+    cfg = verl_config([f"{LOOP_KEY}=my_loop", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"])
+    with pytest.raises(OptionsError, match=rf"^{loops}: the verl_ext key of agent loop 'my_loop': verl_ext.extra_stop"):
+        check_config(cfg)

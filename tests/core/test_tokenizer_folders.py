@@ -263,7 +263,7 @@ def mutations(draw, layout: str) -> tuple[str, Mutation]:
 
 def mutated_folder(base: Path, tmp: Path, mutation: Mutation) -> tuple[Path, str, bool]:
     folder = tmp / "tok"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     for f in base.iterdir():
         os.link(f, folder / f.name)  # every file the mutation writes is unlinked first
     names, refuse = mutation(folder)
@@ -408,3 +408,39 @@ def test_each_case_found_is_refused_naming_the_file(bases, record_file, capsys, 
     folder, names, _ = mutated_folder(bases[layout], tmp_path, mutation)
     code, _, err = run(capsys, "replay", str(record_file), "--tokenizer", str(folder), "--json")
     assert_clear_error(code, err, "replay", str(folder / names))
+
+
+def named_templates(names: list[str]) -> Mutation:
+    """tokenizer_config.json's 'chat_template' as a list of named templates, each the real Qwen3 template."""
+
+    def mutate(folder: Path) -> tuple[str, bool]:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+        config["chat_template"] = [{"name": name, "template": config["chat_template"]} for name in names]
+        replace(folder / "tokenizer_config.json", json.dumps(config).encode())
+        return "tokenizer_config.json", names != ["default"]
+
+    return mutate
+
+
+def test_named_templates_are_used_when_only_default_and_refused_when_transformers_would_choose(
+    bases, expected, record_file, capsys, tmp_path
+):
+    """Named templates used to crash the renderer (a dict where a string belongs). Only 'default' is the one
+    template; with 'tool_use' beside it transformers picks per call, which one rollout render cannot follow."""
+    folder, _, _ = mutated_folder(bases["published"], tmp_path / "default", named_templates(["default"]))
+    code, out, err = run(capsys, "replay", str(record_file), "--tokenizer", str(folder), "--json")
+    assert code == 0, err
+    assert json.loads(out)[0]["input_ids"] == expected["published"][0]
+    folder, _, _ = mutated_folder(bases["published"], tmp_path / "two", named_templates(["default", "tool_use"]))
+    code, _, err = run(capsys, "check-template", str(folder), "--json")
+    assert_clear_error(code, err, "check-template", "has named chat templates ['default', 'tool_use']")
+    assert "--chat-template FILE" in err
+
+
+def test_a_symlink_loop_for_the_folder_or_the_template_file_is_named(bases, record_file, capsys, tmp_path):
+    (tmp_path / "tok").symlink_to("tok")
+    (tmp_path / "t.jinja").symlink_to("t.jinja")
+    code, _, err = run(capsys, "replay", str(record_file), "--tokenizer", str(tmp_path / "tok"))
+    assert_clear_error(code, err, "replay", f"{tmp_path / 'tok'}: a symlink loop")
+    code, _, err = run(capsys, "check-template", str(bases["published"]), "--chat-template", str(tmp_path / "t.jinja"))
+    assert_clear_error(code, err, "check-template", f"{tmp_path / 't.jinja'}: a symlink loop")

@@ -86,6 +86,10 @@ def load_renderer(
     origin = str(chat_template_file) if chat_template_file is not None else template_origin(path)
     if template is None and isinstance(tokenizer.chat_template, str):
         refuse_unparsable(tokenizer.chat_template, origin)
+    elif template is None and isinstance(tokenizer.chat_template, Mapping):  # named templates
+        for name, text in tokenizer.chat_template.items():
+            if isinstance(text, str):
+                refuse_unparsable(text, f"{origin}, template {name!r}")
     renderer = ChatRenderer(
         tokenizer,
         chat_template=template,
@@ -165,7 +169,7 @@ class ChatRenderer:
         _text_only: Tokenizer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.chat_template: str | None = chat_template or tokenizer.chat_template
+        self.chat_template: str | None = _one_template(chat_template or tokenizer.chat_template, tokenizer)
         if not self.chat_template:
             raise TemplateError(
                 f"tokenizer {tokenizer.name_or_path!r} has no chat template; pass one with "
@@ -409,6 +413,30 @@ def _no_start_marker(pre_tokenizer: Any) -> bool:
         pre_tokenizer["prepend_scheme"] = "never"
         return True
     return False
+
+
+def _one_template(template: Any, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The one template a renderer uses. A tokenizer with named templates (``[{"name": "default", ...},
+    {"name": "tool_use", ...}]`` in tokenizer_config.json) is taken when it names only ``default``; otherwise
+    transformers picks ``tool_use`` for a render with tools and ``default`` for one without, and a rollout rendered
+    with one template cannot be compared with two, so the caller must choose."""
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, Mapping) and not template:
+        return None
+    if isinstance(template, Mapping):
+        names = sorted(str(k) for k in template)
+        if names == ["default"] and isinstance(template["default"], str):
+            return template["default"]
+        raise TemplateError(
+            f"tokenizer {tokenizer.name_or_path!r} has named chat templates {names}; transformers chooses between "
+            "them per call (tool_use with tools, default without), verl_ext renders a rollout with one: save the one "
+            "your rollouts use to a .jinja file and pass --chat-template FILE (or chat_template=...)"
+        )
+    raise TemplateError(
+        f"tokenizer {tokenizer.name_or_path!r} has a chat template of type {type(template).__name__}, not a string; "
+        "pass one with --chat-template FILE (or chat_template=...)"
+    )
 
 
 def _text_only_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:

@@ -49,6 +49,8 @@ def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
     ``tokenizers`` library reads them from ``tokenizer.json``), and keys of the wrong JSON type.
     """
     path = Path(folder)
+    if path.is_symlink() and not path.exists():
+        raise TemplateError(str(_not_a_readable_file(path)).replace("the file itself", "the folder itself"))
     if path.is_file():
         raise NotADirectoryError(
             f"tokenizer folder {str(path)!r} is a file; pass the folder that holds tokenizer.json and "
@@ -388,6 +390,8 @@ def _added_tokens_problem(tokenizer: dict[str, Any], config: dict[str, Any]) -> 
 def read_template_file(file: str | os.PathLike[str]) -> str:
     """A ``--chat-template`` file's text: UTF-8, not empty, and parsing as a Jinja template."""
     path = Path(file)
+    if path.is_symlink() and not path.exists():
+        raise TemplateError(str(_not_a_readable_file(path)))
     if path.is_dir():
         raise IsADirectoryError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
     if not path.is_file():

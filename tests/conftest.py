@@ -79,21 +79,9 @@ def tiny_qwen3_dir(tokenizer_dirs: dict[str, Path], tmp_path_factory: pytest.Tem
 
 
 @pytest.fixture(scope="session")
-def template_only_tokenizer(tokenizer_dirs: dict[str, Path]) -> Any:
-    """The shipped Mistral v0.3 tokenizer given every marker of tests/fixtures/templates as a special token."""
-    from template_fixtures import BASE_TOKENIZER, markers, template_files, tokenizer_with
-
-    found = [m for path in template_files() for m in markers(path.read_text(encoding="utf-8"))]
-    return tokenizer_with(tokenizer_dirs[BASE_TOKENIZER], list(dict.fromkeys(found)))
-
-
-@pytest.fixture(scope="session")
-def gemma_like_renderer(tokenizer_dirs: dict[str, Path]) -> Any:
+def gemma_like_renderer() -> Any:
     """Gemma 2's real template over the Mistral v0.3 tokenizer given Gemma's turn markers as special tokens and,
     as Gemma's vocabulary has them, "\\n", whitespace runs and HTML tags as plain (non-special) added tokens."""
-    from template_fixtures import BASE_TOKENIZER, GEMMA_PLAIN, GEMMA_SPECIAL, TEMPLATES_DIR, tokenizer_with
+    from template_fixtures import GEMMA_PLAIN, template_renderer
 
-    from verl_ext.core.rendering import ChatRenderer
-
-    tok = tokenizer_with(tokenizer_dirs[BASE_TOKENIZER], GEMMA_SPECIAL, GEMMA_PLAIN)
-    return ChatRenderer(tok, chat_template=(TEMPLATES_DIR / "google-gemma-2-2b-it.jinja").read_text(encoding="utf-8"))
+    return template_renderer("google-gemma-2-2b-it", plain=GEMMA_PLAIN)

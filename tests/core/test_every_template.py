@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollouts import Turn, run
-from template_fixtures import TEMPLATE_KWARGS, markers, template_files
+from template_fixtures import markers, template_files, template_renderer
 
 from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.core.errors import TemplateError
@@ -54,7 +54,7 @@ def tool_result(n: int, content: str, name: str = "calculator") -> dict[str, Any
 
 @pytest.fixture(scope="session")
 def case_renderer(
-    renderer_for: Callable[[str], ChatRenderer], load_tokenizer: Callable[[str], Any], template_only_tokenizer: Any
+    renderer_for: Callable[[str], ChatRenderer], load_tokenizer: Callable[[str], Any]
 ) -> Callable[[str], ChatRenderer]:
     cache: dict[str, ChatRenderer] = {}
 
@@ -66,13 +66,7 @@ def case_renderer(
                 folder = Path(load_tokenizer("qwen3").name_or_path) / "extra_templates"
                 cache[case] = renderer_for("qwen3").with_chat_template((folder / f"{case[6:]}.jinja").read_text())
             else:
-                if "templates" not in cache:
-                    cache["templates"] = ChatRenderer(template_only_tokenizer)
-                path = next(p for p in template_files() if p.stem == case[len("templates/") :])
-                kwargs = TEMPLATE_KWARGS.get(path.stem)
-                cache[case] = (
-                    cache["templates"].with_chat_template(path.read_text(encoding="utf-8")).with_template_kwargs(kwargs)
-                )
+                cache[case] = template_renderer(case[len("templates/") :])
         return cache[case]
 
     return get
@@ -114,7 +108,7 @@ def scripts(draw, r: ChatRenderer, roles: list[str]):
     control = sorted(r.control_ids)[:40]
     token = st.one_of(st.integers(0, vocab - 1), st.sampled_from(control)) if control else st.integers(0, vocab - 1)
     text = st.lists(st.sampled_from(hostile_texts(r)), min_size=1, max_size=6).map("".join)
-    n = draw(st.integers(1, 3))
+    n = draw(st.integers(1, 3)) if roles else 1  # without an appendable role a rollout is one turn
     turns = []
     for k in range(n):
         ids = draw(st.lists(token, max_size=10))
@@ -187,19 +181,22 @@ def test_fuzzed_rollouts_keep_invariants_engine_view_and_inject_nothing(case_ren
 
 
 # -- canonical parity -----------------------------------------------------------------------------------------------
-# Seed-OSS renders an assistant message with empty content without its close, so the synthetic assistant of a
-# user-message delta loses the user message. Since the silent-drop refusal (issue 8 item 6) the append is refused
-# with an error naming the dropped text instead of losing it; the user append itself is still a gap, checked here so
-# it stays visible.
-KNOWN_GAPS = {("templates/ByteDance-Seed-OSS", "user")}
+# Templates where an append a rollout may make is a known gap (checked to still be one, so it stays visible). None:
+# Seed-OSS's user append (its text turn with empty content has no close) works since the delta's synthetic assistant
+# turn carries text, as a real turn does; test_seed_oss_appends_a_user_message_after_a_text_turn keeps it so.
+KNOWN_GAPS: set[tuple[str, str]] = set()
 
 
-def test_known_gaps_are_still_gaps(case_renderer):
+def test_seed_oss_appends_a_user_message_after_a_text_turn(case_renderer):
+    """Seed-OSS writes an assistant turn whose content is empty without its <seed:eos>: the delta for an appended
+    user message must still hold that message (it used to be refused as dropped text)."""
     r = case_renderer("templates/ByteDance-Seed-OSS")
-    chat = conversations(probe_template(r))["user"]
-    # Remove from KNOWN_GAPS once this replays.
-    with pytest.raises(TemplateError, match="does not render the appended 'user' message's text"):
-        replay(r, ReplayRecord.from_json({"messages": chat, "tools": TOOLS}))
+    p = probe_template(r)
+    assert p.boundary("user").prefix_preserving
+    chat = conversations(p)["user"]
+    t = replay(r, ReplayRecord.from_json({"messages": chat, "tools": TOOLS}))
+    assert t.input_ids + list(p.boundary(END).trailer_ids) == r.encode(r.render_text(chat, TOOLS))
+    assert "How are you?" in r.decode(t.input_ids[t.turns[0].sampled_end : t.turns[1].prompt_length])
 
 
 def conversations(p: TemplateProfile) -> dict[str, list[dict[str, Any]]]:
@@ -237,7 +234,7 @@ def test_canonical_rollouts_match_the_template_where_it_is_append_stable(case_re
             assert "canonical output is undefined" in str(exc), exc  # the only refusal a replay may give
             continue
         stable = p.boundary(role).prefix_preserving and p.boundary(END).prefix_preserving
-        expected = r.encode(r.render_text(chat, TOOLS))
+        expected = r.encode(r.render_text(p.tool_call_shape.conform(chat), TOOLS))  # the convention it renders
         if stable:
             assert t.input_ids + list(p.boundary(END).trailer_ids) == expected, r.decode(t.input_ids)
         calls = _calls(t)

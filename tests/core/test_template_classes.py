@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from rollouts import Turn, run
-from template_fixtures import BASE_TOKENIZER, TEMPLATES_DIR, markers, tokenizer_with
+from template_fixtures import TEMPLATES_DIR, template_renderer
 
 from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.core.deltas import render_context_delta
@@ -111,10 +111,10 @@ def test_an_escaped_render_that_differs_from_the_template_text_says_so(renderer_
 
 # -- item 7: stop ids the template never renders as the close here ----------------------------------------------
 @pytest.fixture(scope="module")
-def llama_folders(tokenizer_dirs, tmp_path_factory) -> tuple[Path, Path, Path]:
+def llama_folders(tmp_path_factory) -> tuple[Path, Path, Path]:
     """A Llama 3.3-style tokenizer folder saved twice, with and without generation_config.json, and the template."""
     template = TEMPLATES_DIR / "meta-llama-Llama-3.3-70B-Instruct.jinja"
-    tok = tokenizer_with(tokenizer_dirs[BASE_TOKENIZER], [*markers(template.read_text()), "<|end_of_text|>"])
+    tok = template_renderer(template.name, extra_special=["<|end_of_text|>"]).tokenizer
     with_config, without = tmp_path_factory.mktemp("llama-gc"), tmp_path_factory.mktemp("llama-plain")
     for folder in (with_config, without):
         tok.save_pretrained(str(folder))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from foreign_templates import foreign_renderer
 from rollouts import TOOLS, call
+from template_fixtures import template_renderer
 
 from verl_ext.check import CheckPolicy, ConsistencyChecker, Enforcer, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
@@ -15,8 +15,8 @@ from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.plugin.agent_loop import _Runtime
 
 
-def test_conclude_in_strict_mode_reports_a_refused_render_without_raising(load_tokenizer):
-    r = foreign_renderer(load_tokenizer, "meta-llama-Llama-3.2-3B-Instruct.jinja")
+def test_conclude_in_strict_mode_reports_a_refused_render_without_raising():
+    r = template_renderer("meta-llama-Llama-3.2-3B-Instruct.jinja")
     p = probe_template(r)
     policy = CheckPolicy(mode="strict")
     rt = _Runtime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), None)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from loop_harness import REPO, verl_config
 from omegaconf import OmegaConf
 
@@ -133,3 +136,123 @@ def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
     presets = {f"verl_ext/configs/verl_ext/{p}.yaml" for p in PRESETS}
     shipped = {"verl_ext/configs/agent_loops.yaml", "verl_ext/configs/cpu_demo.yaml"}
     assert presets | shipped | {"hydra_plugins/verl_ext_searchpath/__init__.py"} <= names
+
+
+# -- every option: a wrong type, an unknown key or an out-of-range value is one line naming the key -------------
+@pytest.mark.parametrize(
+    ("options", "key", "fix"),
+    [
+        ({"chek": {}}, "verl_ext.chek", "did you mean verl_ext.check?"),
+        ({"check": {"mod": "warn"}}, "verl_ext.check.mod", "did you mean verl_ext.check.mode?"),
+        ({"records": {"max_file": 2}}, "verl_ext.records.max_file", "did you mean verl_ext.records.max_files?"),
+        ({"check": []}, "verl_ext.check", "must be a mapping"),  # used to mean "the defaults"
+        ({"records": False}, "verl_ext.records", "must be a mapping"),
+        ({"check": {"template_view_rate": True}}, "verl_ext.check.template_view_rate", "must be a number"),
+        ({"check": {"template_view_rate": "0.5"}}, "verl_ext.check.template_view_rate", "without quotes"),
+        ({"check": {"template_view_rate": 1.5}}, "verl_ext.check.template_view_rate", "from 0 to 1"),
+        ({"check": {"logprob_atol": float("inf")}}, "verl_ext.check.logprob_atol", "finite number 0 or more"),
+        ({"check": {"logprob_atol": -1e-5}}, "verl_ext.check.logprob_atol", "0 or more"),
+        ({"check": {"template_view_budget_s": 0}}, "verl_ext.check.template_view_budget_s", "or null"),
+        ({"check": {"mode": ["warn"]}}, "verl_ext.check.mode", "'strict', 'warn', 'off'"),
+        ({"check": {"mode": "loud"}}, "mode", "'loud' is not one of"),
+        ({"check": {"allowed_causes": {"bpe_remerge": 1}}}, "verl_ext.check.allowed_causes", "a list of cause names"),
+        ({"check": {"allowed_causes": ["bpe"]}}, "allowed_causes", "'bpe' is not one of"),
+        ({"records": {"dir": 5}}, "verl_ext.records.dir", "a folder path"),  # used to become the folder '5'
+        ({"records": {"max_bytes": "64MB"}}, "verl_ext.records.max_bytes", "positive integer"),
+        ({"records": {"max_files": 0}}, "verl_ext.records.max_files", "positive integer"),
+        ({"tool_timeout_s": float("nan")}, "verl_ext.tool_timeout_s", "positive finite number"),  # was accepted
+        ({"tool_timeout_s": "30"}, "verl_ext.tool_timeout_s", "positive finite number"),
+        ({"escape_special_tokens": "false"}, "verl_ext.escape_special_tokens", "true or false"),
+        ({"extra_stop_tokens": "</tool_call>"}, "verl_ext.extra_stop_tokens", "a list of token strings"),  # letters
+        ({"extra_stop_tokens": [151657]}, "verl_ext.extra_stop_tokens[0]", "a token's text"),  # encoded as digits
+        ({"extra_stop_tokens": [""]}, "verl_ext.extra_stop_tokens[0]", "non-empty string"),
+        ({"agent_name_column": "drop"}, "verl_ext.agent_name_column", "one of ['switch', 'stop', 'keep']"),
+    ],
+)
+def test_a_bad_option_is_one_line_naming_the_key_and_the_fix(options, key, fix):
+    with pytest.raises(OptionsError) as raised:
+        LoopOptions.from_sources(options)
+    message = str(raised.value)
+    assert key in message and fix in message, message
+    assert "\n" not in message
+
+
+def test_values_in_range_are_taken_as_given(tmp_path):
+    options = LoopOptions.from_sources(
+        {"check": {"template_view_rate": 0, "logprob_atol": 0, "template_view_budget_s": None, "allowed_causes": []}},
+        {"records": {"dir": tmp_path}, "extra_stop_tokens": ["</tool_call>"], "tool_timeout_s": 1},
+    )
+    assert options.check.template_view_rate == 0.0 and options.check.template_view_budget_s is None
+    assert options.check.allowed_causes == frozenset() and options.records.dir == str(tmp_path)
+    assert options.extra_stop_tokens == ("</tool_call>",) and options.tool_timeout_s == 1.0
+
+
+JSON_VALUES = st.recursive(
+    st.one_of(
+        st.none(), st.booleans(), st.integers(-3, 2**40), st.floats(), st.text(max_size=6), st.sampled_from(["warn"])
+    ),
+    lambda c: st.lists(c, max_size=3) | st.dictionaries(st.text(max_size=4), c, max_size=2),
+    max_leaves=4,
+)
+KEYS = [(key,) for key in sorted(_KNOWN[""])] + [
+    (section, key) for section in ("check", "records") for key in sorted(_KNOWN[section])
+]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(path=st.sampled_from(KEYS + [("check", "x"), ("y",)]), value=JSON_VALUES)
+def test_any_value_of_any_option_is_taken_or_refused_in_one_line_naming_it(path, value):
+    options: dict = {path[0]: value} if len(path) == 1 else {path[0]: {path[1]: value}}
+    try:
+        parsed = LoopOptions.from_sources(options)
+    except OptionsError as exc:
+        message = str(exc)
+        assert "verl_ext." + path[0] in message and "\n" not in message, message
+        return
+    if path == ("extra_stop_tokens",):
+        assert list(parsed.extra_stop_tokens) == list(value or [])  # never split or converted
+    if path == ("records", "dir"):
+        assert parsed.records.dir == (value or None)
+    if path in (("tool_timeout_s",), ("check", "logprob_atol"), ("check", "template_view_rate")):
+        number = parsed.tool_timeout_s if path == ("tool_timeout_s",) else getattr(parsed.check, path[1])
+        assert math.isfinite(number) and number == value and not isinstance(value, bool)
+
+
+LOOP_ENTRY = "- name: my_loop\n  _target_: verl_ext.plugin.agent_loop.VerlExtToolAgentLoop\n"
+
+
+@pytest.mark.parametrize(
+    ("content", "fix"),
+    [
+        (None, "cannot be read (FileNotFoundError"),
+        ("DIR", "cannot be read (IsADirectoryError"),
+        (b"\xff\xfe- name: x\n", "cannot be read (UnicodeDecodeError"),
+        ("- name: [x\n", "not valid YAML at line 2"),
+        ("5\n", "cannot be read"),
+        ("name: my_loop\n_target_: x\n", "expected a YAML list of agent loops"),
+        ("- _target_: a.b\n", "entry 0 must be a mapping with a string 'name'"),
+        ("- just_a_string\n", "entry 0 must be a mapping"),
+    ],
+)  # each was a traceback from inside verl's validate_config
+def test_a_broken_agent_loop_config_file_is_one_line_naming_it(tmp_path, content, fix):
+    loops = tmp_path / "loops.yaml"
+    if content == "DIR":
+        loops.mkdir()
+    elif isinstance(content, bytes):
+        loops.write_bytes(content)
+    elif content is not None:
+        loops.write_text(content)
+    cfg = verl_config(["+verl_ext=warn", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"])
+    with pytest.raises(PreflightError) as raised:
+        check_config(cfg)
+    message = str(raised.value)
+    assert message.startswith(f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}: "), message
+    assert fix in message and "\n" not in message, message
+
+
+def test_a_bad_option_in_a_loop_entry_names_the_file_and_the_loop(tmp_path):
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(LOOP_ENTRY + "  verl_ext:\n    extra_stop_tokens: </tool_call>\n")
+    cfg = verl_config([f"{LOOP_KEY}=my_loop", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"])
+    with pytest.raises(OptionsError, match=rf"^{loops}: the verl_ext key of agent loop 'my_loop': verl_ext.extra_stop"):
+        check_config(cfg)

@@ -201,7 +201,7 @@ def _rendered_forms(content: str) -> tuple[str, ...]:
 def synthetic_history(
     messages: Sequence[Message], previous_assistant: Message | None, with_system: bool
 ) -> tuple[list[Message], dict[str, Any]]:
-    """The short history a delta is rendered after: a synthetic prompt, then an assistant turn with no text."""
+    """The short history a delta is rendered after: a synthetic prompt, then a synthetic assistant turn."""
     head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
     return head, _synthetic_assistant(messages, previous_assistant)
 
@@ -216,8 +216,13 @@ def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:
     return None
 
 
+_SYNTHETIC_REPLY = "OK."
+
+
 def _synthetic_assistant(messages: Sequence[Message], previous: Message | None) -> dict[str, Any]:
-    """An assistant turn with no text; tool calls from the real turn, or made from the tool results."""
+    """An assistant turn: tool calls from the real turn, or made from the tool results, with no text; otherwise a
+    short text, as a real turn has (a template may render a text turn with empty content without its close:
+    Seed-OSS writes no <seed:eos> then, and the boundary token found would be the appended message's own)."""
     tool_calls: list[Any] = []
     if previous is not None and previous.get("tool_calls"):
         tool_calls = list(previous["tool_calls"])
@@ -230,7 +235,7 @@ def _synthetic_assistant(messages: Sequence[Message], previous: Message | None) 
                     "function": {"name": m.get("name") or "tool", "arguments": {}},
                 }
             )
-    assistant: dict[str, Any] = {"role": "assistant", "content": ""}
+    assistant: dict[str, Any] = {"role": "assistant", "content": "" if tool_calls else _SYNTHETIC_REPLY}
     if tool_calls:
         assistant["tool_calls"] = tool_calls
     return assistant

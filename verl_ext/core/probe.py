@@ -249,6 +249,7 @@ class _Prober:
         self.head: list[Message] = [_SYSTEM, _USER]
         self.variants: tuple[tuple[str, str | None], ...] = _REASONING_VARIANTS[:1]
         self.shape = ToolCallShape()
+        self.text_closes: frozenset[int] = frozenset()  # what ends a text-only assistant turn (see close_index)
 
     def note(self, severity: Severity, text: str) -> None:
         self.reasons.append(Reason(severity, text))
@@ -260,12 +261,12 @@ class _Prober:
     def run(self) -> TemplateProfile:
         self.round_trip()
         try:
-            _, gen_ids = self.render(self.head, gen=True)
-            placed, last_ids = self.placed_variants(gen_ids)
+            gen_text, gen_ids = self.render(self.head, gen=True)
+            placed, last_ids = self.placed_variants(gen_text, gen_ids)
             if not placed:
-                _, user_gen_ids = self.render([_USER], gen=True)
+                user_gen_text, user_gen_ids = self.render([_USER], gen=True)
                 self.head = [_USER]
-                if not self.placed_variants(user_gen_ids)[0]:
+                if not self.placed_variants(user_gen_text, user_gen_ids)[0]:
                     # Not the system message: the turn never continues the generation prompt (the END boundary
                     # says where it differs). Probe with the system message, as the engine sees it.
                     self.head = [_SYSTEM, _USER]
@@ -280,8 +281,8 @@ class _Prober:
         except TemplateError:
             # Probe the turn boundaries without a leading system message.
             self.head = [_USER]
-            _, gen_ids = self.render(self.head, gen=True)
-            placed, _ = self.placed_variants(gen_ids)
+            gen_text, gen_ids = self.render(self.head, gen=True)
+            placed, _ = self.placed_variants(gen_text, gen_ids)
         # Probe every kind of turn the engine can produce after this generation prompt (with thinking disabled,
         # only turns that keep the pre-filled empty reasoning block); when none fits, the first, as before.
         self.variants = tuple(placed) or _REASONING_VARIANTS[:1]
@@ -294,6 +295,7 @@ class _Prober:
             self.shape = self.tool_call_shape()
         except TemplateError as exc:
             unsupported["tool"] = str(exc)
+        self.text_closes = self.derive_text_closes()
         cases: dict[str, tuple[Any, list[Message]]] = {
             END: (_assistant_text, []),
             "tool": (lambda reasoning: _assistant_tools(1, reasoning, self.shape), [_tool(1)]),
@@ -342,16 +344,20 @@ class _Prober:
             parallel_tool_calls_error=parallel_error,
         )
 
-    def placed_variants(self, gen_ids: tuple[int, ...]) -> tuple[list[tuple[str, str | None]], tuple[int, ...]]:
-        """The kinds of assistant turn whose rendering continues the generation prompt (each rendering once),
-        and the first kind's rendering."""
+    def placed_variants(
+        self, gen_text: str, gen_ids: tuple[int, ...]
+    ) -> tuple[list[tuple[str, str | None]], tuple[int, ...]]:
+        """The kinds of assistant turn the engine can produce after this generation prompt (each rendering once),
+        and the first kind's rendering. A kind whose text continues the prompt's text is one the engine can sample
+        even when its tokens do not continue the prompt's tokens (QwQ's pre-filled "<think>\n" merges with the
+        "\n" of an empty reasoning block): its boundaries then say the template re-renders what the engine saw."""
         placed: list[tuple[str, str | None]] = []
         renders: set[tuple[int, ...]] = set()
         first: tuple[int, ...] = ()
         for label, reasoning in _REASONING_VARIANTS:
-            _, ids = self.render([*self.head, _assistant_text(reasoning)], gen=False)
+            text, ids = self.render([*self.head, _assistant_text(reasoning)], gen=False)
             first = first or ids
-            if ids[: len(gen_ids)] == gen_ids and ids not in renders:
+            if (ids[: len(gen_ids)] == gen_ids or text.startswith(gen_text)) and ids not in renders:
                 placed.append((label, reasoning))
             renders.add(ids)
         return placed, first
@@ -376,6 +382,21 @@ class _Prober:
                 "renders nothing of a tool call: the assistant message's content must carry the call's text",
             )
         return shape
+
+    def derive_text_closes(self) -> frozenset[int]:
+        """The first special token after a text-only assistant turn, at the end and before a user or system
+        message: the ids that end a turn as such (a tool-call turn is closed by one where it writes one)."""
+        closes: set[int] = set()
+        reasoning = self.variants[0][1]
+        for appended in ([], [{"role": "user", "content": "QXUSERB"}], [{"role": "system", "content": "QXSYSTEMB"}]):
+            try:
+                text, ids = self.render([*self.head, _assistant_text(reasoning), *appended], gen=bool(appended))
+                at = self.close_index(text, ids)
+            except TemplateError:
+                continue
+            if at is not None:
+                closes.add(ids[at])
+        return frozenset(closes)
 
     def boundary_for_variants(
         self, role: str, gen_ids: tuple[int, ...], assistant: Any, appended: list[Message]
@@ -417,10 +438,6 @@ class _Prober:
         if marker not in text:
             raise TemplateError(f"the template drops the content of an appended {role!r} message")
         close_at = self.close_index(text, ids)
-        common = self.common_close(text, ids, last_text, last_ids)
-        if common is not None:
-            close_at, last_close = common
-            engine_view = last_ids[: last_close + 1]
         if close_at is None:
             raise TemplateError(f"no special token follows the assistant turn when a {role!r} message comes next")
         close = (ids[close_at],)
@@ -435,17 +452,28 @@ class _Prober:
         # the engine saw? (Without a close of its own, the turn's boundary is the next opener.)
         template_view = ids[: close_at + 1] if last_close is not None else ids[:close_at]
         preserving = placed and template_view == engine_view
-        divergence = "" if preserving else self.divergence(engine_view, template_view, "the engine saw")
+        if not placed:  # the turn itself does not continue the generation prompt's tokens
+            divergence = self.divergence(gen_ids, ids, "the generation prompt")
+        else:
+            divergence = "" if preserving else self.divergence(engine_view, template_view, "the engine saw")
         self.examples[role] = self.r.decode(ids[close_at:])
         return Boundary(role, close, trailer, delta, preserving, divergence)
 
     def close_index(self, text: str, ids: tuple[int, ...]) -> int | None:
-        """Index of the first special token after the assistant's last marker (its close)."""
-        start = self.after_marker(text, ids)
-        return next((i for i in range(start, len(ids)) if ids[i] in self.r.special_ids), None)
+        """Index of the assistant turn's close: the first special token after its last marker, except that a
+        turn with tool calls ends on the close of a text turn where it writes one before the next message. A
+        call's own end markers come first there (Kimi-K2's <|tool_call_end|><|tool_calls_section_end|><|im_end|>,
+        DeepSeek's <｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>) and are the call's syntax, not the
+        turn's end; a template whose call turn has its own close (GPT-OSS <|call|>) writes no text close there."""
+        start, end = self.assistant_span(text, ids)
+        specials = [i for i in range(start, len(ids)) if ids[i] in self.r.special_ids]
+        preferred = [i for i in specials if i < end and ids[i] in self.text_closes]
+        if preferred:
+            return preferred[0]
+        return specials[0] if specials else None
 
-    def after_marker(self, text: str, ids: tuple[int, ...]) -> int:
-        """Index of the first token after the assistant's last marker."""
+    def assistant_span(self, text: str, ids: tuple[int, ...]) -> tuple[int, int]:
+        """Token indices (first after the assistant's last marker, first of the appended message's marker)."""
         # Only the text before the appended message belongs to the assistant turn (a tool message may repeat
         # the tool's name); a template that renders only a call's name is located by that name.
         markers = (*_ASSISTANT_MARKERS, PROBE_TOOL_NAME) if self.shape.renders == RENDERS_NAME else _ASSISTANT_MARKERS
@@ -458,22 +486,9 @@ class _Prober:
         offsets = self.offsets(text)
         if len(offsets) != len(ids):
             raise TemplateError("token offsets do not line up with the rendered ids")
-        return next((i for i in range(len(ids)) if offsets[i][0] >= marker_end), len(ids))
-
-    def common_close(
-        self, text: str, ids: tuple[int, ...], last_text: str, last_ids: tuple[int, ...]
-    ) -> tuple[int, int] | None:
-        """The turn's close when its ending has several special tokens: the last one the turn ends with both as the
-        conversation's last message and before the next message (Kimi-K2 ends a tool call with <|tool_call_end|>
-        <|tool_calls_section_end|><|im_end|>: the close is <|im_end|>, the others are the call's own syntax).
-        (index in ``ids``, index in ``last_ids``), or None when the two endings share no special token."""
-        a, b = self.after_marker(text, ids), self.after_marker(last_text, last_ids)
-        k, last = 0, None
-        while a + k < len(ids) and b + k < len(last_ids) and ids[a + k] == last_ids[b + k]:
-            if ids[a + k] in self.r.special_ids:
-                last = k
-            k += 1
-        return None if last is None else (a + last, b + last)
+        first = next((i for i in range(len(ids)) if offsets[i][0] >= marker_end), len(ids))
+        last = next((i for i in range(first, len(ids)) if offsets[i][1] > before), len(ids))
+        return first, last
 
     def offsets(self, text: str) -> list[tuple[int, int]]:
         enc = self.r.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
@@ -564,11 +579,41 @@ class _Prober:
 
     # -- template habits --------------------------------------------------------------------------
     def reasoning_stripping(self) -> bool | None:
+        """Whether the template drops an earlier turn's reasoning (None: it never renders reasoning). Reasoning is
+        given as a message field, and, for a template that reads it from the content, as the model writes it after
+        the opener its generation prompt pre-fills (QwQ and DeepSeek R1 pre-fill "<think>\n" and keep only what
+        follows "</think>", even in the last turn: that template drops every turn's reasoning)."""
+        user = {"role": "user", "content": "QXUSERB"}
         last, _ = self.render([*self.head, _assistant_text()], gen=False)
-        if _REASONING not in last:
+        if _REASONING in last:
+            later, _ = self.render([*self.head, _assistant_text(), user], gen=True)
+            return _REASONING not in later
+        inline = self.inline_reasoning_content()
+        if inline is None:
             return None
-        later, _ = self.render([*self.head, _assistant_text(), {"role": "user", "content": "QXUSERB"}], gen=True)
+        message = {"role": "assistant", "content": inline}
+        try:
+            last, _ = self.render([*self.head, message], gen=False)
+            later, _ = self.render([*self.head, message, user], gen=True)
+        except TemplateError:
+            return None
+        if "QXASSISTANT" not in last:
+            return None
         return _REASONING not in later
+
+    def inline_reasoning_content(self) -> str | None:
+        """Assistant content with reasoning as a model writes it after the generation prompt's pre-filled opener
+        ("QXREASON\n</think>\n\nQXASSISTANT" after "<think>\n"), or None when the prompt pre-fills no opening tag
+        that the turn's rendering drops."""
+        gen_text, _ = self.render(self.head, gen=True)
+        turn_text, _ = self.render([*self.head, _assistant_text(None)], gen=False)
+        common = len(_common_prefix(gen_text, turn_text))
+        if gen_text.rfind("<", 0, common) > gen_text.rfind(">", 0, common):
+            common = gen_text.rfind("<", 0, common)  # never split a tag: "<think>" against "</think>"
+        opener = re.match(r"\s*<([A-Za-z_][\w:.-]*)>\s*$", gen_text[common:])
+        if opener is None:
+            return None
+        return f"{_REASONING}\n</{opener.group(1)}>\n\nQXASSISTANT"
 
     def tool_call_arguments(self) -> str:
         spaced = '{"query":   "QXARG1" }'
@@ -636,6 +681,11 @@ class _Prober:
             self.note(Severity.REPAIR, "strips reasoning from earlier assistant turns; the rollout keeps it as sampled")
         if args == "re-serialized":
             self.note(Severity.REPAIR, "re-serializes tool-call arguments; the rollout keeps the sampled text")
+
+
+def _common_prefix(a: str, b: str) -> str:
+    n = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+    return a[:n]
 
 
 def _generation_config_eos(tokenizer_dir: str) -> list[int]:

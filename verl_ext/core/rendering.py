@@ -83,14 +83,21 @@ def load_renderer(
         tokenizer = load_tokenizer(path)
     except Exception as exc:  # transformers raises many types for a damaged file; each is traced to the file
         raise explain_load_failure(path, exc) from exc
+    origin = str(chat_template_file) if chat_template_file is not None else template_origin(path)
     if template is None and isinstance(tokenizer.chat_template, str):
-        refuse_unparsable(tokenizer.chat_template, template_origin(path))
-    return ChatRenderer(
+        refuse_unparsable(tokenizer.chat_template, origin)
+    elif template is None and isinstance(tokenizer.chat_template, Mapping):  # named templates
+        for name, text in tokenizer.chat_template.items():
+            if isinstance(text, str):
+                refuse_unparsable(text, f"{origin}, template {name!r}")
+    renderer = ChatRenderer(
         tokenizer,
         chat_template=template,
         template_kwargs=template_kwargs,
         escape_special_tokens=escape_special_tokens,
     )
+    renderer.template_source = origin
+    return renderer
 
 
 # Plain text every chat tokenizer encodes and decodes back unchanged (no space before punctuation, which
@@ -149,6 +156,9 @@ class ChatRenderer:
     text and reported in ``Rendered.escapes``.
     """
 
+    # Where the template came from, named in render errors (``load_renderer`` sets the file, or the config key).
+    template_source: str = "the chat template"
+
     def __init__(
         self,
         tokenizer: PreTrainedTokenizerBase,
@@ -159,7 +169,7 @@ class ChatRenderer:
         _text_only: Tokenizer | None = None,
     ) -> None:
         self.tokenizer = tokenizer
-        self.chat_template: str | None = chat_template or tokenizer.chat_template
+        self.chat_template: str | None = _one_template(chat_template or tokenizer.chat_template, tokenizer)
         if not self.chat_template:
             raise TemplateError(
                 f"tokenizer {tokenizer.name_or_path!r} has no chat template; pass one with "
@@ -247,7 +257,8 @@ class ChatRenderer:
             )
         except Exception as exc:  # jinja raises many types; all mean "this template refused"
             roles = [m.get("role") for m in messages]
-            raise TemplateError(f"chat template failed to render roles {roles}: {exc}") from exc
+            why = " ".join(str(exc).split())  # one line, whatever the template's message holds
+            raise TemplateError(f"{self.template_source}: chat template failed to render roles {roles}: {why}") from exc
         assert isinstance(text, str)
         return text
 
@@ -424,6 +435,30 @@ def _no_start_marker(pre_tokenizer: Any) -> bool:
         pre_tokenizer["prepend_scheme"] = "never"
         return True
     return False
+
+
+def _one_template(template: Any, tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """The one template a renderer uses. A tokenizer with named templates (``[{"name": "default", ...},
+    {"name": "tool_use", ...}]`` in tokenizer_config.json) is taken when it names only ``default``; otherwise
+    transformers picks ``tool_use`` for a render with tools and ``default`` for one without, and a rollout rendered
+    with one template cannot be compared with two, so the caller must choose."""
+    if template is None or isinstance(template, str):
+        return template
+    if isinstance(template, Mapping) and not template:
+        return None
+    if isinstance(template, Mapping):
+        names = sorted(str(k) for k in template)
+        if names == ["default"] and isinstance(template["default"], str):
+            return template["default"]
+        raise TemplateError(
+            f"tokenizer {tokenizer.name_or_path!r} has named chat templates {names}; transformers chooses between "
+            "them per call (tool_use with tools, default without), verl_ext renders a rollout with one: save the one "
+            "your rollouts use to a .jinja file and pass --chat-template FILE (or chat_template=...)"
+        )
+    raise TemplateError(
+        f"tokenizer {tokenizer.name_or_path!r} has a chat template of type {type(template).__name__}, not a string; "
+        "pass one with --chat-template FILE (or chat_template=...)"
+    )
 
 
 def _text_only_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:

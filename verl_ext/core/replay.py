@@ -249,8 +249,9 @@ def canonical_output(
 
 
 def replay(renderer: ChatRenderer, record: ReplayRecord, extra_stop_ids: Sequence[int] = ()) -> TokenTrajectory:
-    """Build the trajectory a rollout would have built for ``record``."""
-    renderer = renderer.with_template_kwargs(record.chat_template_kwargs)
+    """Build the trajectory a rollout would have built for ``record``. The record's ``chat_template_kwargs`` add to
+    (and override) the renderer's own: a template that needs a variable (``--template-kwargs``) keeps it."""
+    renderer = renderer.with_template_kwargs({**renderer.template_kwargs, **record.chat_template_kwargs})
     messages = list(record.messages)
     t = TokenTrajectory(renderer, probe_template(renderer, extra_stop_ids))
     first = record.prompt_messages or next(

@@ -9,10 +9,12 @@ up front, with its line number reported.
 
 from __future__ import annotations
 
+import errno
 import functools
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import jinja2
 import jinja2.ext
@@ -36,8 +38,19 @@ _COPY_AGAIN = "the file is damaged: copy it again from the model's repository (o
 
 
 def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
-    """The folder, when it can hold a loadable tokenizer; otherwise an error naming the fix."""
+    """The folder, when its files can make a loadable, unambiguous tokenizer; otherwise an error naming the file,
+    the key and the fix.
+
+    Beyond what transformers itself refuses, this refuses what it would load silently but another loader (the
+    inference engine's, another transformers version, the ``tokenizers`` library) could read differently: a damaged
+    JSON file transformers happens not to read (``special_tokens_map.json``), a ``chat_template.jinja`` that is a
+    folder (transformers falls back to ``tokenizer_config.json``'s template), an added token in ``tokenizer.json``
+    with an invalid or duplicate id (transformers 5 rebuilds added tokens from ``tokenizer_config.json``; the
+    ``tokenizers`` library reads them from ``tokenizer.json``), and keys of the wrong JSON type.
+    """
     path = Path(folder)
+    if path.is_symlink() and not path.exists():
+        raise TemplateError(str(_not_a_readable_file(path)).replace("the file itself", "the folder itself"))
     if path.is_file():
         raise NotADirectoryError(
             f"tokenizer folder {str(path)!r} is a file; pass the folder that holds tokenizer.json and "
@@ -48,12 +61,89 @@ def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
             f"tokenizer folder {str(path)!r} does not exist; pass the folder that holds tokenizer.json "
             "and tokenizer_config.json"
         )
+    for name in (*_JSON_FILES, "chat_template.jinja"):
+        problem = _not_a_readable_file(path / name)
+        if problem:
+            raise TemplateError(problem)
     if not (path / "tokenizer.json").is_file():
         raise TemplateError(
             f"{path}: no tokenizer.json; verl_ext needs the fast tokenizer file. Copy tokenizer.json from the model's "
             "repository, or write it with AutoTokenizer.from_pretrained(...).save_pretrained(folder)"
         )
+    contents: dict[str, dict[str, Any]] = {"tokenizer.json": _tokenizer_json_head(path / "tokenizer.json")}
+    for name in _JSON_FILES[1:]:
+        if (path / name).is_file():
+            contents[name] = read_json_object(path / name)
+    for name, check in _KEY_CHECKS.items():
+        if name in contents:
+            problem = check(contents[name])
+            if problem:
+                raise TemplateError(f"{path / name}: {problem}")
+    problem = _added_tokens_problem(contents["tokenizer.json"], contents.get("tokenizer_config.json", {}))
+    if problem:
+        raise TemplateError(f"{path / 'tokenizer.json'}: {problem}")
+    jinja = path / "chat_template.jinja"
+    if jinja.is_file():
+        try:
+            text = jinja.read_bytes().decode("utf-8-sig")
+        except UnicodeDecodeError as err:
+            raise TemplateError(f"{jinja}: not UTF-8 (byte {err.start + 1}); save the chat template as UTF-8") from None
+        if not text.strip():
+            raise TemplateError(
+                f"{jinja}: the chat template file is empty; write the template there, or delete the file to use "
+                "tokenizer_config.json's 'chat_template'"
+            )
     return path
+
+
+def _not_a_readable_file(file: Path) -> str | None:
+    """Why a file the loader would read is not a regular file (a folder, a dangling link, a symlink loop)."""
+    if file.is_symlink():
+        try:
+            file.resolve(strict=True)
+        except RuntimeError:  # Python < 3.13
+            return f"{file}: a symlink loop; replace it with the file itself"
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                return f"{file}: a symlink loop; replace it with the file itself"
+            return f"{file}: a symlink to {os.readlink(file)!r}, which does not exist; copy the file itself there"
+    if file.is_dir():
+        return f"{file}: a folder where the file should be; put the file {file.name} there (or remove the folder)"
+    if file.exists() and not file.is_file():
+        return f"{file}: not a regular file; put the file {file.name} there"
+    if file.is_file() and not os.access(file, os.R_OK):
+        return f"{file}: not readable (permissions); make it readable by this user"
+    return None
+
+
+def _tokenizer_json_head(file: Path) -> dict[str, Any]:
+    """``{"added_tokens": [...]}`` of a tokenizer.json, read without parsing its tens of megabytes of vocabulary (a
+    second or two on a busy machine, and transformers parses the file anyway): the tokenizers library writes
+    'added_tokens' before 'model'. Any other layout, or a damaged file, is parsed whole, which names the problem."""
+    try:
+        text = file.read_bytes().decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise TemplateError(f"{file}: not UTF-8 (byte {err.start + 1}); {_COPY_AGAIN}") from None
+    key, model = text.find('"added_tokens"'), text.find('"model"')
+    if text.lstrip().startswith("{") and 0 <= key < model:
+        start = text.find(":", key) + 1
+        while text[start : start + 1].isspace():
+            start += 1
+        try:
+            added, _ = json.JSONDecoder().raw_decode(text, start)
+        except (json.JSONDecodeError, RecursionError):
+            added = None
+        if isinstance(added, list):
+            return {"added_tokens": added}
+    return read_json_object(file)
+
+
+def read_json_object(file: Path) -> dict[str, Any]:
+    """The JSON object in ``file``; ``TemplateError`` naming the file, the place and the fix otherwise."""
+    problem, value = _parse_json_object(file)
+    if problem:
+        raise TemplateError(problem)
+    return value
 
 
 def explain_load_failure(folder: Path, exc: BaseException) -> TemplateError:
@@ -67,9 +157,13 @@ def explain_load_failure(folder: Path, exc: BaseException) -> TemplateError:
             file.read_text(encoding="utf-8")
         except UnicodeDecodeError as err:
             return TemplateError(f"{file}: not UTF-8 (byte {err.start + 1}); save the chat template as UTF-8")
+    why = " ".join(str(exc).split())  # one line: the tokenizers library's messages span several
+    if len(why) > 300:
+        why = why[:300] + " ..."
     return TemplateError(
-        f"tokenizer folder {str(folder)!r} could not be loaded ({type(exc).__name__}: {exc}); check that "
-        "tokenizer.json is a Hugging Face tokenizers file (save_pretrained writes one)"
+        f"tokenizer folder {str(folder)!r} could not be loaded ({type(exc).__name__}: {why}); check that "
+        "tokenizer.json is a Hugging Face tokenizers file and tokenizer_config.json comes from the same model "
+        "(copy both again from the model's repository, or save_pretrained the tokenizer)"
     )
 
 
@@ -77,26 +171,227 @@ def json_file_problem(file: Path) -> str | None:
     """``FILE: <what is wrong>; <fix>`` for a JSON file that exists and cannot be read as a JSON object."""
     if not file.is_file():
         return None
+    return _parse_json_object(file)[0]
+
+
+def _parse_json_object(file: Path) -> tuple[str | None, dict[str, Any]]:
     try:
         text = file.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError as err:
-        return f"{file}: not UTF-8 (byte {err.start + 1}); {_COPY_AGAIN}"
+        return f"{file}: not UTF-8 (byte {err.start + 1}); {_COPY_AGAIN}", {}
     if not text.strip():
-        return f"{file}: the file is empty; {_COPY_AGAIN}"
+        return f"{file}: the file is empty; {_COPY_AGAIN}", {}
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        return f"{file}: not valid JSON, line {err.lineno} column {err.colno}: {err.msg}; {_COPY_AGAIN}"
+        return f"{file}: not valid JSON, line {err.lineno} column {err.colno}: {err.msg}; {_COPY_AGAIN}", {}
+    except RecursionError:
+        return f"{file}: JSON nested too deeply to read; {_COPY_AGAIN}", {}
     if not isinstance(value, dict):
-        return f"{file}: expected a JSON object, found a {type(value).__name__}; {_COPY_AGAIN}"
+        return f"{file}: expected a JSON object, found {_json_type(value)}; {_COPY_AGAIN}", {}
     if file.name == "tokenizer.json" and not isinstance(value.get("model"), dict):
-        return f"{file}: JSON, but not a tokenizers file (no 'model' object); {_COPY_AGAIN}"
+        return f"{file}: JSON, but not a tokenizers file (no 'model' object); {_COPY_AGAIN}", {}
+    return None, value
+
+
+# --- the keys a loader reads, and their JSON types -------------------------------------------------------------
+
+_SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+_BOOLEAN_KEYS = (
+    "add_bos_token",
+    "add_eos_token",
+    "add_prefix_space",
+    "clean_up_tokenization_spaces",
+    "split_special_tokens",
+    "legacy",
+)
+_FIX_KEY = "fix the key, or copy the file again from the model's repository"
+
+
+def _json_type(value: Any) -> str:
+    """How a JSON value is named in an error: its JSON type and a short excerpt."""
+    kind = {
+        bool: "a boolean",
+        int: "a number",
+        float: "a number",
+        str: "a string",
+        list: "a list",
+        dict: "an object",
+        type(None): "null",
+    }.get(type(value), type(value).__name__)
+    text = json.dumps(value, default=str, allow_nan=True)
+    return f"{kind} ({text[:40] + '...' if len(text) > 40 else text})"
+
+
+def _is_id(value: Any) -> bool:
+    """A token id as the tokenizers library stores one: an unsigned 32-bit integer."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 2**32
+
+
+def _token_problem(key: str, value: Any) -> str | None:
+    """A special token: null, its text, or an AddedToken object with a string 'content'."""
+    if value is None or isinstance(value, str):
+        return None
+    if isinstance(value, dict) and isinstance(value.get("content"), str):
+        return None
+    return (
+        f'key {key!r} must be a token string (e.g. "<|im_end|>") or an AddedToken object with a string '
+        f"'content', got {_json_type(value)}; {_FIX_KEY}"
+    )
+
+
+def _token_list_problem(key: str, value: Any) -> str | None:
+    """A list of special tokens (transformers 5's ``extra_special_tokens`` may also be an object of named ones)."""
+    if isinstance(value, dict) and key == "extra_special_tokens":
+        items = list(value.values())
+    elif isinstance(value, list):
+        items = value
+    else:
+        return f"key {key!r} must be a list of token strings, got {_json_type(value)}; {_FIX_KEY}"
+    for k, item in enumerate(items):
+        if item is None or _token_problem(key, item):
+            return (
+                f"key {key!r}: item {k} must be a token string or an AddedToken object, got {_json_type(item)}; "
+                f"{_FIX_KEY}"
+            )
+    return None
+
+
+def _special_tokens_problem(config: dict[str, Any]) -> str | None:
+    for key in _SPECIAL_TOKEN_KEYS:
+        if key in config:
+            problem = _token_problem(key, config[key])
+            if problem:
+                return problem
+    for key in ("additional_special_tokens", "extra_special_tokens"):
+        if key in config and config[key] is not None:
+            problem = _token_list_problem(key, config[key])
+            if problem:
+                return problem
+    return None
+
+
+def _tokenizer_config_problem(config: dict[str, Any]) -> str | None:
+    problem = _special_tokens_problem(config)
+    if problem:
+        return problem
+    template = config.get("chat_template")
+    if template is not None and not isinstance(template, str):
+        named = isinstance(template, list) and all(
+            isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+            for t in template
+        )
+        if not named:
+            return (
+                "key 'chat_template' must be the Jinja template as a string (or a list of {\"name\": ..., "
+                f'"template": ...}} objects), got {_json_type(template)}; fix the key, or pass --chat-template FILE'
+            )
+    decoder = config.get("added_tokens_decoder")
+    if decoder is not None:
+        if not isinstance(decoder, dict):
+            return f"key 'added_tokens_decoder' must be an object of id -> token, got {_json_type(decoder)}; {_FIX_KEY}"
+        for key, token in decoder.items():
+            if not (key.isascii() and key.isdigit() and _is_id(int(key))):
+                return (
+                    f"key 'added_tokens_decoder': {key!r} is not a token id (a non-negative 32-bit integer); {_FIX_KEY}"
+                )
+            if not isinstance(token, dict) or not isinstance(token.get("content"), str):
+                return (
+                    f"key 'added_tokens_decoder'[{key!r}] must be an object with a string 'content', got "
+                    f"{_json_type(token)}; {_FIX_KEY}"
+                )
+    for key in _BOOLEAN_KEYS:
+        if config.get(key) is not None and not isinstance(config[key], bool):
+            return f"key {key!r} must be true or false, got {_json_type(config[key])}; {_FIX_KEY}"
+    for key in ("tokenizer_class", "padding_side", "truncation_side"):
+        if config.get(key) is not None and not isinstance(config[key], str):
+            return f"key {key!r} must be a string, got {_json_type(config[key])}; {_FIX_KEY}"
+    length = config.get("model_max_length")
+    if length is not None and (isinstance(length, bool) or not isinstance(length, (int, float)) or length < 0):
+        return f"key 'model_max_length' must be a non-negative number, got {_json_type(length)}; {_FIX_KEY}"
+    return None
+
+
+def _generation_config_problem(config: dict[str, Any]) -> str | None:
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):
+        value = config.get(key)
+        if value is None or _is_id(value):
+            continue
+        if key == "eos_token_id" and isinstance(value, list) and value and all(_is_id(i) for i in value):
+            continue
+        ids = " or a list of ids" if key == "eos_token_id" else ""
+        return (
+            f"key {key!r} must be a token id (a non-negative 32-bit integer){ids}, got {_json_type(value)}; {_FIX_KEY}"
+        )
+    return None
+
+
+def _added_tokens_json_problem(config: dict[str, Any]) -> str | None:
+    for token, token_id in config.items():
+        if not _is_id(token_id):
+            return (
+                f"token {token!r} must map to a token id (a non-negative 32-bit integer), got {_json_type(token_id)}; "
+                f"{_FIX_KEY}"
+            )
+    return None
+
+
+def _chat_template_json_problem(config: dict[str, Any]) -> str | None:
+    if not isinstance(config.get("chat_template"), str):
+        return (
+            f"key 'chat_template' must be the Jinja template as a string, got {_json_type(config.get('chat_template'))}"
+            "; fix the key, or remove the file and pass --chat-template FILE"
+        )
+    return None
+
+
+_KEY_CHECKS = {
+    "tokenizer_config.json": _tokenizer_config_problem,
+    "special_tokens_map.json": _special_tokens_problem,
+    "generation_config.json": _generation_config_problem,
+    "added_tokens.json": _added_tokens_json_problem,
+    "chat_template.json": _chat_template_json_problem,
+}
+
+
+def _added_tokens_problem(tokenizer: dict[str, Any], config: dict[str, Any]) -> str | None:
+    """tokenizer.json's 'added_tokens': each an object with a unique non-negative id and a unique string 'content',
+    and the same id -> content as tokenizer_config.json's 'added_tokens_decoder' (transformers 5 takes the config's,
+    the tokenizers library the tokenizer.json's: two loaders must not see two vocabularies)."""
+    added = tokenizer.get("added_tokens", [])
+    if not isinstance(added, list):
+        return f"key 'added_tokens' must be a list of token objects, got {_json_type(added)}; {_COPY_AGAIN}"
+    ids: dict[int, str] = {}
+    contents: set[str] = set()
+    for k, token in enumerate(added):
+        if not isinstance(token, dict) or not _is_id(token.get("id")) or not isinstance(token.get("content"), str):
+            return (
+                f"'added_tokens'[{k}] must be an object with an 'id' (a non-negative 32-bit integer) and a string "
+                f"'content', got {_json_type(token)}; {_COPY_AGAIN}"
+            )
+        if token["id"] in ids or token["content"] in contents:
+            return (
+                f"'added_tokens'[{k}] ({token['content']!r}, id {token['id']}) repeats an id or a token of an earlier "
+                f"entry; {_COPY_AGAIN}"
+            )
+        ids[token["id"]] = token["content"]
+        contents.add(token["content"])
+    decoder = config.get("added_tokens_decoder") or {}
+    for key, token in decoder.items():
+        if int(key) in ids and ids[int(key)] != token["content"]:
+            return (
+                f"added token {int(key)} is {ids[int(key)]!r} here but {token['content']!r} in tokenizer_config.json's "
+                "'added_tokens_decoder'; the two files come from different tokenizers: copy both again from the "
+                "model's repository"
+            )
     return None
 
 
 def read_template_file(file: str | os.PathLike[str]) -> str:
     """A ``--chat-template`` file's text: UTF-8, not empty, and parsing as a Jinja template."""
     path = Path(file)
+    if path.is_symlink() and not path.exists():
+        raise TemplateError(str(_not_a_readable_file(path)))
     if path.is_dir():
         raise IsADirectoryError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
     if not path.is_file():

@@ -8,6 +8,9 @@ See verl_ext/configs/verl_ext/warn.yaml for every key with its default.
 
 from __future__ import annotations
 
+import difflib
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
@@ -70,21 +73,33 @@ class LoopOptions:
         if not isinstance(options, Mapping):
             raise OptionsError(_not_a_mapping(options))
         _reject_unknown("verl_ext", options, _KNOWN[""])
-        check = options.get("check") or {}
-        records = options.get("records") or {}
+        check = {} if options.get("check") is None else options["check"]
+        records = {} if options.get("records") is None else options["records"]
         for name, section in (("check", check), ("records", records)):
-            if not isinstance(section, Mapping):
-                raise OptionsError(f"verl_ext.{name} must be a mapping of options, got {section!r}")
+            if not isinstance(section, Mapping):  # `check: []` or `records: false` must not mean "the defaults"
+                raise OptionsError(
+                    f"verl_ext.{name} must be a mapping of options (or null for the defaults), got {section!r}; "
+                    f"set single keys, e.g. verl_ext.{name}.{sorted(_KNOWN[name])[0]}=..."
+                )
             _reject_unknown(f"verl_ext.{name}", section, _KNOWN[name])
+        _check_section_types(check)
         try:
             policy = CheckPolicy.from_mapping(check)
         except ValueError as exc:
             raise OptionsError(f"verl_ext.check: {exc}") from None
+        records_dir = records.get("dir")
+        if isinstance(records_dir, os.PathLike):
+            records_dir = os.fspath(records_dir)
+        if records_dir is not None and not isinstance(records_dir, str):
+            raise OptionsError(
+                f"verl_ext.records.dir must be a folder path (a string) or null, got {records_dir!r}; e.g. "
+                "verl_ext.records.dir=/tmp/records"
+            )
         d, r = _DEFAULTS, _DEFAULTS.records  # an absent key takes the dataclass default: defaults live there only
         return cls(
             check=policy,
             records=RecordsOptions(
-                dir=None if records.get("dir") in (None, "") else str(records["dir"]),
+                dir=records_dir or None,
                 max_bytes=_positive_int("verl_ext.records.max_bytes", records.get("max_bytes", r.max_bytes)),
                 max_files=_positive_int("verl_ext.records.max_files", records.get("max_files", r.max_files)),
             ),
@@ -92,7 +107,7 @@ class LoopOptions:
                 "verl_ext.escape_special_tokens", options.get("escape_special_tokens", d.escape_special_tokens)
             ),
             tool_timeout_s=_positive_float("verl_ext.tool_timeout_s", options.get("tool_timeout_s", d.tool_timeout_s)),
-            extra_stop_tokens=tuple(str(s) for s in options.get("extra_stop_tokens") or d.extra_stop_tokens),
+            extra_stop_tokens=_stop_tokens(options.get("extra_stop_tokens", d.extra_stop_tokens)),
             agent_name_column=_choice(
                 "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", d.agent_name_column)
             ),
@@ -146,9 +161,55 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
 
 
 def _reject_unknown(where: str, section: Mapping[str, Any], known: set[str]) -> None:
-    unknown = sorted(set(section) - known)
+    unknown = sorted(str(k) for k in set(section) - known)
     if unknown:
-        raise OptionsError(f"unknown option {where}.{unknown[0]}; known keys under {where}: {sorted(known)}")
+        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f"; did you mean {where}.{close[0]}?" if close else ""
+        raise OptionsError(f"unknown option {where}.{unknown[0]}; known keys under {where}: {sorted(known)}{hint}")
+
+
+def _check_section_types(check: Mapping[str, Any]) -> None:
+    """The check's numbers are numbers (OmegaConf parses ``0.5`` and ``1e-5``; a quoted one stays a string, and
+    ``true`` is not 1.0), finite, in range; its mode is a string. Names the full key, which CheckPolicy cannot."""
+    for key, low, high, zero in (
+        ("template_view_rate", 0.0, 1.0, True),
+        ("logprob_atol", 0.0, math.inf, True),
+        ("template_view_budget_s", 0.0, math.inf, False),
+    ):
+        if key not in check or (key == "template_view_budget_s" and check[key] is None):
+            continue
+        value = check[key]
+        where = f"from {low:g} to {high:g}" if math.isfinite(high) else ("0 or more" if zero else "more than 0")
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            unquote = ", without quotes" if isinstance(value, str) else ""
+            raise OptionsError(f"verl_ext.check.{key} must be a number {where}{unquote}, got {value!r}")
+        if not (math.isfinite(value) and low <= value <= high and (zero or value > low)):
+            none = " (or null: no limit)" if key == "template_view_budget_s" else ""
+            raise OptionsError(f"verl_ext.check.{key} must be a finite number {where}{none}, got {value!r}")
+    if "mode" in check and not isinstance(check["mode"], str):
+        raise OptionsError(f"verl_ext.check.mode must be one of 'strict', 'warn', 'off', got {check['mode']!r}")
+    causes = check.get("allowed_causes")
+    if causes is not None and not isinstance(causes, (str, list, tuple)):
+        raise OptionsError(
+            f"verl_ext.check.allowed_causes must be 'default' or a list of cause names, got {causes!r}; e.g. "
+            "verl_ext.check.allowed_causes=[default,bpe_remerge]"
+        )
+
+
+def _stop_tokens(value: Any) -> tuple[str, ...]:
+    """``extra_stop_tokens``: a list of token texts. A bare string would be taken letter by letter, and an id
+    would be encoded as its digits, so both are refused."""
+    if value is None:
+        return ()
+    example = 'e.g. verl_ext.extra_stop_tokens=["</tool_call>"]'
+    if not isinstance(value, (list, tuple)):
+        raise OptionsError(f"verl_ext.extra_stop_tokens must be a list of token strings, got {value!r}; {example}")
+    for k, token in enumerate(value):
+        if not isinstance(token, str) or not token:
+            raise OptionsError(
+                f"verl_ext.extra_stop_tokens[{k}] must be a token's text (a non-empty string), got {token!r}; {example}"
+            )
+    return tuple(value)
 
 
 def _bool(key: str, value: Any) -> bool:
@@ -164,6 +225,6 @@ def _positive_int(key: str, value: Any) -> int:
 
 
 def _positive_float(key: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise OptionsError(f"{key} must be a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (0 < value < math.inf):
+        raise OptionsError(f"{key} must be a positive finite number, got {value!r}")
     return float(value)

@@ -42,7 +42,7 @@ def check_config(config: Any) -> list[str]:
     """Validate verl_ext's options and the datasets' ``agent_name`` column; return the lines to print.
     Raises OptionsError or PreflightError with a message that names the problem and the fix."""
     from verl_ext.plugin.loop_routing import DEFAULT_LOOP_KEY, LoopRouter
-    from verl_ext.plugin.options import AgentNameColumn, LoopOptions
+    from verl_ext.plugin.options import AgentNameColumn, LoopOptions, OptionsError
 
     registry = _registry_view(config)
     section = config.get("verl_ext")
@@ -55,7 +55,11 @@ def check_config(config: Any) -> list[str]:
     for name in sorted(ours):
         options_of_loop = registry[name].get("verl_ext")
         if options_of_loop is not None:
-            LoopOptions.from_sources(section, options_of_loop)
+            try:
+                LoopOptions.from_sources(section, options_of_loop)
+            except OptionsError as exc:  # say where: the loop's entry, not the top-level section
+                path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
+                raise OptionsError(f"{path}: the verl_ext key of agent loop {name!r}: {exc}") from None
     router = LoopRouter.from_config(config, registry)
     lines = []
     if router is None:
@@ -128,12 +132,38 @@ def _registry_view(config: Any) -> dict[str, Mapping[str, Any]]:
     registry: dict[str, Mapping[str, Any]] = dict(_BUILTIN)
     path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
     if path:
-        from omegaconf import OmegaConf
-        from verl.utils.import_utils import resolve_config_path
-
-        for entry in OmegaConf.load(resolve_config_path(str(path))):
-            registry[str(entry.name)] = entry
+        for entry in _agent_loop_entries(str(path)):
+            registry[str(entry["name"])] = entry
     return registry
+
+
+def _agent_loop_entries(path: str) -> list[Mapping[str, Any]]:
+    """The entries of ``rollout.agent.agent_loop_config_path``: a YAML list of mappings, each with a ``name``.
+    Anything else is a PreflightError naming the file and the fix (verl would fail on it later, in a worker)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from verl.utils.import_utils import resolve_config_path
+
+    key = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+    shape = "a YAML list of agent loops, each a mapping with 'name' and '_target_'"
+    try:
+        loaded = OmegaConf.load(resolve_config_path(path))
+    except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not UTF-8, not a YAML container
+        raise PreflightError(f"{key}={path}: cannot be read ({type(exc).__name__}: {exc}); pass {shape}") from None
+    except Exception as exc:  # the YAML parser's errors (yaml.YAMLError) span lines: the problem and its line
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split()) or type(exc).__name__
+        raise PreflightError(f"{key}={path}: not valid YAML{where} ({problem}); pass {shape}") from None
+    if isinstance(loaded, DictConfig) and not loaded:
+        return []  # an empty file registers nothing
+    if not isinstance(loaded, ListConfig):
+        raise PreflightError(f"{key}={path}: expected {shape}, found a mapping")
+    entries = []
+    for k, entry in enumerate(loaded):
+        if not isinstance(entry, DictConfig) or not isinstance(entry.get("name"), str):
+            raise PreflightError(f"{key}={path}: entry {k} must be a mapping with a string 'name', got {entry!r}")
+        entries.append(entry)
+    return entries
 
 
 def wrap_validate_config(config_module: Any) -> None:

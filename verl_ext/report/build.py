@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from verl_ext.check.findings import FailureKind
+from verl_ext.core.errors import MissingFileError
 from verl_ext.report.audit import audit_view
 from verl_ext.report.examples import worst_examples
 from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
@@ -78,8 +79,6 @@ def build_report(records: Records | Sequence[str | os.PathLike[str]], decode: De
 def write_html(path: str | os.PathLike[str], html: str) -> Path:
     out = Path(path)
     if not out.parent.is_dir():
-        raise FileNotFoundError(
-            f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first"
-        )
+        raise MissingFileError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first")
     out.write_text(html, encoding="utf-8")
     return out

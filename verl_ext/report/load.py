@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.check.record import RolloutRecord
+from verl_ext.core.replay import RecordError
 from verl_ext.telemetry.records import read_records
 
 
@@ -47,7 +48,7 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
         rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
     if not rollouts:
         names = ", ".join(str(p) for p in paths)
-        raise ValueError(
+        raise RecordError(
             f"no rollout records in {names}; pass the JSONL files the consistency check writes "
             '(lines with "type": "rollout"), not only their headers'
         )

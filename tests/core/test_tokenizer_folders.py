@@ -330,12 +330,12 @@ def test_a_cut_or_spliced_template_file_gives_a_result_or_one_clear_line(
 
 def test_report_names_a_damaged_tokenizer_folder(bases, expected, record_file, tmp_path, capsys):
     """``report --tokenizer DIR`` loads the folder the same way: a damaged file is one line naming it."""
-    from verl_ext.check import ConsistencyChecker, EngineCall
+    from verl_ext.check import ConsistencyChecker, EngineCall, Rollout
     from verl_ext.check.inputs import trainer_sample_from_trajectory
     from verl_ext.core.probe import probe_template
     from verl_ext.core.rendering import load_renderer
     from verl_ext.core.replay import ReplayRecord, replay
-    from verl_ext.telemetry.records import RecordWriter, header_record, rollout_record
+    from verl_ext.telemetry.records import RecordWriter, header_record
 
     renderer = load_renderer(bases["published"])
     t = replay(renderer, ReplayRecord.from_json(RECORD))
@@ -349,9 +349,9 @@ def test_report_names_a_damaged_tokenizer_folder(bases, expected, record_file, t
         for turn in t.turns
     ]
     sample = trainer_sample_from_trajectory(t)
-    result = ConsistencyChecker(renderer).check(calls, sample, t.messages, None)
+    rollout = Rollout.of(calls, sample, t.messages, kinds=[k.value for k in t.kinds])
     writer = RecordWriter(tmp_path / "records", header_record(probe_template(renderer)))
-    writer.write(rollout_record(calls, sample, t.messages, result, kinds=[k.value for k in t.kinds]))
+    writer.write(rollout.record(ConsistencyChecker(renderer).check_rollout(rollout)))
 
     def cut_tokenizer_json(folder: Path) -> tuple[str, bool]:
         replace(folder / "tokenizer.json", (bases["published"] / "tokenizer.json").read_bytes()[:5000])

@@ -11,13 +11,12 @@ import pytest
 from rollouts import TOOLS, call, tool_result
 from template_fixtures import template_files, template_renderer
 
-from verl_ext.check import Cause, ConsistencyChecker, EngineCall
-from verl_ext.check.inputs import trainer_sample_from_trajectory
+from verl_ext.check import Cause, ConsistencyChecker
+from verl_ext.check.inputs import engine_calls_from_trajectory, trainer_sample_from_trajectory
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import ReplayRecord, replay
-from verl_ext.core.trajectory import TokenTrajectory
 
 
 def conversations(reasoning: str | None) -> dict[str, list[dict[str, Any]]]:
@@ -38,18 +37,6 @@ def conversations(reasoning: str | None) -> dict[str, list[dict[str, Any]]]:
     }
 
 
-def engine_calls(t: TokenTrajectory) -> list[EngineCall]:
-    return [
-        EngineCall.of(
-            t.input_ids[: turn.prompt_length],
-            t.input_ids[turn.sampled_start : turn.sampled_end],
-            t.logprobs[turn.sampled_start : turn.sampled_end],
-            turn.finish_reason.value if turn.finish_reason else "stop",
-        )
-        for turn in t.turns
-    ]
-
-
 def check_canonical(
     r: ChatRenderer,
     messages: list[dict[str, Any]],
@@ -59,7 +46,9 @@ def check_canonical(
     record = {"messages": messages, "tools": TOOLS, "chat_template_kwargs": kwargs, "sampled": sampled}
     t = replay(r, ReplayRecord.from_json(record))
     checker = ConsistencyChecker(r.with_template_kwargs(kwargs))
-    return checker.check(engine_calls(t), trainer_sample_from_trajectory(t), t.messages, TOOLS, template_view=True)
+    return checker.check(
+        engine_calls_from_trajectory(t), trainer_sample_from_trajectory(t), t.messages, TOOLS, template_view=True
+    )
 
 
 # How a model continues a pre-filled thinking opener that the template never re-renders (its own format).

@@ -174,8 +174,8 @@ def test_damaged_files_give_one_clear_line(cli, capsys, tmp_path_factory, data, 
 
 def test_an_accepted_record_round_trips_through_records_and_report(cli, capsys, tmp_path):
     """replay -> the check's record -> replay again (same stream) and report (one page)."""
-    from verl_ext.check import ConsistencyChecker, EngineCall
-    from verl_ext.check.inputs import trainer_sample_from_trajectory
+    from verl_ext.check import ConsistencyChecker
+    from verl_ext.check.inputs import engine_calls_from_trajectory, trainer_sample_from_trajectory
     from verl_ext.check.record import Rollout
     from verl_ext.core.probe import probe_template
     from verl_ext.core.rendering import load_renderer
@@ -190,15 +190,7 @@ def test_an_accepted_record_round_trips_through_records_and_report(cli, capsys, 
         record = ReplayRecord.from_json(json.loads(line))
         t = replay(renderer, record)
         checked = renderer.with_template_kwargs(record.chat_template_kwargs)
-        calls = [
-            EngineCall.of(
-                t.input_ids[: turn.prompt_length],
-                t.input_ids[turn.sampled_start : turn.sampled_end],
-                t.logprobs[turn.sampled_start : turn.sampled_end],
-                turn.finish_reason.value,
-            )
-            for turn in t.turns
-        ]
+        calls = engine_calls_from_trajectory(t)
         rollout = Rollout.of(
             calls,
             trainer_sample_from_trajectory(t),

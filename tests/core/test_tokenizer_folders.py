@@ -330,8 +330,8 @@ def test_a_cut_or_spliced_template_file_gives_a_result_or_one_clear_line(
 
 def test_report_names_a_damaged_tokenizer_folder(bases, expected, record_file, tmp_path, capsys):
     """``report --tokenizer DIR`` loads the folder the same way: a damaged file is one line naming it."""
-    from verl_ext.check import ConsistencyChecker, EngineCall, Rollout
-    from verl_ext.check.inputs import trainer_sample_from_trajectory
+    from verl_ext.check import ConsistencyChecker, Rollout
+    from verl_ext.check.inputs import engine_calls_from_trajectory, trainer_sample_from_trajectory
     from verl_ext.core.probe import probe_template
     from verl_ext.core.rendering import load_renderer
     from verl_ext.core.replay import ReplayRecord, replay
@@ -339,15 +339,7 @@ def test_report_names_a_damaged_tokenizer_folder(bases, expected, record_file, t
 
     renderer = load_renderer(bases["published"])
     t = replay(renderer, ReplayRecord.from_json(RECORD))
-    calls = [
-        EngineCall.of(
-            t.input_ids[: turn.prompt_length],
-            t.input_ids[turn.sampled_start : turn.sampled_end],
-            t.logprobs[turn.sampled_start : turn.sampled_end],
-            turn.finish_reason.value,
-        )
-        for turn in t.turns
-    ]
+    calls = engine_calls_from_trajectory(t)
     sample = trainer_sample_from_trajectory(t)
     rollout = Rollout.of(calls, sample, t.messages, kinds=[k.value for k in t.kinds])
     writer = RecordWriter(tmp_path / "records", header_record(probe_template(renderer)))

@@ -95,6 +95,20 @@ def rollout_assistants(
     return found[-n_calls:] if prompt_messages is None and len(found) > n_calls else found
 
 
+def engine_calls_from_trajectory(t: TokenTrajectory) -> list[EngineCall]:
+    """The engine calls a token-core trajectory records, one per turn: the prompt the engine was sent, the ids and
+    logprobs it returned, and the turn's finish reason ("stop" for a turn recorded without one)."""
+    return [
+        EngineCall.of(
+            t.input_ids[: turn.prompt_length],
+            t.input_ids[turn.sampled_start : turn.sampled_end],
+            t.logprobs[turn.sampled_start : turn.sampled_end],
+            turn.finish_reason.value if turn.finish_reason else "stop",
+        )
+        for turn in t.turns
+    ]
+
+
 def trainer_sample_from_trajectory(t: TokenTrajectory, response_length: int | None = None) -> TrainerSample:
     """The trainer's view of a token-core trajectory: the first prompt, then everything after it as the
     response, cut at ``response_length`` when given (as verl cuts it)."""

@@ -309,7 +309,7 @@ def fmt(x: float, digits: int = 0) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--turns", type=int, default=256)
-    parser.add_argument("--reps", type=int, default=3, help="runs per method; the per-turn median is reported")
+    parser.add_argument("--reps", type=int, default=3, help="runs per method; the fastest run per turn is reported")
     parser.add_argument("--out", default=str(REPO / "build" / "bench"))
     parser.add_argument("--tokenizers", default="qwen3,qwen2.5,gpt-oss,mistral-7b-v0.3")
     args = parser.parse_args(argv)

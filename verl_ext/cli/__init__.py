@@ -1,1 +1,1 @@
-"""The ``verl-ext`` command line: thin formatting over the token core."""
+"""The ``verl-ext`` command line: thin formatting over the token core, the record, the report and the demo."""

@@ -31,8 +31,8 @@ CAUSE_FIXES: dict[str, str] = {
     "special_token_injected": SWITCH + " with verl_ext.escape_special_tokens=true (default): tool text then stays "
     "text instead of becoming a fake turn boundary.",
     "stop_text_in_message": SWITCH + ": the stock hermes parser decodes the stop token into the assistant message.",
-    "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE` replays every record, numbered by line. "
-    "Report it with the record if the template view is wrong.",
+    "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE` replays every "
+    "record, numbered by line. Report it with the record if the template view is wrong.",
 }
 
 ENGINE_BROKEN = "The engine output is unusable: "

@@ -13,6 +13,7 @@ from test_metrics_and_records import two_turn_rollout
 from verl_ext.check import ConsistencyChecker, FailureKind
 from verl_ext.check.record import SCHEMA_VERSION, Rollout, RolloutRecord
 from verl_ext.cli.main import main as cli
+from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.probe import probe_template
 from verl_ext.core.replay import RecordError
 from verl_ext.report.tokens import Token, token_view
@@ -190,3 +191,10 @@ def test_the_header_profile_is_typed_and_an_old_partial_profile_still_loads(writ
     assert loaded.version == 1 and loaded.profile.boundaries == typed.boundaries
     assert loaded.profile.stop_ids == () and loaded.profile.strips_reasoning is None
     assert loaded.profile.tool_call_arguments == "?"
+
+
+def test_a_rollout_with_fewer_kinds_than_stream_tokens_is_a_trajectory_error(written):
+    _, rollout, _ = written
+    short = rollout.kinds[: len(rollout.sample.stream) - 1]
+    with pytest.raises(TrajectoryError, match=r"kinds for a stream of \d+ tokens; pass one per token"):
+        Rollout.of(rollout.calls, rollout.sample, rollout.messages, rollout.tools, kinds=short)

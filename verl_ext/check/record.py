@@ -51,6 +51,7 @@ from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.engine_output import NAN_HAPPENED
+from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.messages import json_type
 from verl_ext.core.replay import NON_FINITE_JSON, RecordError, ReplayRecord
 
@@ -100,9 +101,10 @@ class Rollout:
         repair_log: Sequence[Mapping[str, Any]] = (),
         extra: Mapping[str, Any] | None = None,
     ) -> Rollout:
-        """Raises ValueError when ``kinds`` is shorter than the trainer's stream (one kind per token is needed)."""
+        """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
+        needed)."""
         if kinds is not None and len(kinds) < len(sample.stream):
-            raise ValueError(
+            raise TrajectoryError(
                 f"Rollout: {len(kinds)} kinds for a stream of {len(sample.stream)} tokens; pass one per token"
             )
         return cls(

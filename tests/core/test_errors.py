@@ -8,7 +8,7 @@ import pytest
 
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.core import errors
-from verl_ext.core.errors import MissingFileError, OptionsError, VerlExtError
+from verl_ext.core.errors import IsAFolderError, MissingFileError, NotAFolderError, OptionsError, VerlExtError
 from verl_ext.core.tokenizer_files import read_template_file
 
 # every module that defines a VerlExtError subclass (importing them registers the subclasses)
@@ -52,3 +52,18 @@ def test_a_missing_template_file_is_a_missing_file_error_and_a_file_not_found_er
     with pytest.raises(FileNotFoundError, match="does not exist") as info:
         read_template_file(tmp_path / "absent.jinja")
     assert isinstance(info.value, MissingFileError)
+
+
+def test_a_path_of_the_wrong_kind_is_a_verl_ext_error_that_os_error_callers_still_catch(tmp_path):
+    from verl_ext.core.replay import read_json_lines
+    from verl_ext.core.tokenizer_files import check_tokenizer_folder
+
+    with pytest.raises(IsADirectoryError, match="is a folder; pass the .jinja file") as info:
+        read_template_file(tmp_path)
+    assert isinstance(info.value, IsAFolderError)
+    with pytest.raises(IsAFolderError, match="is a folder; pass the JSONL file inside it"):
+        list(read_json_lines(tmp_path, "records file"))
+    (file := tmp_path / "tokenizer.json").write_text("{}")
+    with pytest.raises(NotADirectoryError, match="is a file; pass the folder") as info:
+        check_tokenizer_folder(file)
+    assert isinstance(info.value, NotAFolderError)

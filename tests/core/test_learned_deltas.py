@@ -15,6 +15,7 @@ from conversations import TOOLS
 
 from verl_ext.core import learned_deltas as learned_module
 from verl_ext.core.deltas import render_context_delta
+from verl_ext.core.errors import OptionsError
 from verl_ext.core.learned_deltas import LearnedDeltas
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import RepairKind, TokenTrajectory
@@ -209,7 +210,7 @@ def test_sampled_reverification_happens_at_the_configured_rate(renderer_for, rat
 
 def test_verify_rate_outside_zero_to_one_is_refused(renderer_for):
     r = renderer_for("qwen3")
-    with pytest.raises(ValueError, match=r"verify_rate must be within \[0, 1\]"):
+    with pytest.raises(OptionsError, match=r"verify_rate must be within \[0, 1\]"):
         LearnedDeltas(r, probe_template(r), verify_rate=1.5)
 
 

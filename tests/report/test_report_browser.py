@@ -1,9 +1,12 @@
-"""The report rendered by a real headless browser (Debian's chromium): the sections exist in the rendered DOM and
-the screenshot is a real page, not a blank one. CI installs chromium and sets VERL_EXT_REQUIRE_BROWSER=1, so
-there this test can never be skipped."""
+"""The report rendered by a real headless browser (Debian's chromium): what a reader sees once the page is laid out
+(headings, the engine-failure banner, the ranked examples and their token stream as text, the rows each filter leaves
+visible), and the screenshot is a real page, not a blank one. CI installs chromium and sets
+VERL_EXT_REQUIRE_BROWSER=1, so there this test can never be skipped."""
 
 from __future__ import annotations
 
+import html
+import json
 import os
 import shutil
 import subprocess
@@ -43,15 +46,57 @@ def headless(page: Path, profile: Path, *args: str) -> subprocess.CompletedProce
     return done
 
 
+# Appended to a copy of the page only (the report itself has no script): writes down what a reader sees once the
+# browser has laid the page out with its own CSS (text of elements with a size, so hidden ones do not count).
+SEEN = """<script>
+const shown = el => el.getBoundingClientRect().height > 0;
+const texts = sel => [...document.querySelectorAll(sel)].filter(shown).map(el => el.innerText.trim());
+const seen = {
+  headings: texts("section > h2"),
+  banner: texts("#summary .banner.bad"),
+  examples: texts("#examples .example > h3"),
+  stream: texts("#examples .example")[0] || "",
+  audit: texts("#audit")[0] || "",
+};
+const out = document.createElement("pre"); out.id = "seen"; out.textContent = JSON.stringify(seen);
+document.body.appendChild(out);
+</script>"""
+
+
+def seen_in(page: Path, profile: Path, report: str, script: str) -> dict:
+    """Run ``script`` at the end of a copy of the ``report`` page and return the JSON it leaves in ``<pre id=...>``."""
+    marker = script.split('out.id = "')[1].split('"')[0]
+    page.write_text(report.replace("</body>", script + "</body>"), encoding="utf-8")
+    dom = headless(page, profile, "--dump-dom").stdout
+    return json.loads(html.unescape(dom.split(f'<pre id="{marker}">')[1].split("</pre>")[0]))
+
+
 def test_browser_renders_the_report(built_report, tmp_path):
     import numpy as np
     from PIL import Image
 
-    dom = headless(built_report.html_path, tmp_path / "profile-dom", "--dump-dom").stdout
-    for name in ("verdict", "summary", "fixes", "steps", "turns", "rollouts", "examples", "audit"):
-        assert f'<section id="{name}">' in dom
-    assert "<svg" in dom and dom.count('class="example"') == 5 and dom.count('class="t ') > 1000
-    assert "ENGINE VIEW: 1 failure" in dom and "<script" not in dom.lower()
+    assert "<script" not in built_report.html.lower()  # the report works without script
+    seen = seen_in(tmp_path / "seen.html", tmp_path / "profile-dom", built_report.html, SEEN)
+    assert seen["headings"] == [
+        "Summary",
+        "What to do, per cause",
+        "Findings per cause over training steps",
+        "Findings per turn",
+        "All rollouts",
+        "Worst examples",
+        "Template audit",
+    ]
+    assert len(seen["banner"]) == 1 and seen["banner"][0].startswith("ENGINE VIEW: 1 failure in 1 rollout — must be 0")
+    # Five worst examples, ranked: the engine-view failure first, then rollouts with defects.
+    name = built_report.records.name
+    examples = seen["examples"]
+    assert [e.split(" #")[0] for e in examples] == [f"{k}. {name}" for k in range(1, 6)]
+    assert examples[0].endswith("ENGINE VIEW FAILED") and all("defect" in e for e in examples[1:])
+    # The first example's token stream reads as the conversation (whitespace drawn), long runs folded.
+    stream = seen["stream"]
+    assert "What·is·1+1?·Use·the·calculator.<|im_end|>↵" in stream and "<|im_start|>assistant↵" in stream
+    assert "prompt tokens folded, click to show" in stream and "engine view: logprob" in stream
+    assert "verdict repairable" in seen["audit"] and "<|im_end|>\t151645\tcloses a turn" in seen["audit"]
 
     shot = tmp_path / "report.png"
     headless(built_report.html_path, tmp_path / "profile-shot", f"--screenshot={shot}")
@@ -83,8 +128,6 @@ document.body.appendChild(out);
 
 
 def test_the_rollout_list_filters_by_cause_and_step_in_the_browser(built_report, tmp_path):
-    import json
-
     records = [json.loads(line) for line in built_report.records.read_text().splitlines()[1:]]
     name = built_report.records.name
     label = {id(r): f"{name} #{k}" for k, r in enumerate(records, 1)}
@@ -110,11 +153,8 @@ def test_the_rollout_list_filters_by_cause_and_step_in_the_browser(built_report,
         ("engine", "3"),
         ("truncated", "0"),
     ]
-    page = tmp_path / "probe.html"
     probe = PROBE.replace("CASES", json.dumps(cases))
-    page.write_text(built_report.html.replace("</body>", probe + "</body>"), encoding="utf-8")
-    dom = headless(page, tmp_path / "profile-probe", "--dump-dom").stdout
-    seen = json.loads(dom.split('<pre id="probe">')[1].split("</pre>")[0].replace("&quot;", '"'))
+    seen = seen_in(tmp_path / "probe.html", tmp_path / "profile-probe", built_report.html, probe)
     for cause, step in cases:
         shown = seen[f"{cause}|{step}"]
         assert set(shown) == expected(cause, step) and len(shown) == len(set(shown)), (cause, step, shown)

@@ -13,6 +13,7 @@ from test_metrics_and_records import two_turn_rollout
 from verl_ext.check import ConsistencyChecker, FailureKind
 from verl_ext.check.record import SCHEMA_VERSION, Rollout, RolloutRecord
 from verl_ext.cli.main import main as cli
+from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.probe import probe_template
 from verl_ext.core.replay import RecordError
 from verl_ext.report.tokens import Token, token_view
@@ -144,3 +145,56 @@ def test_the_replay_format_reads_the_strings_records_write_for_non_finite_floats
     for bad in (["nan", -1], [[0.1], -1]):
         with pytest.raises(RecordError, match=r"'logprobs'\['1'\] is invalid: item 0 .* not a number"):
             ReplayRecord.from_json({"messages": messages, "sampled": {"1": [1, 2]}, "logprobs": {"1": bad}})
+
+
+@pytest.mark.parametrize(
+    ("edit", "key"),
+    [
+        (lambda p: p.update(verdict=1), "'template_profile.verdict' must be a string"),
+        (lambda p: p["boundaries"][0].update(close_ids="x"), "'template_profile.boundaries[0].close_ids' must be"),
+        (lambda p: p["stop_ids"][0].update(id="1"), "'template_profile.stop_ids[0].id' must be an integer"),
+        (lambda p: p.update(strips_reasoning="no"), "'template_profile.strips_reasoning' must be true or false"),
+        (lambda p: p.update(unsupported_roles={"tool": 3}), "'template_profile.unsupported_roles.tool' must be"),
+    ],
+)
+def test_the_header_profile_is_type_checked_in_one_line_with_exit_2(
+    written, tokenizer_dirs, tmp_path, capsys, edit, key
+):
+    writer, _, _ = written
+    header, line = writer.path.read_text().splitlines()
+    obj = json.loads(header)
+    edit(obj["template_profile"])
+    path = tmp_path / "edited.jsonl"
+    path.write_text(json.dumps(obj) + "\n" + line + "\n")
+    out = tmp_path / "report.html"
+    assert cli(["report", str(path), "-o", str(out), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"verl-ext report: error: {path}:1: ") and key in err
+    assert err.count("\n") == 1 and "Traceback" not in err and not out.exists()
+
+
+def test_the_header_profile_is_typed_and_an_old_partial_profile_still_loads(written, renderer_for, tmp_path):
+    writer, _, _ = written
+    profile = probe_template(renderer_for("qwen3"))
+    (header,) = read_records([writer.path])[0]
+    typed = header.profile
+    assert typed == header_record(profile).profile  # the writer's header and the file's read back the same
+    assert typed.fingerprint == profile.fingerprint and typed.verdict == profile.verdict.value
+    assert [b.close_ids for b in typed.boundaries] == [b.close_ids for b in profile.boundaries]
+    assert typed.alias_stop_ids == tuple(sorted(profile.alias_id_set))
+    # A header from before the version and the newer profile keys: it loads, missing keys take their defaults.
+    raw = json.loads(writer.path.read_text().splitlines()[0])
+    old = {k: raw["template_profile"][k] for k in ("fingerprint", "verdict", "boundaries")}
+    path = tmp_path / "old.jsonl"
+    path.write_text(json.dumps({"type": "header", "template_profile": old}) + "\n")
+    (loaded,) = read_records([path])[0]
+    assert loaded.version == 1 and loaded.profile.boundaries == typed.boundaries
+    assert loaded.profile.stop_ids == () and loaded.profile.strips_reasoning is None
+    assert loaded.profile.tool_call_arguments == "?"
+
+
+def test_a_rollout_with_fewer_kinds_than_stream_tokens_is_a_trajectory_error(written):
+    _, rollout, _ = written
+    short = rollout.kinds[: len(rollout.sample.stream) - 1]
+    with pytest.raises(TrajectoryError, match=r"kinds for a stream of \d+ tokens; pass one per token"):
+        Rollout.of(rollout.calls, rollout.sample, rollout.messages, rollout.tools, kinds=short)

@@ -40,18 +40,23 @@ The check layer holds this type (not the plugin): it depends on the token core o
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.engine_output import NAN_HAPPENED
+from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.messages import json_type
 from verl_ext.core.replay import NON_FINITE_JSON, RecordError, ReplayRecord
+
+if TYPE_CHECKING:
+    from verl_ext.core.probe import TemplateProfile
 
 SCHEMA_VERSION = 2
 _REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
@@ -96,9 +101,10 @@ class Rollout:
         repair_log: Sequence[Mapping[str, Any]] = (),
         extra: Mapping[str, Any] | None = None,
     ) -> Rollout:
-        """Raises ValueError when ``kinds`` is shorter than the trainer's stream (one kind per token is needed)."""
+        """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
+        needed)."""
         if kinds is not None and len(kinds) < len(sample.stream):
-            raise ValueError(
+            raise TrajectoryError(
                 f"Rollout: {len(kinds)} kinds for a stream of {len(sample.stream)} tokens; pass one per token"
             )
         return cls(
@@ -521,23 +527,133 @@ class RolloutRecord:
 
 
 @dataclass(frozen=True)
+class ProfileStop:
+    """One stop id of a header's profile (``core.probe.StopId`` as the record holds it)."""
+
+    id: int
+    text: str
+    sources: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ProfileBoundary:
+    """One boundary of a header's profile (``core.probe.Boundary`` as the record holds it)."""
+
+    next_role: str
+    close_ids: tuple[int, ...]
+    trailer_ids: tuple[int, ...]
+    delta_ids: tuple[int, ...]
+    prefix_preserving: bool
+    divergence: str
+
+
+@dataclass(frozen=True)
+class ProfileReason:
+    severity: str
+    text: str
+
+
+@dataclass(frozen=True)
+class HeaderProfile:
+    """The template profile of a record header, typed: the keys of ``TemplateProfile.to_dict`` the report displays.
+    A key the file lacks (a profile from an older verl_ext, or ``{}``) takes its default; ``None`` for the two
+    ``bool | None`` facts means what the probe meant by it (not renderable / never rendered)."""
+
+    fingerprint: str = ""
+    tokenizer_name: str = ""
+    verdict: str = "?"
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    stop_ids: tuple[ProfileStop, ...] = ()
+    alias_stop_ids: tuple[int, ...] = ()
+    generation_prompt_ids: tuple[int, ...] = ()
+    boundaries: tuple[ProfileBoundary, ...] = ()
+    unsupported_roles: Mapping[str, str] = field(default_factory=dict)
+    strips_reasoning: bool | None = None
+    consecutive_tool_results_grouped: bool | None = None
+    tool_call_arguments: str = "?"
+    reasons: tuple[ProfileReason, ...] = ()
+
+    @classmethod
+    def of(cls, profile: TemplateProfile) -> HeaderProfile:
+        """The typed form of a profile the probe just derived (``verl-ext check-template --html``)."""
+        return cls.from_json(_plain_json(profile.to_dict()), "template profile")
+
+    @classmethod
+    def from_json(cls, obj: Any, where: str = "header", path: str = "template_profile") -> HeaderProfile:
+        """Raises RecordError naming ``where`` and the key (``template_profile.boundaries[0].close_ids``) for a
+        value of the wrong type."""
+        f = _Fields(obj, where, path)
+        roles = _Fields(f.dict("unsupported_roles", default={}), where, f"{path}.unsupported_roles")
+        return cls(
+            fingerprint=f.str("fingerprint", default=""),
+            tokenizer_name=f.str("tokenizer_name", default=""),
+            verdict=f.str("verdict", default="?"),
+            template_kwargs=f.dict("template_kwargs", default={}),
+            stop_ids=tuple(
+                ProfileStop(s.int("id"), s.str("text", default=""), s.strs("sources", default=()))
+                for s in _objects(f, "stop_ids")
+            ),
+            alias_stop_ids=f.ints("alias_stop_ids", default=()),
+            generation_prompt_ids=f.ints("generation_prompt_ids", default=()),
+            boundaries=tuple(
+                ProfileBoundary(
+                    next_role=b.str("next_role", default=""),
+                    close_ids=b.ints("close_ids", default=()),
+                    trailer_ids=b.ints("trailer_ids", default=()),
+                    delta_ids=b.ints("delta_ids", default=()),
+                    prefix_preserving=b.bool("prefix_preserving", default=False),
+                    divergence=b.str("divergence", default=""),
+                )
+                for b in _objects(f, "boundaries")
+            ),
+            unsupported_roles={k: roles.str(k) for k in roles.obj},
+            strips_reasoning=f.bool("strips_reasoning", default=None),
+            consecutive_tool_results_grouped=f.bool("consecutive_tool_results_grouped", default=None),
+            tool_call_arguments=f.str("tool_call_arguments", default="?"),
+            reasons=tuple(
+                ProfileReason(r.str("severity", default=""), r.str("text", default="")) for r in _objects(f, "reasons")
+            ),
+        )
+
+
+def _plain_json(value: Any) -> Any:
+    """``value`` as JSON reads it back (tuples as lists, mappings as dicts): ``TemplateProfile.to_dict`` holds
+    tuples, which the typed reads (written for parsed JSON) would refuse as "not a list"."""
+    return json.loads(json.dumps(value, default=lambda o: dict(o) if isinstance(o, Mapping) else str(o)))
+
+
+def _objects(f: _Fields, key: str) -> list[_Fields]:
+    """The JSON objects of the list at ``key`` (none when it is missing), each ready for typed reads."""
+    return [_Fields(item, f.where, f"{f._key(key)}[{k}]") for k, item in enumerate(f.list(key, default=[]))]
+
+
+@dataclass(frozen=True)
 class RecordHeader:
     """A record file's first line: the template profile (``TemplateProfile.to_dict``) its rollouts were checked
-    against. The profile stays the JSON object the probe wrote; the report's audit (``report/audit.py``) displays it."""
+    against. ``template_profile`` is the JSON object the probe wrote (written back unchanged); ``profile`` is its
+    typed form, which the report's audit (``report/audit.py``) displays. Raises RecordError (naming "header") when
+    the profile has a key of the wrong type."""
 
     version: int
     template_profile: Mapping[str, Any]
+    profile: HeaderProfile = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.profile is None:
+            object.__setattr__(self, "profile", HeaderProfile.from_json(_plain_json(self.template_profile)))
 
     @property
     def fingerprint(self) -> str:
-        return str(self.template_profile.get("fingerprint", ""))
+        return self.profile.fingerprint
 
     @classmethod
     def from_json(cls, obj: Any, where: str = "header") -> RecordHeader:
-        """Raises RecordError naming ``where`` for a wrong type or a schema version newer than this verl_ext reads."""
+        """Raises RecordError naming ``where`` for a wrong type (in the profile too) or a schema version newer than
+        this verl_ext reads."""
         f = _Fields(obj, where, "")
         version = _read_version(f, where)
-        return cls(version, f.dict("template_profile", default={}))
+        raw = f.dict("template_profile", default={})
+        return cls(version, raw, HeaderProfile.from_json(raw, where))
 
     def to_json(self) -> dict[str, Any]:
         return {"type": "header", "version": self.version, "template_profile": dict(self.template_profile)}

@@ -19,11 +19,12 @@ def run_check_template(args: argparse.Namespace) -> int:
     else:
         print(format_profile(renderer, profile, source=args.chat_template or args.tokenizer_dir))
     if args.html:
+        from verl_ext.check.record import HeaderProfile
         from verl_ext.report.audit import audit_view
         from verl_ext.report.build import write_html
         from verl_ext.report.html import render
 
-        audit = audit_view(profile.to_dict(), renderer.decode, source=args.chat_template or args.tokenizer_dir)
+        audit = audit_view(HeaderProfile.of(profile), renderer.decode, source=args.chat_template or args.tokenizer_dir)
         out = write_html(args.html, render("audit_page.html.j2", audit=audit))
         # stderr, so that --json output on stdout stays one JSON object
         print(f"wrote {out}", file=sys.stderr)

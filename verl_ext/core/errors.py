@@ -19,8 +19,12 @@ to the code that raises them (the module is named in brackets) and subclass ``Ve
     │   ├── ConsistencyError         [check.policy] the trainer's tokens are not the engine's (strict mode)
     │   ├── RolloutInterrupted       [plugin.engine_turn] a turn could not be completed; the rollout is dropped
     │   └── BudgetExceeded           [check.align] work would end past its deadline
-    └── FileNotFoundError
-        └── MissingFileError         a file or folder verl_ext was pointed at does not exist
+    ├── FileNotFoundError
+    │   └── MissingFileError         a file or folder verl_ext was pointed at does not exist
+    ├── NotADirectoryError
+    │   └── NotAFolderError          a folder verl_ext was pointed at is a file
+    └── IsADirectoryError
+        └── IsAFolderError           a file verl_ext was pointed at is a folder
 
 Errors verl_ext does not raise on purpose (a bug, or a library's own error passed through) are not
 ``VerlExtError``s.
@@ -49,3 +53,11 @@ class EngineRequestError(VerlExtError, ValueError):
 
 class MissingFileError(VerlExtError, FileNotFoundError):
     """A file or folder verl_ext was pointed at does not exist (the message names it and what to pass instead)."""
+
+
+class NotAFolderError(VerlExtError, NotADirectoryError):
+    """A path verl_ext needs as a folder is a file (the message names it and the folder to pass)."""
+
+
+class IsAFolderError(VerlExtError, IsADirectoryError):
+    """A path verl_ext needs as a file is a folder (the message names it and the file to pass)."""

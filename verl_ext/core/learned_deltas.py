@@ -39,7 +39,7 @@ from verl_ext.core.deltas import (
     renders_per_call,
     synthetic_history,
 )
-from verl_ext.core.errors import TemplateError
+from verl_ext.core.errors import OptionsError, TemplateError
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, Message
 
@@ -110,7 +110,7 @@ class LearnedDeltas:
         enabled: bool = True,
     ) -> None:
         if not 0.0 <= verify_rate <= 1.0:
-            raise ValueError(f"verify_rate must be within [0, 1], got {verify_rate!r}")
+            raise OptionsError(f"verify_rate must be within [0, 1], got {verify_rate!r}")
         self.renderer = renderer
         self.profile = profile
         self.verify_rate = verify_rate
@@ -141,56 +141,86 @@ class LearnedDeltas:
             return DeltaResult(render())
         # Checked every turn, not only when a shape is learned: the learned path never renders.
         refuse_beyond_template_limit(self.profile, synthetic_history(messages, previous_assistant, False)[1], messages)
-        contents: list[str] = []
+        why = self._must_render(messages, previous_assistant)
+        if why is not None:
+            return DeltaResult(render(), why or None)
+        if tools_key is None:
+            tools_key = tools_fingerprint(tools)
+        key, shape = self._shape_for(messages, tools, previous_assistant, with_system, tools_key)
+        if isinstance(shape, str):
+            return DeltaResult(render(), shape)
+        delta = self._fill(shape, messages)
+        if isinstance(delta, str):
+            return DeltaResult(render(), delta)
+        return self._served(key, shape, delta, messages, render)
+
+    def _must_render(self, messages: Sequence[Message], previous_assistant: Message | None) -> str | None:
+        """None when a learned shape may serve ``messages``; else why they are rendered ("": no reason worth
+        reporting, the edit log records the escapes)."""
         for n, m in enumerate(messages):
             content = m.get("content")
             if not isinstance(content, str):
-                return DeltaResult(render(), f"message {n} has non-string content: rendered")
+                return f"message {n} has non-string content: rendered"
             if self.renderer.escapes_text(str(m.get("role")), content):
-                # Rendered for its escapes, which the edit log records one by one (escaped_special).
-                return DeltaResult(render())
-            contents.append(content)
+                return ""  # rendered for its escapes, which the edit log records one by one (escaped_special)
         if renders_per_call(self.profile, messages, previous_assistant):
             # Results of calls to several tools are rendered one call at a time (each labelled with its own call,
             # GPT-OSS), which one learned render of the whole list would not reproduce.
-            why = f"results of {len(messages)} calls to several tools are rendered one call at a time: rendered"
-            return DeltaResult(render(), why)
-        if tools_key is None:
-            tools_key = tools_fingerprint(tools)
+            return f"results of {len(messages)} calls to several tools are rendered one call at a time: rendered"
+        return None
+
+    def _shape_for(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        previous_assistant: Message | None,
+        with_system: bool,
+        tools_key: str,
+    ) -> tuple[tuple[Any, ...], _Shape | str]:
+        """(the shape's key, the learned shape or why it is rendered), learning it on first sight."""
         base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
         shape = self._shapes.get(key)
-        if shape is None:
-            self._variants[base] = self._variants.get(base, 0) + 1
-            if self._variants[base] > _MAX_VARIANTS:
-                # The template prints a field that changes every turn and cannot be a slot: learning each value
-                # would cost more than rendering.
-                fields = [f"{messages[i].get('role')}.{k}" for i, k in self._relevant[base]]
-                return DeltaResult(render(), f"the template prints {fields}, which change every turn: rendered")
-            shape = self._learn(messages, tools, previous_assistant, with_system, slots)
-            if isinstance(shape, str) and slots:
-                # The printed fields are not plain slots (printed twice, cut, transformed): key by their values.
-                self._no_slots.add(base)
-                base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
-                shape = self._shapes.get(key) or self._learn(messages, tools, previous_assistant, with_system, ())
-            self._remember(key, shape)
-        else:
+        if shape is not None:
             self._shapes.move_to_end(key)
-        if isinstance(shape, str):
-            return DeltaResult(render(), shape)
+            return key, shape
+        self._variants[base] = self._variants.get(base, 0) + 1
+        if self._variants[base] > _MAX_VARIANTS:
+            # The template prints a field that changes every turn and cannot be a slot: learning each value
+            # would cost more than rendering.
+            fields = [f"{messages[i].get('role')}.{k}" for i, k in self._relevant[base]]
+            return key, f"the template prints {fields}, which change every turn: rendered"
+        shape = self._learn(messages, tools, previous_assistant, with_system, slots)
+        if isinstance(shape, str) and slots:
+            # The printed fields are not plain slots (printed twice, cut, transformed): key by their values.
+            self._no_slots.add(base)
+            base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
+            shape = self._shapes.get(key) or self._learn(messages, tools, previous_assistant, with_system, ())
+        self._remember(key, shape)
+        return key, shape
 
+    def _fill(self, shape: _Shape, messages: Sequence[Message]) -> ContextDelta | str:
+        """The delta ``shape`` gives for ``messages`` (their contents and fields in its slots), or why it is
+        rendered (the content merges with the close)."""
         f = shape.transform
         parts = [shape.pieces[0]]
         for (i, field), piece in zip(shape.slots, shape.pieces[1:], strict=True):
-            if field == "content":
-                parts += (f(contents[i]), piece)
-                continue
-            parts += (messages[i][field], piece)
+            parts += (f(messages[i]["content"]) if field == "content" else messages[i][field], piece)
         ids = self.renderer.encode("".join(parts))
         lead = len(shape.close_ids) + len(shape.trailer_ids)
         if tuple(ids[:lead]) != shape.close_ids + shape.trailer_ids:
-            why = f"the content of {[m.get('role') for m in messages]} merges with the close or trailer: rendered"
-            return DeltaResult(render(), why)
-        delta = ContextDelta(shape.close_ids, shape.trailer_ids, tuple(ids[lead:]), ())
+            return f"the content of {[m.get('role') for m in messages]} merges with the close or trailer: rendered"
+        return ContextDelta(shape.close_ids, shape.trailer_ids, tuple(ids[lead:]), ())
+
+    def _served(
+        self,
+        key: tuple[Any, ...],
+        shape: _Shape,
+        delta: ContextDelta,
+        messages: Sequence[Message],
+        render: Callable[[], ContextDelta],
+    ) -> DeltaResult:
+        """``delta``, checked against a render on the shape's first use and at ``verify_rate`` after; a shape whose
+        delta differs is rendered from then on."""
         first = shape.uses == 0
         shape.uses += 1
         if first or (self.verify_rate > 0.0 and self._rng.random() < self.verify_rate):
@@ -288,6 +318,23 @@ class LearnedDeltas:
     ) -> ContextDelta:
         return render_context_delta(self.renderer, self.profile, messages, tools, previous, with_system)
 
+    def _render_marked(
+        self,
+        marked: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None,
+        previous: Message | None,
+        with_system: bool,
+    ) -> tuple[ContextDelta, str] | str:
+        """(the delta, the whole conversation's text) for messages with markers in place of their contents, or the
+        template's error."""
+        try:
+            delta = render_context_delta(self.renderer, self.profile, marked, tools, previous, with_system)
+            head, assistant = synthetic_history(marked, previous, with_system)
+            text = self.renderer.render_text([*head, assistant, *marked], tools, add_generation_prompt=True)
+        except TemplateError as exc:
+            return str(exc)
+        return delta, text
+
     def _learn(
         self,
         messages: Sequence[Message],
@@ -304,12 +351,10 @@ class LearnedDeltas:
         field_markers = [_field_marker(j, len(messages[i][k])) for j, (i, k) in enumerate(fields)]
         alternatives = [_field_alternative(j, len(messages[i][k])) for j, (i, k) in enumerate(fields)]
         marked = _with_fields(_with_contents(messages, markers), fields, field_markers)
-        try:
-            delta = render_context_delta(r, self.profile, marked, tools, previous, with_system)
-            head, assistant = synthetic_history(marked, previous, with_system)
-            text = r.render_text([*head, assistant, *marked], tools, add_generation_prompt=True)
-        except TemplateError as exc:
-            return f"cannot learn the delta for {roles}: {exc}"
+        rendered = self._render_marked(marked, tools, previous, with_system)
+        if isinstance(rendered, str):
+            return f"cannot learn the delta for {roles}: {rendered}"
+        delta, text = rendered
         # Learned from the assistant's close on (a special token, where tokenizers split their input), so that
         # content right after a trailer (GLM's "\n") merges with it as it does in a render.
         context = delta.close_ids + delta.trailer_ids + delta.context_ids

@@ -259,7 +259,41 @@ class _Prober:
         return text, tuple(self.r.encode(text))
 
     def run(self) -> TemplateProfile:
+        """Probe the template in named steps: where the assistant's turn starts, each role's boundary, the facts
+        the repairs need, and the verdict the reasons add up to."""
         self.round_trip()
+        gen_ids = self.probe_head()
+        _, head_ids = self.render(self.head, gen=False)
+        gen_prompt = gen_ids[len(head_ids) :] if gen_ids[: len(head_ids)] == head_ids else ()
+        profile_boundaries, unsupported = self.probe_boundaries(gen_ids)
+        grouped = self.tool_grouping() if "tool" not in unsupported else None
+        parallel, parallel_error = self.parallel_tool_calls() if "tool" not in unsupported else (None, "")
+        stop_ids = self.stop_ids(profile_boundaries)
+        strips = self.reasoning_stripping()
+        args = self.tool_call_arguments()
+        self.judge(profile_boundaries, unsupported, stop_ids, strips, args)
+        return TemplateProfile(
+            fingerprint=self.r.fingerprint,
+            tokenizer_name=self.r.name,
+            template_kwargs=dict(self.r.template_kwargs),
+            boundaries=profile_boundaries,
+            unsupported_roles=unsupported,
+            stop_ids=stop_ids,
+            generation_prompt_ids=gen_prompt,
+            strips_reasoning=strips,
+            tool_call_arguments=args,
+            consecutive_tool_results_grouped=grouped,
+            verdict=self.verdict(),
+            reasons=tuple(self.reasons),
+            rendered_examples=self.examples,
+            tool_call_shape=self.shape,
+            parallel_tool_calls=parallel,
+            parallel_tool_calls_error=parallel_error,
+        )
+
+    def probe_head(self) -> tuple[int, ...]:
+        """Choose the messages before the probed turn (``self.head``) and the kinds of assistant turn to probe
+        (``self.variants``); returns the ids of the head rendered with the generation prompt."""
         try:
             gen_text, gen_ids = self.render(self.head, gen=True)
             placed, last_ids = self.placed_variants(gen_text, gen_ids)
@@ -286,9 +320,10 @@ class _Prober:
         # Probe every kind of turn the engine can produce after this generation prompt (with thinking disabled,
         # only turns that keep the pre-filled empty reasoning block); when none fits, the first, as before.
         self.variants = tuple(placed) or _REASONING_VARIANTS[:1]
-        _, head_ids = self.render(self.head, gen=False)
-        gen_prompt = gen_ids[len(head_ids) :] if gen_ids[: len(head_ids)] == head_ids else ()
+        return gen_ids
 
+    def probe_boundaries(self, gen_ids: tuple[int, ...]) -> tuple[tuple[Boundary, ...], dict[str, str]]:
+        """Each appendable role's boundary, and for each role that cannot be appended, why (the template's error)."""
         boundaries: list[Boundary] = []
         unsupported: dict[str, str] = {}
         try:
@@ -309,40 +344,14 @@ class _Prober:
                 boundaries.append(self.boundary_for_variants(role, gen_ids, assistant, appended))
             except TemplateError as exc:
                 unsupported[role] = str(exc)
+        return tuple(boundaries), unsupported
 
-        grouped = self.tool_grouping() if "tool" not in unsupported else None
-        parallel, parallel_error = self.parallel_tool_calls() if "tool" not in unsupported else (None, "")
-        profile_boundaries = tuple(boundaries)
-        stop_ids = self.stop_ids(profile_boundaries)
-        strips = self.reasoning_stripping()
-        args = self.tool_call_arguments()
-        self.judge(profile_boundaries, unsupported, stop_ids, strips, args)
+    def verdict(self) -> Verdict:
+        """The worst severity among the reasons noted: any unsupported reason makes the template unsupported."""
         severities = {r.severity for r in self.reasons}
-        verdict = (
-            Verdict.UNSUPPORTED
-            if Severity.UNSUPPORTED in severities
-            else Verdict.REPAIRABLE
-            if Severity.REPAIR in severities
-            else Verdict.OK
-        )
-        return TemplateProfile(
-            fingerprint=self.r.fingerprint,
-            tokenizer_name=self.r.name,
-            template_kwargs=dict(self.r.template_kwargs),
-            boundaries=profile_boundaries,
-            unsupported_roles=unsupported,
-            stop_ids=stop_ids,
-            generation_prompt_ids=gen_prompt,
-            strips_reasoning=strips,
-            tool_call_arguments=args,
-            consecutive_tool_results_grouped=grouped,
-            verdict=verdict,
-            reasons=tuple(self.reasons),
-            rendered_examples=self.examples,
-            tool_call_shape=self.shape,
-            parallel_tool_calls=parallel,
-            parallel_tool_calls_error=parallel_error,
-        )
+        if Severity.UNSUPPORTED in severities:
+            return Verdict.UNSUPPORTED
+        return Verdict.REPAIRABLE if Severity.REPAIR in severities else Verdict.OK
 
     def placed_variants(
         self, gen_text: str, gen_ids: tuple[int, ...]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.core.engine_output import NAN_HAPPENED, reports_nan
-from verl_ext.core.errors import MissingFileError, TemplateError, TrajectoryError, VerlExtError
+from verl_ext.core.errors import IsAFolderError, MissingFileError, TemplateError, TrajectoryError, VerlExtError
 from verl_ext.core.messages import first_message_problem, json_type
 from verl_ext.core.probe import END, probe_template
 from verl_ext.core.rendering import ChatRenderer, Message
@@ -50,7 +50,7 @@ def read_json_lines(
     line that is not JSON (or a last line cut off mid-record), a line over ``max_line_bytes``."""
     file = Path(path)
     if file.is_dir():
-        raise IsADirectoryError(f"{what} {str(path)!r} is a folder; pass the JSONL file inside it")
+        raise IsAFolderError(f"{what} {str(path)!r} is a folder; pass the JSONL file inside it")
     if not file.is_file():
         raise MissingFileError(f"{what} {str(path)!r} does not exist")
     with file.open("rb") as fh:

@@ -22,7 +22,7 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from verl_ext.core.errors import MissingFileError, TemplateError
+from verl_ext.core.errors import IsAFolderError, MissingFileError, NotAFolderError, TemplateError
 
 # The JSON files transformers may read from a tokenizer folder, in the order they are worth blaming.
 _JSON_FILES = (
@@ -52,7 +52,7 @@ def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
     if path.is_symlink() and not path.exists():
         raise TemplateError(str(_not_a_readable_file(path)).replace("the file itself", "the folder itself"))
     if path.is_file():
-        raise NotADirectoryError(
+        raise NotAFolderError(
             f"tokenizer folder {str(path)!r} is a file; pass the folder that holds tokenizer.json and "
             "tokenizer_config.json"
         )
@@ -393,7 +393,7 @@ def read_template_file(file: str | os.PathLike[str]) -> str:
     if path.is_symlink() and not path.exists():
         raise TemplateError(str(_not_a_readable_file(path)))
     if path.is_dir():
-        raise IsADirectoryError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
+        raise IsAFolderError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
     if not path.is_file():
         raise MissingFileError(f"chat template file {str(path)!r} does not exist")
     try:

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.check.record import HeaderProfile
 from verl_ext.report.text import shorten
 
 Decode = Callable[[Sequence[int]], str]
@@ -46,51 +47,44 @@ def _tokens(decode: Decode, ids: Sequence[int]) -> Tokens:
     return Tokens(ids, repr(decode(ids)) if ids else "(nothing)")
 
 
-def audit_view(profile: dict[str, Any], decode: Decode, source: str | None = None) -> Audit:
-    aliases = {int(i) for i in profile.get("alias_stop_ids") or []}
+def audit_view(profile: HeaderProfile, decode: Decode, source: str | None = None) -> Audit:
+    """The audit rows of ``profile`` (a record header's ``RecordHeader.profile``, or ``HeaderProfile.of`` a probe's
+    profile), ids decoded by ``decode``; ``source`` names the template (default: the profile's tokenizer)."""
+    aliases = set(profile.alias_stop_ids)
     stops = [
-        {
-            "text": str(s.get("text", "")),
-            "id": int(s.get("id", -1)),
-            "alias": int(s.get("id", -1)) in aliases,
-            "sources": ", ".join(str(x) for x in s.get("sources") or []),
-        }
-        for s in profile.get("stop_ids") or []
+        {"text": s.text, "id": s.id, "alias": s.id in aliases, "sources": ", ".join(s.sources)}
+        for s in profile.stop_ids
     ]
     rows = []
-    for b in profile.get("boundaries") or []:
-        role = str(b.get("next_role", ""))
-        delta = decode([int(i) for i in b.get("delta_ids") or []])
+    for b in profile.boundaries:
+        delta = decode(b.delta_ids)
         rows.append(
             BoundaryRow(
-                where="at the end" if role == "end" else f"before {role}",
-                close=_tokens(decode, b.get("close_ids") or []),
-                repair=_tokens(decode, b.get("trailer_ids") or []),
-                prefix_preserving=bool(b.get("prefix_preserving")),
+                where="at the end" if b.next_role == "end" else f"before {b.next_role}",
+                close=_tokens(decode, b.close_ids),
+                repair=_tokens(decode, b.trailer_ids),
+                prefix_preserving=b.prefix_preserving,
                 then=repr(shorten(delta, 90)) if delta else "",
-                divergence=str(b.get("divergence") or ""),
+                divergence=b.divergence,
             )
         )
     grouped = {True: "grouped into one turn", False: "one turn each", None: "not renderable"}
     reasoning = {True: "stripped from earlier turns", False: "kept in history", None: "never rendered"}
     facts = [
-        ("consecutive tool results", grouped.get(profile.get("consecutive_tool_results_grouped"), "?")),
-        ("reasoning", reasoning.get(profile.get("strips_reasoning"), "?")),
-        ("tool-call arguments", str(profile.get("tool_call_arguments", "?"))),
+        ("consecutive tool results", grouped[profile.consecutive_tool_results_grouped]),
+        ("reasoning", reasoning[profile.strips_reasoning]),
+        ("tool-call arguments", profile.tool_call_arguments),
     ]
-    if profile.get("template_kwargs"):
-        facts.append(("template kwargs", json.dumps(profile["template_kwargs"], sort_keys=True)))
+    if profile.template_kwargs:
+        facts.append(("template kwargs", json.dumps(profile.template_kwargs, sort_keys=True)))
     return Audit(
-        source=source or str(profile.get("tokenizer_name", "")),
-        fingerprint=str(profile.get("fingerprint", "")),
-        verdict=str(profile.get("verdict", "?")),
+        source=source or profile.tokenizer_name,
+        fingerprint=profile.fingerprint,
+        verdict=profile.verdict,
         stop_ids=stops,
-        generation_prompt=_tokens(decode, profile.get("generation_prompt_ids") or []),
+        generation_prompt=_tokens(decode, profile.generation_prompt_ids),
         boundaries=rows,
-        unsupported_roles={str(k): str(v) for k, v in (profile.get("unsupported_roles") or {}).items()},
+        unsupported_roles=dict(profile.unsupported_roles),
         facts=facts,
-        reasons=[
-            {"severity": str(r.get("severity", "")), "text": str(r.get("text", ""))}
-            for r in profile.get("reasons") or []
-        ],
+        reasons=[{"severity": r.severity, "text": r.text} for r in profile.reasons],
     )

@@ -6,9 +6,8 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from verl_ext.check.record import RolloutRecord
+from verl_ext.check.record import HeaderProfile, RolloutRecord
 from verl_ext.core.replay import RecordError
 from verl_ext.telemetry.records import read_records
 
@@ -29,7 +28,7 @@ class RolloutRef:
 @dataclass(frozen=True)
 class Records:
     files: tuple[str, ...]
-    profiles: tuple[dict[str, Any], ...]  # distinct template profiles from the headers, by fingerprint
+    profiles: tuple[HeaderProfile, ...]  # distinct template profiles from the headers, by fingerprint
     rollouts: tuple[RolloutRef, ...]
 
 
@@ -37,14 +36,14 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
     """Every rollout record of the files, typed (``RolloutRecord.from_json``). Raises ValueError (one line naming
     file:line, and the key and fix for a field of the wrong type) for a malformed record, and when the files hold
     no rollout (an empty report would look like a clean run)."""
-    profiles: dict[str, dict[str, Any]] = {}
+    profiles: dict[str, HeaderProfile] = {}
     rollouts: list[RolloutRef] = []
     for path in paths:
         # One file at a time, so each rollout keeps its file and position.
         headers, records = read_records([path])
         for h in headers:
             if h.template_profile:
-                profiles.setdefault(h.fingerprint, dict(h.template_profile))
+                profiles.setdefault(h.fingerprint, h.profile)
         rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
     if not rollouts:
         names = ", ".join(str(p) for p in paths)

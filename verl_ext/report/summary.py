@@ -72,12 +72,6 @@ class Summary:
         return sum(row.defects for row in self.causes)
 
     @property
-    def turn_causes(self) -> list[str]:
-        """Causes that occur in ``findings_by_turn``, in Cause order (the per-turn table's columns)."""
-        seen = {c for counts in self.findings_by_turn.values() for c in counts}
-        return [row.cause for row in self.causes if row.cause in seen]
-
-    @property
     def turn_peak(self) -> int:
         """The largest cell of the per-turn table (its shading scale)."""
         return max((n for counts in self.findings_by_turn.values() for n in counts.values()), default=1)

@@ -89,33 +89,13 @@ def token_view(record: RolloutRecord, decode: Decode) -> list[Item]:
     mask = list(record.loss_mask[:n]) + [0] * (n - len(record.loss_mask))
     first_output = record.engine_calls[0].output_start if record.engine_calls else n
     logprobs = record.sampled_logprobs
-
-    check = record.check
-    findings = check.findings
-    owner: dict[int, tuple[int, bool]] = {}  # position -> (finding number, defect)
-    markers: dict[int, list[Marker]] = {}
-    for number, f in enumerate(findings, 1):
-        start, end = f.stream
-        defect = not f.allowed
-        for p in range(start, end):
-            if p not in owner or (defect and not owner[p][1]):
-                owner[p] = (number, defect)
-        missing = tuple(pieces(f.rendered_text)) if end == start else None
-        title = f"finding {number}: {f.cause} ({'defect' if defect else 'allowed'}) — {f.detail}"
-        markers.setdefault(min(start, n), []).append(Marker(str(number), f.cause, defect, missing, title))
-    failed: dict[int, str] = {}
-    for k, e in enumerate(check.engine_failures, 1):
-        if e.position is None:
-            continue  # a failure of the whole record (e.g. lengths): shown above the tokens only
-        failed.setdefault(e.position, e.kind)
-        title = f"engine-view failure: {e.kind} — {e.detail}"
-        marker = Marker(f"E{k}", f"engine: {e.kind}", True, None, title, failure=True)
-        markers.setdefault(min(e.position, n), []).append(marker)
+    owner, markers = _finding_markers(record, n)
+    failed = _failure_markers(record, n, markers)
 
     # Tokens near where a finding starts or ends, or where the engine view failed, are always shown; runs of
     # other tokens (inside a long finding too) are folded. Tokens are built only where shown.
     loud = set(markers) | set(failed)
-    for f in findings:
+    for f in record.check.findings:
         for edge in f.stream:
             loud.update(range(max(0, edge - FOLD_EDGE), min(n, edge + FOLD_EDGE)))
 
@@ -133,6 +113,48 @@ def token_view(record: RolloutRecord, decode: Decode) -> list[Item]:
             failure=failed.get(p),
         )
 
+    return _folded(n, loud, markers, kinds, token)
+
+
+def _finding_markers(record: RolloutRecord, n: int) -> tuple[dict[int, tuple[int, bool]], dict[int, list[Marker]]]:
+    """(position -> (finding number, defect), where a defect owns a token over an allowed finding; position ->
+    the markers placed before it, one per finding, at its start)."""
+    owner: dict[int, tuple[int, bool]] = {}
+    markers: dict[int, list[Marker]] = {}
+    for number, f in enumerate(record.check.findings, 1):
+        start, end = f.stream
+        defect = not f.allowed
+        for p in range(start, end):
+            if p not in owner or (defect and not owner[p][1]):
+                owner[p] = (number, defect)
+        missing = tuple(pieces(f.rendered_text)) if end == start else None
+        title = f"finding {number}: {f.cause} ({'defect' if defect else 'allowed'}) — {f.detail}"
+        markers.setdefault(min(start, n), []).append(Marker(str(number), f.cause, defect, missing, title))
+    return owner, markers
+
+
+def _failure_markers(record: RolloutRecord, n: int, markers: dict[int, list[Marker]]) -> dict[int, str]:
+    """Position -> the first engine-view failure's kind there; adds each failure's marker to ``markers``."""
+    failed: dict[int, str] = {}
+    for k, e in enumerate(record.check.engine_failures, 1):
+        if e.position is None:
+            continue  # a failure of the whole record (e.g. lengths): shown above the tokens only
+        failed.setdefault(e.position, e.kind)
+        title = f"engine-view failure: {e.kind} — {e.detail}"
+        marker = Marker(f"E{k}", f"engine: {e.kind}", True, None, title, failure=True)
+        markers.setdefault(min(e.position, n), []).append(marker)
+    return failed
+
+
+def _folded(
+    n: int,
+    loud: set[int],
+    markers: dict[int, list[Marker]],
+    kinds: Sequence[str],
+    token: Callable[[int], Token],
+) -> list[Item]:
+    """The stream in order: each loud position with its markers, and each quiet run longer than ``FOLD_MIN`` as
+    ``FOLD_KEEP`` tokens either side of a fold (its tokens embedded when at most ``FOLD_EMBED``)."""
     items: list[Item] = []
     p = 0
     while p < n:

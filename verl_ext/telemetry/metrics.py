@@ -53,14 +53,3 @@ def aggregate(results: Iterable[CheckResult]) -> dict[str, float]:
         for kind, n in r.repairs.items():
             m[f"{PREFIX}repairs/{kind}"] = m.get(f"{PREFIX}repairs/{kind}", 0.0) + n
     return m
-
-
-def format_metrics(metrics: dict[str, float], skip_zero_counts: bool = True) -> str:
-    """One ``name value`` line per metric, for logs and the demo's console output."""
-    lines = []
-    for name in sorted(metrics):
-        value = metrics[name]
-        if skip_zero_counts and value == 0 and any(k in name for k in ("/findings/", "/repairs/", "/engine_view/")):
-            continue
-        lines.append(f"{name:<40} {value:g}")
-    return "\n".join(lines)

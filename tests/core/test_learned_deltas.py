@@ -107,11 +107,8 @@ def test_trajectory_with_learned_deltas_logs_no_fallback(renderer_for, family):
     assert deltas.stats.learned == 19 and deltas.stats.rendered == 1
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_first_use_of_a_shape_is_verified_against_a_render(renderer_for, family, monkeypatch):
-    r = renderer_for(family)
-    profile = probe_template(r)
-    deltas = LearnedDeltas(r, profile, verify_rate=0.0)
+def count_renders(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """A list that grows by one for each render the learned deltas fall back to or verify with."""
     renders: list[int] = []
     real = learned_module.render_context_delta
 
@@ -120,6 +117,15 @@ def test_first_use_of_a_shape_is_verified_against_a_render(renderer_for, family,
         return real(*args, **kwargs)
 
     monkeypatch.setattr(learned_module, "render_context_delta", counting)
+    return renders
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_first_use_of_a_shape_is_verified_against_a_render(renderer_for, family, monkeypatch):
+    r = renderer_for(family)
+    profile = probe_template(r)
+    deltas = LearnedDeltas(r, profile, verify_rate=0.0)
+    renders = count_renders(monkeypatch)
     first = deltas.context_delta([_result(10, "first")], TOOLS, _calling(1), False)
     learning = len(renders)
     assert learning >= 2  # learned from renders, then the first use itself rendered and compared
@@ -127,7 +133,7 @@ def test_first_use_of_a_shape_is_verified_against_a_render(renderer_for, family,
     renders.clear()
     second = deltas.context_delta([_result(20, "second")], TOOLS, _calling(2), False)
     assert renders == [] and deltas.stats.learned == 1  # later uses: no render at all
-    assert second.delta == real(r, profile, [_result(20, "second")], TOOLS, _calling(2), False)
+    assert second.delta == render_context_delta(r, profile, [_result(20, "second")], TOOLS, _calling(2), False)
 
 
 def _qwen25_with_tool_template(renderer_for, tool_branch: str) -> Any:
@@ -190,14 +196,7 @@ def test_sampled_reverification_happens_at_the_configured_rate(renderer_for, rat
     deltas = LearnedDeltas(r, profile, verify_rate=rate, seed=seed)
     uses = 200
     deltas.context_delta([_result(10, "learn")], TOOLS, _calling(1), False)  # first use: always verified
-    renders: list[int] = []
-    real = learned_module.render_context_delta
-
-    def counting(*args: Any, **kwargs: Any) -> Any:
-        renders.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(learned_module, "render_context_delta", counting)
+    renders = count_renders(monkeypatch)
     for n in range(2, uses + 2):
         deltas.context_delta([_result(n * 10, f"result {n}")], TOOLS, _calling(n), False)
     draws = random.Random(seed)

@@ -434,13 +434,7 @@ class RolloutRecord:
             "type": "rollout",
             "version": self.version,
             "step": self.step,
-            "messages": [dict(m) for m in self.messages],
-            "tools": [dict(t) for t in self.tools] if self.tools else None,
-            "chat_template_kwargs": dict(self.chat_template_kwargs),
-            "prompt_messages": self.prompt_messages,
-            "sampled": {str(i): list(v) for i, v in self.sampled.items()},
-            "logprobs": {str(i): list(v) for i, v in self.logprobs.items()},
-            "finish": {str(i): v for i, v in self.finish.items()},
+            **self._replay_json(),
             "prompt_length": self.prompt_length,
             "input_ids": list(self.input_ids),
             "loss_mask": list(self.loss_mask),
@@ -453,10 +447,22 @@ class RolloutRecord:
             **dict(self.extra),
         }
 
+    def _replay_json(self) -> dict[str, Any]:
+        """The replay-format keys of the record line (a record line is the replay format plus the stream)."""
+        return {
+            "messages": [dict(m) for m in self.messages],
+            "tools": [dict(t) for t in self.tools] if self.tools else None,
+            "chat_template_kwargs": dict(self.chat_template_kwargs),
+            "prompt_messages": self.prompt_messages,
+            "sampled": {str(i): list(v) for i, v in self.sampled.items()},
+            "logprobs": {str(i): list(v) for i, v in self.logprobs.items()},
+            "finish": {str(i): v for i, v in self.finish.items()},
+        }
+
     def replay_record(self, where: str = "record") -> ReplayRecord:
         """The conversation as ``verl-ext replay`` rebuilds it. Raises RecordError (naming ``where``) when the
         record cannot be replayed (e.g. logprob counts that disagree with the ids: an engine failure)."""
-        return ReplayRecord.from_json(self.to_json(), where)
+        return ReplayRecord.from_json(self._replay_json(), where)
 
     # long: one type check per field, in the order the format documents them; split, the format would scatter
     @classmethod

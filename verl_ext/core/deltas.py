@@ -80,7 +80,8 @@ def _delta(
     if marker is None:
         raise TemplateError(f"the probe found no boundary token before a {role!r} message")
     head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
-    prompt = renderer.render(head, tools, add_generation_prompt=True, escape=False).ids
+    head_render = renderer.render(head, tools, add_generation_prompt=True, escape=False)
+    prompt = head_render.ids
     conversation = profile.tool_call_shape.conform([*head, assistant, *messages])
     full = renderer.render(conversation, tools, add_generation_prompt=add_generation_prompt)
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
@@ -100,7 +101,7 @@ def _delta(
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
     context = tuple(rest[len(trailer) :])
-    refuse_dropped_content(renderer, head, conversation, tools, marker, messages)
+    refuse_dropped_content(renderer.decode([marker]), head_render.text, full.text, messages)
     return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
 
 
@@ -150,20 +151,12 @@ def refuse_beyond_template_limit(profile: TemplateProfile, assistant: Message, m
         )
 
 
-def refuse_dropped_content(
-    renderer: ChatRenderer,
-    head: Sequence[Message],
-    conversation: Sequence[Message],
-    tools: Sequence[Mapping[str, Any]] | None,
-    marker: int,
-    messages: Sequence[Message],
-) -> None:
+def refuse_dropped_content(marker_text: str, head_text: str, full: str, messages: Sequence[Message]) -> None:
     """Every appended message's text must reach the engine: a template may accept a message and render it
     elsewhere (a system message moved to the top of the conversation) or not at all. Compared as template text
-    after the assistant turn's boundary token (no decoding: it holds for tokenizers that do not round-trip)."""
-    marker_text = renderer.decode([marker])
-    seen = renderer.render_text(head, tools, add_generation_prompt=True).count(marker_text)
-    full = renderer.render_text(conversation, tools, add_generation_prompt=True)
+    (``head_text``: the synthetic history's render; ``full``: with the assistant turn and ``messages``) after the
+    assistant turn's boundary token (no decoding: it holds for tokenizers that do not round-trip)."""
+    seen = head_text.count(marker_text)
     at = -1
     for _ in range(seen + 1):
         at = full.find(marker_text, at + 1)

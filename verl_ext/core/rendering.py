@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +67,7 @@ class Rendered:
     ids: tuple[int, ...]
     escapes: tuple[Escape, ...] = ()
     escape_divergence: str = ""
+    text: str = field(default="", compare=False)  # the template's own text (unescaped), which ``ids`` encode
 
 
 def load_renderer(
@@ -272,17 +273,18 @@ class ChatRenderer:
         """Render and encode ``messages``. ``escape`` defaults to the renderer's setting."""
         escape = self.escape_special_tokens if escape is None else escape
         if not escape or self._added_re is None:
-            return Rendered(tuple(self.encode(self.render_text(messages, tools, add_generation_prompt))))
+            text = self.render_text(messages, tools, add_generation_prompt)
+            return Rendered(tuple(self.encode(text)), text=text)
         protected, literals, escapes = self._protect(messages)
         text = self.render_text(protected, tools, add_generation_prompt)
-        if not literals:
-            return Rendered(tuple(self.encode(text)))
+        if not literals:  # nothing was swapped: ``protected`` is ``messages``
+            return Rendered(tuple(self.encode(text)), text=text)
         plain = self.render_text(messages, tools, add_generation_prompt)
         ids = tuple(self._encode_with_literals(text, literals))
         divergence = self._escape_divergence(text, literals, plain)
         if not divergence and self.decode(ids) != self.decode(self.encode(plain)):
             divergence = "the escaped pieces, encoded apart, decode to other text than the template's"
-        return Rendered(ids, tuple(escapes), divergence)
+        return Rendered(ids, tuple(escapes), divergence, text=plain)
 
     def encode(self, text: str) -> list[int]:
         """Encode rendered template text; special-token strings become special tokens.

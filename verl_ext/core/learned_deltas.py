@@ -202,10 +202,8 @@ class LearnedDeltas:
         """The delta ``shape`` gives for ``messages`` (their contents and fields in its slots), or why it is
         rendered (the content merges with the close)."""
         f = shape.transform
-        parts = [shape.pieces[0]]
-        for (i, field), piece in zip(shape.slots, shape.pieces[1:], strict=True):
-            parts += (f(messages[i]["content"]) if field == "content" else messages[i][field], piece)
-        ids = self.renderer.encode("".join(parts))
+        values = [f(messages[i]["content"]) if name == "content" else messages[i][name] for i, name in shape.slots]
+        ids = self.renderer.encode("".join(_interleave(shape.pieces, values)))
         lead = len(shape.close_ids) + len(shape.trailer_ids)
         if tuple(ids[:lead]) != shape.close_ids + shape.trailer_ids:
             return f"the content of {[m.get('role') for m in messages]} merges with the close or trailer: rendered"

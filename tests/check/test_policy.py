@@ -104,6 +104,38 @@ def test_bad_options_name_the_key(options, names):
         CheckPolicy.from_mapping(options)
 
 
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"mode": "loud"},
+        {"mode": ["warn"]},
+        {"allowed_causes": ["default", "typo"]},
+        {"allowed_causes": "bpe_remerge"},
+        {"template_view_rate": True},
+        {"logprob_atol": -1.0},
+        {"template_view_budget_s": 0},
+    ],
+)
+def test_config_and_direct_construction_refuse_a_value_with_the_same_one_line_message(options):
+    # one rule per key: the YAML path (LoopOptions) and code building a CheckPolicy get the same error
+    from verl_ext.plugin.options import LoopOptions, OptionsError
+
+    with pytest.raises(OptionsError) as from_config:
+        LoopOptions.from_sources({"check": options})
+    with pytest.raises(OptionsError) as direct:
+        CheckPolicy(**options)
+    message = str(direct.value)
+    assert str(from_config.value) == message and message.startswith(f"verl_ext.check.{next(iter(options))}")
+    assert "\n" not in message
+
+
+def test_direct_construction_normalises_like_config():
+    policy = CheckPolicy(mode="strict", allowed_causes=["close_missing"], template_view_rate=1)
+    assert policy == CheckPolicy.from_mapping({"mode": "strict", "allowed_causes": ["close_missing"]})
+    assert policy.mode is CheckMode.STRICT and policy.allowed_causes == {Cause.CLOSE_MISSING}
+    assert type(policy.template_view_rate) is float
+
+
 def test_options_parse():
     policy = CheckPolicy.from_mapping({"mode": "strict", "allowed_causes": ["default", "close_missing"]})
     assert policy.mode is CheckMode.STRICT and Cause.CLOSE_MISSING in policy.allowed_causes

@@ -43,7 +43,7 @@ def test_every_subclass_is_drawn_and_inherits_a_standard_exception():
 
 
 def test_a_bad_option_raises_options_error_which_value_error_callers_still_catch():
-    with pytest.raises(OptionsError, match="unknown check option") as info:
+    with pytest.raises(OptionsError, match="unknown option verl_ext.check.bogus") as info:
         CheckPolicy.from_mapping({"bogus": 1})
     assert isinstance(info.value, ValueError) and isinstance(info.value, VerlExtError)
 

@@ -154,9 +154,9 @@ def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
         ({"check": {"logprob_atol": -1e-5}}, "verl_ext.check.logprob_atol", "0 or more"),
         ({"check": {"template_view_budget_s": 0}}, "verl_ext.check.template_view_budget_s", "or null"),
         ({"check": {"mode": ["warn"]}}, "verl_ext.check.mode", "'strict', 'warn', 'off'"),
-        ({"check": {"mode": "loud"}}, "mode", "'loud' is not one of"),
+        ({"check": {"mode": "loud"}}, "verl_ext.check.mode", "one of ['strict', 'warn', 'off'], got 'loud'"),
         ({"check": {"allowed_causes": {"bpe_remerge": 1}}}, "verl_ext.check.allowed_causes", "a list of cause names"),
-        ({"check": {"allowed_causes": ["bpe"]}}, "allowed_causes", "'bpe' is not one of"),
+        ({"check": {"allowed_causes": ["bpe"]}}, "verl_ext.check.allowed_causes[0]", "'bpe_remerge', "),
         ({"records": {"dir": 5}}, "verl_ext.records.dir", "a folder path"),  # used to become the folder '5'
         ({"records": {"max_bytes": "64MB"}}, "verl_ext.records.max_bytes", "positive integer"),
         ({"records": {"max_files": 0}}, "verl_ext.records.max_files", "positive integer"),

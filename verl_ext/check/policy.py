@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import StrEnum
 from typing import Any
 
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, CheckResult, FailureKind
 from verl_ext.core.errors import OptionsError, VerlExtError
+from verl_ext.core.option_rules import choice, reject_unknown
 
 log = logging.getLogger("verl_ext.check")
 
@@ -33,8 +34,10 @@ class ConsistencyError(VerlExtError, RuntimeError):
 
 @dataclass(frozen=True)
 class CheckPolicy:
-    """The ``verl_ext.check`` options: each field is one option key with its default (defined here only).
-    Raises ``OptionsError`` for a value out of range."""
+    """The ``verl_ext.check`` options: each field is one option key with its default (defined here only), and
+    ``__post_init__`` is the one place each key's rule lives, whether the policy comes from config
+    (``from_mapping``) or is built directly. A bad value raises a one-line ``OptionsError`` naming the full key
+    (``verl_ext.check.<key>``) and what it accepts."""
 
     mode: CheckMode = CheckMode.WARN
     allowed_causes: frozenset[Cause] = ALLOWED_BY_DESIGN
@@ -45,13 +48,14 @@ class CheckPolicy:
     template_view_budget_s: float | None = 10.0
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.template_view_rate <= 1.0 or math.isnan(self.template_view_rate):
-            raise OptionsError(f"template_view_rate must be in [0, 1], got {self.template_view_rate}")
-        if not self.logprob_atol >= 0.0:
-            raise OptionsError(f"logprob_atol must be >= 0, got {self.logprob_atol}")
-        budget = self.template_view_budget_s
-        if budget is not None and not (budget > 0.0 and math.isfinite(budget)):
-            raise OptionsError(f"template_view_budget_s must be a positive number of seconds or null, got {budget}")
+        # Normalised in place (the dataclass is frozen, hence object.__setattr__): config gives strings and lists,
+        # and the rest of the check compares against CheckMode and Cause members and floats.
+        object.__setattr__(self, "mode", choice("verl_ext.check.mode", CheckMode, self.mode))
+        object.__setattr__(self, "allowed_causes", parse_causes(self.allowed_causes))
+        for key, rule in _NUMBERS.items():
+            value = getattr(self, key)
+            if value is not None or not rule.nullable:
+                object.__setattr__(self, key, rule.check(f"verl_ext.check.{key}", value))
 
     def allows(self, cause: Cause) -> bool:
         """Whether a finding of ``cause`` is by design (not a defect)."""
@@ -59,49 +63,63 @@ class CheckPolicy:
 
     @classmethod
     def from_mapping(cls, options: Mapping[str, Any]) -> CheckPolicy:
-        """Build from config keys ``mode``, ``allowed_causes``, ``template_view_rate``, ``logprob_atol``,
-        ``template_view_budget_s``. An unknown key or a bad value raises ``OptionsError`` (a ``ValueError``) naming it
-        and what is accepted."""
-        known = {f.name for f in fields(cls)}  # the option keys are the fields
-        unknown = sorted(set(options) - known)
-        if unknown:
-            raise OptionsError(f"unknown check option(s) {unknown}; known: {sorted(known)}")
-        kwargs: dict[str, Any] = {}
-        if "mode" in options:
-            kwargs["mode"] = _parse_enum(CheckMode, options["mode"], "mode")
-        if "allowed_causes" in options:
-            kwargs["allowed_causes"] = parse_causes(options["allowed_causes"])
-        for key in ("template_view_rate", "logprob_atol", "template_view_budget_s"):
-            if key == "template_view_budget_s" and options.get(key, 0) is None:
-                kwargs[key] = None
-            elif key in options:
-                try:
-                    kwargs[key] = float(options[key])
-                except (TypeError, ValueError):
-                    raise OptionsError(f"check option {key!r} must be a number, got {options[key]!r}") from None
-        return cls(**kwargs)
+        """Build from the ``verl_ext.check`` config keys (this class's fields); an absent key takes its default. An
+        unknown key or a bad value raises ``OptionsError`` (a ``ValueError``) naming it and what is accepted."""
+        reject_unknown("verl_ext.check", options, {f.name for f in fields(cls)})  # the option keys are the fields
+        return cls(**options)
+
+
+@dataclass(frozen=True)
+class _NumberRule:
+    """A ``verl_ext.check`` number: from ``low`` to ``high``, ``low`` itself allowed or not; None (no limit) allowed
+    when ``nullable``."""
+
+    low: float
+    high: float
+    low_allowed: bool = True
+    nullable: bool = False
+
+    def check(self, key: str, value: Any) -> float:
+        """``value`` as a float, or ``OptionsError`` naming ``key``. A number must be one: OmegaConf parses ``0.5``
+        and ``1e-5``, but a quoted one stays a string, and ``true`` is not 1.0."""
+        if math.isfinite(self.high):
+            where = f"from {self.low:g} to {self.high:g}"
+        else:
+            where = f"{self.low:g} or more" if self.low_allowed else f"more than {self.low:g}"
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            unquote = ", without quotes" if isinstance(value, str) else ""
+            raise OptionsError(f"{key} must be a number {where}{unquote}, got {value!r}")
+        in_range = self.low <= value <= self.high and (self.low_allowed or value > self.low)
+        if not (math.isfinite(value) and in_range):
+            none = " (or null: no limit)" if self.nullable else ""
+            raise OptionsError(f"{key} must be a finite number {where}{none}, got {value!r}")
+        return float(value)
+
+
+_NUMBERS: dict[str, _NumberRule] = {
+    "template_view_rate": _NumberRule(0.0, 1.0),
+    "logprob_atol": _NumberRule(0.0, math.inf),
+    "template_view_budget_s": _NumberRule(0.0, math.inf, low_allowed=False, nullable=True),
+}
 
 
 def parse_causes(value: Any) -> frozenset[Cause]:
-    """``"default"`` (the allowed-by-design set), a list of cause names, or a list starting with ``default``."""
+    """``"default"`` or None (the allowed-by-design set), or a list (or set) of cause names, where ``default`` adds
+    the allowed-by-design set. Anything else raises ``OptionsError`` naming ``verl_ext.check.allowed_causes``."""
     if value in ("default", None):
         return ALLOWED_BY_DESIGN
-    if isinstance(value, str) or not isinstance(value, Iterable):
-        raise OptionsError(f"allowed_causes must be 'default' or a list of cause names, got {value!r}")
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise OptionsError(
+            f"verl_ext.check.allowed_causes must be 'default' or a list of cause names, got {value!r}; e.g. "
+            "verl_ext.check.allowed_causes=[default,bpe_remerge]"
+        )
     out: set[Cause] = set()
-    for name in value:
+    for k, name in enumerate(value):
         if name == "default":
             out |= ALLOWED_BY_DESIGN
         else:
-            out.add(_parse_enum(Cause, name, "allowed_causes"))
+            out.add(choice(f"verl_ext.check.allowed_causes[{k}]", Cause, name))
     return frozenset(out)
-
-
-def _parse_enum(enum: type[StrEnum], value: Any, key: str) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        raise OptionsError(f"{key}: {value!r} is not one of {[e.value for e in enum]}") from None
 
 
 @dataclass

@@ -8,7 +8,6 @@ See verl_ext/configs/verl_ext/warn.yaml for every key with its default.
 
 from __future__ import annotations
 
-import difflib
 import math
 import os
 from collections.abc import Mapping
@@ -18,6 +17,7 @@ from typing import Any
 
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.core.errors import OptionsError
+from verl_ext.core.option_rules import choice, reject_unknown
 
 __all__ = ["AgentNameColumn", "LoopOptions", "OptionsError", "RecordsOptions"]
 
@@ -72,7 +72,7 @@ class LoopOptions:
         """Validated options; an absent key takes its default. Raises ``OptionsError`` naming the key and the fix."""
         if not isinstance(options, Mapping):
             raise OptionsError(_not_a_mapping(options))
-        _reject_unknown("verl_ext", options, _KNOWN[""])
+        reject_unknown("verl_ext", options, _KNOWN[""])
         check = {} if options.get("check") is None else options["check"]
         records = {} if options.get("records") is None else options["records"]
         for name, section in (("check", check), ("records", records)):
@@ -81,12 +81,8 @@ class LoopOptions:
                     f"verl_ext.{name} must be a mapping of options (or null for the defaults), got {section!r}; "
                     f"set single keys, e.g. verl_ext.{name}.{sorted(_KNOWN[name])[0]}=..."
                 )
-            _reject_unknown(f"verl_ext.{name}", section, _KNOWN[name])
-        _check_section_types(check)
-        try:
-            policy = CheckPolicy.from_mapping(check)
-        except ValueError as exc:
-            raise OptionsError(f"verl_ext.check: {exc}") from None
+        policy = CheckPolicy.from_mapping(check)  # CheckPolicy owns verl_ext.check's keys and their rules
+        reject_unknown("verl_ext.records", records, _KNOWN["records"])
         records_dir = records.get("dir")
         if isinstance(records_dir, os.PathLike):
             records_dir = os.fspath(records_dir)
@@ -108,7 +104,7 @@ class LoopOptions:
             ),
             tool_timeout_s=_positive_float("verl_ext.tool_timeout_s", options.get("tool_timeout_s", d.tool_timeout_s)),
             extra_stop_tokens=_stop_tokens(options.get("extra_stop_tokens", d.extra_stop_tokens)),
-            agent_name_column=_choice(
+            agent_name_column=choice(
                 "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", d.agent_name_column)
             ),
         )
@@ -136,13 +132,6 @@ def _not_a_mapping(value: Any) -> str:
     return f"verl_ext must be a mapping of options, got {value!r}.{hint}"
 
 
-def _choice(key: str, enum: type[StrEnum], value: Any) -> Any:
-    try:
-        return enum(value)
-    except ValueError:
-        raise OptionsError(f"{key} must be one of {[e.value for e in enum]}, got {value!r}") from None
-
-
 def _plain(value: Any) -> Any:
     """OmegaConf containers to plain dicts/lists, without importing omegaconf here."""
     if hasattr(value, "items"):
@@ -158,42 +147,6 @@ def _merge(into: dict[str, Any], new: Mapping[str, Any]) -> None:
             _merge(into[key], value)
         else:
             into[key] = value
-
-
-def _reject_unknown(where: str, section: Mapping[str, Any], known: set[str]) -> None:
-    unknown = sorted(str(k) for k in set(section) - known)
-    if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        hint = f"; did you mean {where}.{close[0]}?" if close else ""
-        raise OptionsError(f"unknown option {where}.{unknown[0]}; known keys under {where}: {sorted(known)}{hint}")
-
-
-def _check_section_types(check: Mapping[str, Any]) -> None:
-    """The check's numbers are numbers (OmegaConf parses ``0.5`` and ``1e-5``; a quoted one stays a string, and
-    ``true`` is not 1.0), finite, in range; its mode is a string. Names the full key, which CheckPolicy cannot."""
-    for key, low, high, zero in (
-        ("template_view_rate", 0.0, 1.0, True),
-        ("logprob_atol", 0.0, math.inf, True),
-        ("template_view_budget_s", 0.0, math.inf, False),
-    ):
-        if key not in check or (key == "template_view_budget_s" and check[key] is None):
-            continue
-        value = check[key]
-        where = f"from {low:g} to {high:g}" if math.isfinite(high) else ("0 or more" if zero else "more than 0")
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            unquote = ", without quotes" if isinstance(value, str) else ""
-            raise OptionsError(f"verl_ext.check.{key} must be a number {where}{unquote}, got {value!r}")
-        if not (math.isfinite(value) and low <= value <= high and (zero or value > low)):
-            none = " (or null: no limit)" if key == "template_view_budget_s" else ""
-            raise OptionsError(f"verl_ext.check.{key} must be a finite number {where}{none}, got {value!r}")
-    if "mode" in check and not isinstance(check["mode"], str):
-        raise OptionsError(f"verl_ext.check.mode must be one of 'strict', 'warn', 'off', got {check['mode']!r}")
-    causes = check.get("allowed_causes")
-    if causes is not None and not isinstance(causes, (str, list, tuple)):
-        raise OptionsError(
-            f"verl_ext.check.allowed_causes must be 'default' or a list of cause names, got {causes!r}; e.g. "
-            "verl_ext.check.allowed_causes=[default,bpe_remerge]"
-        )
 
 
 def _stop_tokens(value: Any) -> tuple[str, ...]:

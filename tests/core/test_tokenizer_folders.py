@@ -441,3 +441,33 @@ def test_a_symlink_loop_for_the_folder_or_the_template_file_is_named(bases, reco
     assert_clear_error(code, err, "replay", f"{tmp_path / 'tok'}: a symlink loop")
     code, _, err = run(capsys, "check-template", str(bases["published"]), "--chat-template", str(tmp_path / "t.jinja"))
     assert_clear_error(code, err, "check-template", f"{tmp_path / 't.jinja'}: a symlink loop")
+
+
+@pytest.mark.parametrize("bom", [b"", b"\xef\xbb\xbf"])
+def test_every_reader_names_the_bad_byte_counted_in_the_file_and_refuses_an_empty_file(tmp_path, bom):
+    """The template file, a folder's chat_template.jinja, a JSON file and a load failure's trace all decode through
+    one reader: the same message, with the byte counted from the file's start (a BOM used to be skipped)."""
+    from verl_ext.core.errors import TemplateError
+    from verl_ext.core.tokenizer_files import explain_load_failure, json_file_problem, read_template_file
+
+    data = bom + b'{"a": "\xff"}'
+    byte = len(bom) + 8  # 1-based position of \xff in the file
+    template, config = tmp_path / "t.jinja", tmp_path / "tokenizer_config.json"
+    template.write_bytes(data)
+    config.write_bytes(data)
+    with pytest.raises(TemplateError) as raised:
+        read_template_file(template)
+    assert str(raised.value) == f"{template}: not UTF-8 (byte {byte}); save the chat template as UTF-8"
+    assert str(explain_load_failure(tmp_path, OSError("x"))).startswith(f"{config}: not UTF-8 (byte {byte}); ")
+    config.unlink()
+    assert str(explain_load_failure(tmp_path, OSError("x"))) == str(raised.value)
+    assert json_file_problem(config) is None  # absent: nothing to blame
+    config.write_bytes(bom + b" \n")
+    assert json_file_problem(config) == f"{config}: the file is empty; " + (
+        "the file is damaged: copy it again from the model's repository (or save_pretrained the tokenizer)"
+    )
+    template.write_bytes(bom + b"\n")
+    with pytest.raises(TemplateError, match="the chat template file is empty; pass a Jinja chat template$"):
+        read_template_file(template)
+    template.write_bytes(bom + b"{{ messages[0].content }}")
+    assert read_template_file(template) == "{{ messages[0].content }}"  # the BOM is not part of the template

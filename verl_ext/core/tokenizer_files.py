@@ -35,6 +35,22 @@ _JSON_FILES = (
     "chat_template.json",
 )
 _COPY_AGAIN = "the file is damaged: copy it again from the model's repository (or save_pretrained the tokenizer)"
+_EMPTY_JSON = f"the file is empty; {_COPY_AGAIN}"
+_SAVE_AS_UTF8 = "save the chat template as UTF-8"
+
+
+def _read_text(file: Path, not_utf8_fix: str, empty: str | None = None) -> str:
+    """``file``'s text, decoded as UTF-8 with one leading byte-order mark dropped (as ``utf-8-sig`` does), the one
+    place these files are decoded. Raises ``TemplateError`` ``FILE: not UTF-8 (byte N); <not_utf8_fix>``, N counted
+    in the file, BOM included; and, when ``empty`` is given, ``FILE: <empty>`` for a file of only whitespace."""
+    try:
+        # decoded as plain UTF-8, not utf-8-sig, whose error offsets skip the BOM's three bytes
+        text = file.read_bytes().decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        raise TemplateError(f"{file}: not UTF-8 (byte {err.start + 1}); {not_utf8_fix}") from None
+    if empty is not None and not text.strip():
+        raise TemplateError(f"{file}: {empty}")
+    return text
 
 
 def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
@@ -84,15 +100,11 @@ def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
         raise TemplateError(f"{path / 'tokenizer.json'}: {problem}")
     jinja = path / "chat_template.jinja"
     if jinja.is_file():
-        try:
-            text = jinja.read_bytes().decode("utf-8-sig")
-        except UnicodeDecodeError as err:
-            raise TemplateError(f"{jinja}: not UTF-8 (byte {err.start + 1}); save the chat template as UTF-8") from None
-        if not text.strip():
-            raise TemplateError(
-                f"{jinja}: the chat template file is empty; write the template there, or delete the file to use "
-                "tokenizer_config.json's 'chat_template'"
-            )
+        empty = (
+            "the chat template file is empty; write the template there, or delete the file to use "
+            "tokenizer_config.json's 'chat_template'"
+        )
+        _read_text(jinja, _SAVE_AS_UTF8, empty)
     return path
 
 
@@ -120,10 +132,7 @@ def _tokenizer_json_head(file: Path) -> dict[str, Any]:
     """``{"added_tokens": [...]}`` of a tokenizer.json, read without parsing its tens of megabytes of vocabulary (a
     second or two on a busy machine, and transformers parses the file anyway): the tokenizers library writes
     'added_tokens' before 'model'. Any other layout, or a damaged file, is parsed whole, which names the problem."""
-    try:
-        text = file.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise TemplateError(f"{file}: not UTF-8 (byte {err.start + 1}); {_COPY_AGAIN}") from None
+    text = _read_text(file, _COPY_AGAIN, _EMPTY_JSON)
     key, model = text.find('"added_tokens"'), text.find('"model"')
     if text.lstrip().startswith("{") and 0 <= key < model:
         start = text.find(":", key) + 1
@@ -135,15 +144,12 @@ def _tokenizer_json_head(file: Path) -> dict[str, Any]:
             added = None
         if isinstance(added, list):
             return {"added_tokens": added}
-    return read_json_object(file)
+    return _json_object(file, text)
 
 
 def read_json_object(file: Path) -> dict[str, Any]:
     """The JSON object in ``file``; ``TemplateError`` naming the file, the place and the fix otherwise."""
-    problem, value = _parse_json_object(file)
-    if problem:
-        raise TemplateError(problem)
-    return value
+    return _json_object(file, _read_text(file, _COPY_AGAIN, _EMPTY_JSON))
 
 
 def explain_load_failure(folder: Path, exc: BaseException) -> TemplateError:
@@ -154,9 +160,9 @@ def explain_load_failure(folder: Path, exc: BaseException) -> TemplateError:
             return TemplateError(problem)
     for file in sorted(folder.glob("*.jinja")):
         try:
-            file.read_text(encoding="utf-8")
-        except UnicodeDecodeError as err:
-            return TemplateError(f"{file}: not UTF-8 (byte {err.start + 1}); save the chat template as UTF-8")
+            _read_text(file, _SAVE_AS_UTF8)
+        except TemplateError as err:
+            return err
     why = " ".join(str(exc).split())  # one line: the tokenizers library's messages span several
     if len(why) > 300:
         why = why[:300] + " ..."
@@ -171,27 +177,30 @@ def json_file_problem(file: Path) -> str | None:
     """``FILE: <what is wrong>; <fix>`` for a JSON file that exists and cannot be read as a JSON object."""
     if not file.is_file():
         return None
-    return _parse_json_object(file)[0]
-
-
-def _parse_json_object(file: Path) -> tuple[str | None, dict[str, Any]]:
     try:
-        text = file.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        return f"{file}: not UTF-8 (byte {err.start + 1}); {_COPY_AGAIN}", {}
-    if not text.strip():
-        return f"{file}: the file is empty; {_COPY_AGAIN}", {}
+        read_json_object(file)
+    except TemplateError as err:
+        return str(err)
+    return None
+
+
+def _json_object(file: Path, text: str) -> dict[str, Any]:
+    """``text`` (``file``'s, already read) as a JSON object; ``TemplateError`` naming the file, the place and the
+    fix otherwise (a tokenizer.json must also have its 'model' object)."""
     try:
         value = json.loads(text)
     except json.JSONDecodeError as err:
-        return f"{file}: not valid JSON, line {err.lineno} column {err.colno}: {err.msg}; {_COPY_AGAIN}", {}
+        problem = f"not valid JSON, line {err.lineno} column {err.colno}: {err.msg}"
     except RecursionError:
-        return f"{file}: JSON nested too deeply to read; {_COPY_AGAIN}", {}
-    if not isinstance(value, dict):
-        return f"{file}: expected a JSON object, found {_json_type(value)}; {_COPY_AGAIN}", {}
-    if file.name == "tokenizer.json" and not isinstance(value.get("model"), dict):
-        return f"{file}: JSON, but not a tokenizers file (no 'model' object); {_COPY_AGAIN}", {}
-    return None, value
+        problem = "JSON nested too deeply to read"
+    else:
+        if not isinstance(value, dict):
+            problem = f"expected a JSON object, found {_json_type(value)}"
+        elif file.name == "tokenizer.json" and not isinstance(value.get("model"), dict):
+            problem = "JSON, but not a tokenizers file (no 'model' object)"
+        else:
+            return value
+    raise TemplateError(f"{file}: {problem}; {_COPY_AGAIN}")
 
 
 # --- the keys a loader reads, and their JSON types -------------------------------------------------------------
@@ -396,12 +405,7 @@ def read_template_file(file: str | os.PathLike[str]) -> str:
         raise IsAFolderError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
     if not path.is_file():
         raise MissingFileError(f"chat template file {str(path)!r} does not exist")
-    try:
-        text = path.read_bytes().decode("utf-8-sig")
-    except UnicodeDecodeError as err:
-        raise TemplateError(f"{path}: not UTF-8 (byte {err.start + 1}); save the chat template as UTF-8") from None
-    if not text.strip():
-        raise TemplateError(f"{path}: the chat template file is empty; pass a Jinja chat template")
+    text = _read_text(path, _SAVE_AS_UTF8, "the chat template file is empty; pass a Jinja chat template")
     refuse_unparsable(text, str(path))
     return text
 

@@ -136,6 +136,34 @@ def test_the_record_round_trips_through_its_json_and_replays_as_the_replay_forma
     assert replayed.sampled == {i: c.output_ids for i, c in zip((1, 3), record.engine_calls, strict=True)}
 
 
+def test_check_result_to_dict_is_the_record_lines_check_object_and_every_result_field_is_recorded(
+    written, renderer_for
+):
+    from verl_ext.check import CheckResult, EngineFailure, Finding
+    from verl_ext.check.record import RecordedCheck, RecordedFailure, RecordedFinding
+
+    _, rollout, _ = written
+    result = ConsistencyChecker(renderer_for("qwen3")).check_rollout(rollout)
+    assert result.findings and result.to_dict() == rollout.record(result).to_json()["check"]
+    failed = dataclasses.replace(result, engine_failures=(EngineFailure(FailureKind.RECORD, 1, None, "x"),))
+    assert failed.to_dict()["engine_failures"] == [{"kind": "record", "turn": 1, "position": None, "detail": "x"}]
+
+    # the record's JSON keys are its fields, in order: the result's, under the same names
+    def names(cls: type) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+    assert names(RecordedCheck) == ["ok", "engine_ok", *names(CheckResult)]
+    assert names(RecordedFinding) == names(Finding) and names(RecordedFailure) == names(EngineFailure)
+    assert list(result.to_dict()) == names(RecordedCheck)
+
+    @dataclasses.dataclass(frozen=True)
+    class NewerResult(CheckResult):
+        a_new_field: int = 0
+
+    with pytest.raises(TypeError, match="a_new_field"):  # not silently left out of the records
+        RecordedCheck.of(NewerResult(**{f.name: getattr(result, f.name) for f in dataclasses.fields(result)}))
+
+
 def test_the_replay_format_reads_the_strings_records_write_for_non_finite_floats():
     from verl_ext.core.replay import ReplayRecord
 

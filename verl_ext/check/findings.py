@@ -99,10 +99,6 @@ class EngineFailure:
     position: int | None  # stream index (prompt + response) of the first offending token
     detail: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: ``kind`` as its string value."""
-        return {"kind": self.kind.value, "turn": self.turn, "position": self.position, "detail": self.detail}
-
 
 @dataclass(frozen=True)
 class Span:
@@ -133,24 +129,6 @@ class Finding:
     context_before: str  # a few decoded tokens before, on the stream side
     context_after: str
     detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "cause": self.cause.value,
-            "allowed": self.allowed,
-            "turn": self.turn,
-            "boundary": self.boundary,
-            "region": self.region,
-            "stream": [self.stream.start, self.stream.end],
-            "rendered": [self.rendered.start, self.rendered.end],
-            "stream_ids": list(self.stream_ids),
-            "rendered_ids": list(self.rendered_ids),
-            "stream_text": self.stream_text,
-            "rendered_text": self.rendered_text,
-            "context_before": self.context_before,
-            "context_after": self.context_after,
-            "detail": self.detail,
-        }
 
 
 @dataclass(frozen=True)
@@ -219,17 +197,8 @@ class CheckResult:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "engine_ok": self.engine_ok,
-            "engine_failures": [f.to_dict() for f in self.engine_failures],
-            "findings": [f.to_dict() for f in self.findings],
-            "template_view": self.template_view,
-            "truncated": self.truncated,
-            "lost_sampled_tokens": self.lost_sampled_tokens,
-            "num_turns": self.num_turns,
-            "num_sampled": self.num_sampled,
-            "repairs": dict(self.repairs),
-            "seconds": round(self.seconds, 6),
-            "template_view_skipped": self.template_view_skipped,
-        }
+        """JSON-ready: the ``check`` object a record line holds for this result (``RecordedCheck.of(self).to_json()``,
+        the one serialiser: the two cannot differ), causes and failure kinds as strings, ``seconds`` to the µs."""
+        from verl_ext.check.record import RecordedCheck  # record.py imports this module
+
+        return RecordedCheck.of(self).to_json()

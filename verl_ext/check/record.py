@@ -42,13 +42,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 from verl_ext.check.engine_view import turn_at
-from verl_ext.check.findings import CheckResult
+from verl_ext.check.findings import CheckResult, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.engine_output import NAN_HAPPENED
 from verl_ext.core.errors import TrajectoryError
@@ -215,17 +217,14 @@ class RecordedCall:
         return self.prompt_length
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "prompt_length": self.prompt_length,
-            "output_ids": list(self.output_ids),
-            "logprobs": None if self.logprobs is None else list(self.logprobs),
-            "finish_reason": self.finish_reason,
-        }
+        """One of a record line's ``engine_calls``: one key per field, in field order."""
+        return _json_fields(self)
 
 
 @dataclass(frozen=True)
 class RecordedFailure:
-    """An engine-view failure (``EngineFailure.to_dict``); ``position`` None: a failure of the whole rollout."""
+    """An engine-view failure (``EngineFailure``, field for field); ``position`` None: a failure of the whole
+    rollout."""
 
     kind: str
     turn: int | None
@@ -235,7 +234,7 @@ class RecordedFailure:
 
 @dataclass(frozen=True)
 class RecordedFinding:
-    """A finding (``Finding.to_dict``): spans are (start, end) stream / template positions."""
+    """A finding (``Finding``, field for field): spans are (start, end) stream / template positions."""
 
     cause: str
     allowed: bool
@@ -255,7 +254,9 @@ class RecordedFinding:
 
 @dataclass(frozen=True)
 class RecordedCheck:
-    """The check's verdict on one rollout (``CheckResult.to_dict``)."""
+    """The check's verdict on one rollout: ``CheckResult``'s fields and its ``ok`` and ``engine_ok``, field for field
+    (``of``), and, through ``to_json``, the ``check`` object of a record line and ``CheckResult.to_dict``. The JSON
+    keys are these fields, in this order."""
 
     ok: bool
     engine_ok: bool
@@ -272,7 +273,14 @@ class RecordedCheck:
 
     @classmethod
     def of(cls, result: CheckResult) -> RecordedCheck:
-        return cls.from_json(result.to_dict(), "check result")
+        """``result`` as the record holds it. Every field of the result (and of its failures and findings) is
+        passed on by name, so a field added to ``CheckResult``, ``EngineFailure`` or ``Finding`` and not here fails
+        every record as an unexpected argument instead of being dropped from the files."""
+        recorded = _recorded_fields(result, "ok", "engine_ok")
+        recorded["engine_failures"] = tuple(RecordedFailure(**_recorded_fields(f)) for f in result.engine_failures)
+        recorded["findings"] = tuple(RecordedFinding(**_recorded_fields(f)) for f in result.findings)
+        recorded["seconds"] = float(round(result.seconds, 6))  # the record's precision: a microsecond
+        return cls(**recorded)
 
     @property
     def defects(self) -> int:
@@ -329,41 +337,39 @@ class RecordedCheck:
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "engine_ok": self.engine_ok,
-            "engine_failures": [
-                {"kind": e.kind, "turn": e.turn, "position": e.position, "detail": e.detail}
-                for e in self.engine_failures
-            ],
-            "findings": [
-                {
-                    "cause": x.cause,
-                    "allowed": x.allowed,
-                    "turn": x.turn,
-                    "boundary": x.boundary,
-                    "region": x.region,
-                    "stream": list(x.stream),
-                    "rendered": list(x.rendered),
-                    "stream_ids": list(x.stream_ids),
-                    "rendered_ids": list(x.rendered_ids),
-                    "stream_text": x.stream_text,
-                    "rendered_text": x.rendered_text,
-                    "context_before": x.context_before,
-                    "context_after": x.context_after,
-                    "detail": x.detail,
-                }
-                for x in self.findings
-            ],
-            "template_view": self.template_view,
-            "truncated": self.truncated,
-            "lost_sampled_tokens": self.lost_sampled_tokens,
-            "num_turns": self.num_turns,
-            "num_sampled": self.num_sampled,
-            "repairs": dict(self.repairs),
-            "seconds": self.seconds,
-            "template_view_skipped": self.template_view_skipped,
-        }
+        """The ``check`` object of a record line: one key per field, in field order."""
+        return _json_fields(self)
+
+
+def _recorded_fields(obj: Any, *properties: str) -> dict[str, Any]:
+    """The named ``properties`` and every dataclass field of a check-result object, by name, as the record holds
+    them: an enum as its string, a ``Span`` as (start, end), a ``Counter`` as a dict (nested objects as they are)."""
+    out: dict[str, Any] = {}
+    for name in (*properties, *(f.name for f in fields(obj))):
+        value = getattr(obj, name)
+        if isinstance(value, Enum):
+            value = value.value
+        elif isinstance(value, Span):
+            value = (value.start, value.end)
+        elif isinstance(value, Counter):
+            value = dict(value)
+        out[name] = value
+    return out
+
+
+def _json_fields(obj: Any) -> dict[str, Any]:
+    """A record dataclass as JSON-ready data: one key per field, in field order; a tuple of dataclasses as a list
+    of objects, any other tuple as a list, a mapping as a dict."""
+    out: dict[str, Any] = {}
+    for f in fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, tuple):
+            # the fields are typed tuple[X, ...], so the first item says what every item is
+            value = [_json_fields(v) for v in value] if value and is_dataclass(value[0]) else list(value)
+        elif isinstance(value, Mapping):
+            value = dict(value)
+        out[f.name] = value
+    return out
 
 
 # The record's own keys; any other key of a rollout line (data_source, index, resumed_turns, ...) is ``extra``.

@@ -293,30 +293,34 @@ class _Prober:
 
     def probe_head(self) -> tuple[int, ...]:
         """Choose the messages before the probed turn (``self.head``) and the kinds of assistant turn to probe
-        (``self.variants``); returns the ids of the head rendered with the generation prompt."""
+        (``self.variants``); returns the ids of the head rendered with the generation prompt. Each head is rendered
+        once: with the system message, then, only where no turn continues that prompt, without it."""
         try:
             gen_text, gen_ids = self.render(self.head, gen=True)
             placed, last_ids = self.placed_variants(gen_text, gen_ids)
+        except TemplateError:
+            # The template refuses the leading system message: probe the turn boundaries without it.
+            self.head = [_USER]
+            gen_text, gen_ids = self.render(self.head, gen=True)
+            placed, _ = self.placed_variants(gen_text, gen_ids)
+        else:
             if not placed:
-                user_gen_text, user_gen_ids = self.render([_USER], gen=True)
                 self.head = [_USER]
-                if not self.placed_variants(user_gen_text, user_gen_ids)[0]:
-                    # Not the system message: the turn never continues the generation prompt (the END boundary
-                    # says where it differs). Probe with the system message, as the engine sees it.
-                    self.head = [_SYSTEM, _USER]
-                else:
+                user_gen_text, user_gen_ids = self.render(self.head, gen=True)
+                user_placed, _ = self.placed_variants(user_gen_text, user_gen_ids)
+                if user_placed:
                     self.note(
                         Severity.REPAIR,
                         "moves the leading system message when the assistant replies "
                         f"({self.divergence(gen_ids, last_ids, 'the generation prompt')}); the rollout keeps the "
                         "prompt the engine saw, so the final re-render differs there",
                     )
-                    raise TemplateError("system message moves")
-        except TemplateError:
-            # Probe the turn boundaries without a leading system message.
-            self.head = [_USER]
-            gen_text, gen_ids = self.render(self.head, gen=True)
-            placed, _ = self.placed_variants(gen_text, gen_ids)
+                    # Probe the turn boundaries without the system message, with what was just rendered.
+                    gen_ids, placed = user_gen_ids, user_placed
+                else:
+                    # Not the system message: the turn never continues the generation prompt (the END boundary
+                    # says where it differs). Probe with the system message, as the engine sees it.
+                    self.head = [_SYSTEM, _USER]
         # Probe every kind of turn the engine can produce after this generation prompt (with thinking disabled,
         # only turns that keep the pre-filled empty reasoning block); when none fits, the first, as before.
         self.variants = tuple(placed) or _REASONING_VARIANTS[:1]

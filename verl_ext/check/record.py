@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from functools import cached_property
@@ -289,43 +289,39 @@ class RecordedCheck:
     @classmethod
     def from_json(cls, obj: Any, where: str) -> RecordedCheck:
         f = _Fields(obj, where, "check")
-        findings = []
-        for k, item in enumerate(f.list("findings", default=[])):
-            g = _Fields(item, where, f"check.findings[{k}]")
-            findings.append(
-                RecordedFinding(
-                    cause=g.str("cause", default="unknown"),
-                    allowed=g.bool("allowed", default=False),
-                    turn=g.int("turn", default=0),
-                    boundary=g.str("boundary", default=""),
-                    region=g.str("region", default=""),
-                    stream=g.span("stream"),
-                    rendered=g.span("rendered"),
-                    stream_ids=g.ints("stream_ids", default=()),
-                    rendered_ids=g.ints("rendered_ids", default=()),
-                    stream_text=g.str("stream_text", default=""),
-                    rendered_text=g.str("rendered_text", default=""),
-                    context_before=g.str("context_before", default=""),
-                    context_after=g.str("context_after", default=""),
-                    detail=g.str("detail", default=""),
-                )
+        findings = tuple(
+            RecordedFinding(
+                cause=g.str("cause", default="unknown"),
+                allowed=g.bool("allowed", default=False),
+                turn=g.int("turn", default=0),
+                boundary=g.str("boundary", default=""),
+                region=g.str("region", default=""),
+                stream=g.span("stream"),
+                rendered=g.span("rendered"),
+                stream_ids=g.ints("stream_ids", default=()),
+                rendered_ids=g.ints("rendered_ids", default=()),
+                stream_text=g.str("stream_text", default=""),
+                rendered_text=g.str("rendered_text", default=""),
+                context_before=g.str("context_before", default=""),
+                context_after=g.str("context_after", default=""),
+                detail=g.str("detail", default=""),
             )
-        failures = []
-        for k, item in enumerate(f.list("engine_failures", default=[])):
-            g = _Fields(item, where, f"check.engine_failures[{k}]")
-            failures.append(
-                RecordedFailure(
-                    kind=g.str("kind", default="unknown"),
-                    turn=g.int("turn", default=None),
-                    position=g.int("position", default=None),
-                    detail=g.str("detail", default=""),
-                )
+            for g in _objects(f, "findings")
+        )
+        failures = tuple(
+            RecordedFailure(
+                kind=g.str("kind", default="unknown"),
+                turn=g.int("turn", default=None),
+                position=g.int("position", default=None),
+                detail=g.str("detail", default=""),
             )
+            for g in _objects(f, "engine_failures")
+        )
         return cls(
             ok=f.bool("ok", default=False),
             engine_ok=f.bool("engine_ok", default=True),
-            engine_failures=tuple(failures),
-            findings=tuple(findings),
+            engine_failures=failures,
+            findings=findings,
             template_view=f.bool("template_view", default=False),
             truncated=f.bool("truncated", default=False),
             lost_sampled_tokens=f.int("lost_sampled_tokens", default=0) or 0,
@@ -634,9 +630,11 @@ def _plain_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: dict(o) if isinstance(o, Mapping) else str(o)))
 
 
-def _objects(f: _Fields, key: str) -> list[_Fields]:
-    """The JSON objects of the list at ``key`` (none when it is missing), each ready for typed reads."""
-    return [_Fields(item, f.where, f"{f._key(key)}[{k}]") for k, item in enumerate(f.list(key, default=[]))]
+def _objects(f: _Fields, key: str) -> Iterator[_Fields]:
+    """The JSON objects of the list at ``key`` (none when it is missing), each ready for typed reads; one at a time,
+    so the first problem in file order is the one reported (an item that is no object, or a bad key of one)."""
+    for k, item in enumerate(f.list(key, default=[])):
+        yield _Fields(item, f.where, f"{f._key(key)}[{k}]")
 
 
 @dataclass(frozen=True)

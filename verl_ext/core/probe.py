@@ -676,24 +676,28 @@ class _Prober:
         close_ids = {i for b in boundaries for i in b.close_ids}
         written = [s for s in stop_ids if s.id not in close_ids and "template text" in s.sources]
         if written:
-            listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in written)
             self.note(
                 Severity.NOTE,
-                f"stop ids the template writes as a turn end in another branch: {listing}; a turn ending on one "
-                "keeps it as its close (no synthetic close), and the check names the difference close_variant",
+                f"stop ids the template writes as a turn end in another branch: {_stop_listing(written)}; a turn "
+                "ending on one keeps it as its close (no synthetic close), and the check names the difference "
+                "close_variant",
             )
         aliases = [s for s in stop_ids if s.id not in close_ids and "template text" not in s.sources]
         if aliases:
-            listing = ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in aliases)
             self.note(
                 Severity.REPAIR,
-                f"stop ids the template never renders as a close: {listing}; a turn "
+                f"stop ids the template never renders as a close: {_stop_listing(aliases)}; a turn "
                 "ending on one gets the template's close as a synthetic repair",
             )
         if strips:
             self.note(Severity.REPAIR, "strips reasoning from earlier assistant turns; the rollout keeps it as sampled")
         if args == "re-serialized":
             self.note(Severity.REPAIR, "re-serializes tool-call arguments; the rollout keeps the sampled text")
+
+
+def _stop_listing(stops: Sequence[StopId]) -> str:
+    """Stop ids as a reason names them: ``text (id, source/source), ...``."""
+    return ", ".join(f"{s.text} ({s.id}, {'/'.join(s.sources)})" for s in stops)
 
 
 def _common_prefix(a: str, b: str) -> str:

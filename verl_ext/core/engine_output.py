@@ -118,9 +118,7 @@ def _plainly_valid(ids: Sequence[int], logprobs: Sequence[float] | None, vocab_s
         return False
     if logprobs is None or not logprobs:
         return logprobs is None or not ids
-    return (
-        len(logprobs) == len(ids) and math.isfinite(sum(logprobs)) and max(logprobs) <= POSITIVE_LOGPROB_TOLERANCE
-    )
+    return len(logprobs) == len(ids) and math.isfinite(sum(logprobs)) and max(logprobs) <= POSITIVE_LOGPROB_TOLERANCE
 
 
 def trainable_length(problems: Sequence[OutputProblem], n_ids: int) -> int:

@@ -51,7 +51,8 @@ _MAX_VARIANTS = 8
 _TRANSFORMS: dict[str, Callable[[str], str]] = {
     "verbatim": lambda s: s,
     "trimmed": str.strip,  # jinja's |trim
-    "json": lambda s: json.dumps(s, ensure_ascii=False),  # transformers' |tojson
+    # transformers' |tojson: json.dumps(s, ensure_ascii=False), with the encoder built once, not per turn
+    "json": json.JSONEncoder(ensure_ascii=False).encode,
 }
 _MARKER = "QXSLOT{}QX"
 _TRICKY = '  QXTRICKY{} "q" \\ \u00e9\u4e2d {{x}} <b>&amp;\t\n 1\n\n'

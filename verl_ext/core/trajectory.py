@@ -138,6 +138,7 @@ class TokenTrajectory:
         self.has_logprobs = True
         self._tools_key = ""
         self._digest = hashlib.sha256()  # running digest of input_ids: a prompt's digest costs O(new tokens)
+        self._digested = 0  # input_ids[:_digested] are in _digest (hashed once per turn, in one piece)
         self._state = _State.EMPTY
         self._with_system = False
         self._last_assistant: Message | None = None
@@ -214,7 +215,7 @@ class TokenTrajectory:
         finish = FinishReason.STOP if reports_nan(finish_reason) else FinishReason(finish_reason)
         turn = self.turn_index
         prompt_len = len(self.input_ids)
-        sha = str(self._digest.hexdigest()[:16])
+        sha = self._prompt_sha()
         self._push(ids, TokenKind.SAMPLED, turn, values)
         stop = ids[-1] if ids else None
         self._pending_close = rejected or self._close_status(stop, finish)
@@ -354,10 +355,17 @@ class TokenTrajectory:
             text = self._trailer_text[trailer] = self.renderer.decode(trailer)
         return text
 
+    def _prompt_sha(self) -> str:
+        """``prompt_digest(self.input_ids)``, from the running digest: only the ids pushed since the last call are
+        hashed, all at once (one pack and one update per turn, not one per push)."""
+        if self._digested < len(self.input_ids):
+            self._digest.update(_id_bytes(self.input_ids[self._digested :]))
+            self._digested = len(self.input_ids)
+        return self._digest.hexdigest()[:16]
+
     def _push(self, ids: Sequence[int], kind: TokenKind, turn: int, logprobs: Sequence[float] | None = None) -> None:
         n = len(ids)
         self.input_ids.extend(ids)
-        self._digest.update(_id_bytes(ids))
         self.kinds.extend([kind] * n)
         self.turn_of.extend([turn] * n)
         self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)

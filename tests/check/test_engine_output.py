@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 from rollouts import IM_END, Turn, qwen3_answer_turn, run
 
-from verl_ext.check import ConsistencyChecker, FailureKind, TrainerSample
+from verl_ext.check import ConsistencyChecker, EngineCall, FailureKind, TrainerSample
 from verl_ext.core.engine_output import NAN_HAPPENED, OutputProblemKind, validate_engine_output
 from verl_ext.core.invariants import check_invariants
 from verl_ext.core.trajectory import TokenKind
@@ -28,6 +29,27 @@ def test_a_clean_output_has_no_problem():
     assert validate_engine_output([], [], VOCAB) == ()
     assert validate_engine_output([1, 2], None, VOCAB) == ()
     assert validate_engine_output([1, 2], [0.0005, -1.0], VOCAB) == ()  # rounding above 0 is tolerated
+
+
+def test_finite_logprobs_whose_sum_overflows_are_no_problem():
+    # The valid case is recognised from the sum; a sum of finite values can still overflow to -inf, and that output
+    # must go to the per-value checks and come out clean, not be called non-finite.
+    assert math.isinf(sum([-1e308, -1e308]))
+    assert validate_engine_output([1, 2], [-1e308, -1e308], VOCAB) == ()
+    assert kinds(validate_engine_output([1, 2, 3], [-1e308, -1e308, NAN], VOCAB)) == ["logprob_not_finite"]
+
+
+def test_engine_call_and_trainer_sample_convert_to_plain_ints_and_floats():
+    call = EngineCall.of(np.array([3, 4]), [5, True], np.array([-0.5, -0.25], dtype=np.float32), "stop")
+    assert call.prompt_ids == (3, 4) and call.output_ids == (5, 1) and call.logprobs == (-0.5, -0.25)
+    assert {type(i) for i in (*call.prompt_ids, *call.output_ids)} == {int}  # a bool becomes its int
+    assert {type(x) for x in call.logprobs} == {float}
+    ids = (7, 8)
+    assert EngineCall.of(ids, ids).prompt_ids is ids  # a tuple of ints is kept as is
+    sample = TrainerSample.of([1, 2], (np.int64(3),), [np.int8(1)], [-1])
+    assert sample.response_ids == (3,) and type(sample.response_ids[0]) is int
+    assert sample.response_mask == (1,) and type(sample.response_mask[0]) is int
+    assert sample.response_logprobs == (-1.0,) and type(sample.response_logprobs[0]) is float
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,26 @@ from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.trajectory import TokenTrajectory
 
 
+def _as_ints(values: Sequence[Any]) -> tuple[int, ...]:
+    """``values`` as a tuple of ints (``int(v)`` each: numpy ints, bools and the like converted). An agent loop
+    builds an ``EngineCall`` per engine call with the whole prompt, so this runs at C speed: the common input (ints
+    already) is copied and its types checked without a Python-level loop; anything else is converted with ``map``."""
+    out = tuple(values)
+    return out if _only(out, int) else tuple(map(int, out))
+
+
+def _as_floats(values: Sequence[Any]) -> tuple[float, ...]:
+    """``values`` as a tuple of floats (``float(v)`` each), at C speed as ``_as_ints``."""
+    out = tuple(values)
+    return out if _only(out, float) else tuple(map(float, out))
+
+
+def _only(values: tuple[Any, ...], kind: type) -> bool:
+    """Whether every value's type is exactly ``kind`` (not a subclass: a bool is converted to its int)."""
+    types = set(map(type, values))
+    return not types or types == {kind}
+
+
 @dataclass(frozen=True)
 class EngineCall:
     """One generate call as the engine saw it: what it received and what it returned."""
@@ -33,9 +53,9 @@ class EngineCall:
     ) -> EngineCall:
         """From any sequences (lists, arrays): ids become ints, logprobs floats, the finish reason its string."""
         return cls(
-            tuple(int(i) for i in prompt_ids),
-            tuple(int(i) for i in output_ids),
-            None if logprobs is None else tuple(float(x) for x in logprobs),
+            _as_ints(prompt_ids),
+            _as_ints(output_ids),
+            None if logprobs is None else _as_floats(logprobs),
             str(finish_reason),
         )
 
@@ -69,10 +89,10 @@ class TrainerSample:
     ) -> TrainerSample:
         """From any sequences (lists, tensors' ``tolist()``): ids and mask become ints, logprobs floats."""
         return cls(
-            tuple(int(i) for i in prompt_ids),
-            tuple(int(i) for i in response_ids),
-            tuple(int(m) for m in response_mask),
-            None if response_logprobs is None else tuple(float(x) for x in response_logprobs),
+            _as_ints(prompt_ids),
+            _as_ints(response_ids),
+            _as_ints(response_mask),
+            None if response_logprobs is None else _as_floats(response_logprobs),
         )
 
     @property

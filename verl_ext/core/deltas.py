@@ -105,9 +105,10 @@ def _delta(
     return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
 
 
-def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], previous_assistant: Message | None) -> bool:
-    """Whether ``render_context_delta`` renders these tool results one call at a time (see ``_results_per_call``)."""
-    assistant = _synthetic_assistant(messages, previous_assistant)
+def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], assistant: Message) -> bool:
+    """Whether ``render_context_delta`` renders these tool results one call at a time (see ``_results_per_call``).
+    ``assistant`` is the synthetic turn they follow (``synthetic_history(messages, previous, ...)[1]``), built once
+    by the caller, which also needs it for ``refuse_beyond_template_limit``."""
     return _results_per_call(profile, messages, assistant) is not None
 
 

@@ -69,6 +69,8 @@ def validate_engine_output(
     an id the model's padded embedding has but the tokenizer cannot decode is no training token. ``stop_ids`` are
     the ids an engine ends a turn on: a NaN logprob on the last one is SGLang's substituted stop."""
     ids = output_ids
+    if _plainly_valid(ids, logprobs, vocab_size) and not reports_nan(finish_reason):
+        return ()  # the common case, checked at C speed (min, max, sum), without building any problem
     problems: list[OutputProblem] = []
     if ids and min(ids) < 0:
         bad = [k for k, i in enumerate(ids) if i < 0]
@@ -106,6 +108,17 @@ def validate_engine_output(
     if nan_reported and ids and not any(p.kind is OutputProblemKind.NAN_STOP for p in problems):
         problems.append(_nan_stop(len(ids) - 1, ids[-1], "the engine reported finish_reason matched 'NaN happened'"))
     return tuple(sorted(problems, key=lambda p: p.index))
+
+
+def _plainly_valid(ids: Sequence[int], logprobs: Sequence[float] | None, vocab_size: int | None) -> bool:
+    """True only when ``validate_engine_output`` would find nothing in the ids and logprobs: ids within
+    [0, vocab_size), one finite logprob <= the tolerance per id. False means "look closer", not "invalid": a sum of
+    finite logprobs that overflows to -inf sends the output to the per-value checks, which then find nothing."""
+    if ids and (min(ids) < 0 or (vocab_size is not None and max(ids) >= vocab_size)):
+        return False
+    if logprobs is None or not logprobs:
+        return logprobs is None or not ids
+    return len(logprobs) == len(ids) and math.isfinite(sum(logprobs)) and max(logprobs) <= POSITIVE_LOGPROB_TOLERANCE
 
 
 def trainable_length(problems: Sequence[OutputProblem], n_ids: int) -> int:

@@ -51,7 +51,8 @@ _MAX_VARIANTS = 8
 _TRANSFORMS: dict[str, Callable[[str], str]] = {
     "verbatim": lambda s: s,
     "trimmed": str.strip,  # jinja's |trim
-    "json": lambda s: json.dumps(s, ensure_ascii=False),  # transformers' |tojson
+    # transformers' |tojson: json.dumps(s, ensure_ascii=False), with the encoder built once, not per turn
+    "json": json.JSONEncoder(ensure_ascii=False).encode,
 }
 _MARKER = "QXSLOT{}QX"
 _TRICKY = '  QXTRICKY{} "q" \\ \u00e9\u4e2d {{x}} <b>&amp;\t\n 1\n\n'
@@ -86,6 +87,9 @@ class _Shape:
     transform: Callable[[str], str]  # applied to contents, not to fields
     slots: tuple[tuple[int, str], ...]  # in text order: (message index, "content" or the printed field's name)
     uses: int = 0
+
+    def __post_init__(self) -> None:
+        self.lead_ids = self.close_ids + self.trailer_ids  # what each filled delta's ids must start with
 
 
 @dataclass
@@ -139,9 +143,11 @@ class LearnedDeltas:
 
         if not self.enabled:
             return DeltaResult(render())
-        # Checked every turn, not only when a shape is learned: the learned path never renders.
-        refuse_beyond_template_limit(self.profile, synthetic_history(messages, previous_assistant, False)[1], messages)
-        why = self._must_render(messages, previous_assistant)
+        # Checked every turn, not only when a shape is learned: the learned path never renders. The synthetic turn
+        # is built once per turn, for this refusal and for ``renders_per_call``.
+        assistant = synthetic_history(messages, previous_assistant, False)[1]
+        refuse_beyond_template_limit(self.profile, assistant, messages)
+        why = self._must_render(messages, assistant)
         if why is not None:
             return DeltaResult(render(), why or None)
         if tools_key is None:
@@ -154,16 +160,16 @@ class LearnedDeltas:
             return DeltaResult(render(), delta)
         return self._served(key, shape, delta, messages, render)
 
-    def _must_render(self, messages: Sequence[Message], previous_assistant: Message | None) -> str | None:
-        """None when a learned shape may serve ``messages``; else why they are rendered ("": no reason worth
-        reporting, the edit log records the escapes)."""
+    def _must_render(self, messages: Sequence[Message], assistant: Message) -> str | None:
+        """None when a learned shape may serve ``messages`` (appended after the synthetic turn ``assistant``); else
+        why they are rendered ("": no reason worth reporting, the edit log records the escapes)."""
         for n, m in enumerate(messages):
             content = m.get("content")
             if not isinstance(content, str):
                 return f"message {n} has non-string content: rendered"
             if self.renderer.escapes_text(str(m.get("role")), content):
                 return ""  # rendered for its escapes, which the edit log records one by one (escaped_special)
-        if renders_per_call(self.profile, messages, previous_assistant):
+        if renders_per_call(self.profile, messages, assistant):
             # Results of calls to several tools are rendered one call at a time (each labelled with its own call,
             # GPT-OSS), which one learned render of the whole list would not reproduce.
             return f"results of {len(messages)} calls to several tools are rendered one call at a time: rendered"
@@ -204,10 +210,10 @@ class LearnedDeltas:
         f = shape.transform
         values = [f(messages[i]["content"]) if name == "content" else messages[i][name] for i, name in shape.slots]
         ids = self.renderer.encode("".join(_interleave(shape.pieces, values)))
-        lead = len(shape.close_ids) + len(shape.trailer_ids)
-        if tuple(ids[:lead]) != shape.close_ids + shape.trailer_ids:
+        lead = shape.lead_ids
+        if tuple(ids[: len(lead)]) != lead:
             return f"the content of {[m.get('role') for m in messages]} merges with the close or trailer: rendered"
-        return ContextDelta(shape.close_ids, shape.trailer_ids, tuple(ids[lead:]), ())
+        return ContextDelta(shape.close_ids, shape.trailer_ids, tuple(ids[len(lead) :]), ())
 
     def _served(
         self,

@@ -17,7 +17,13 @@ from typing import Any
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from verl_ext.core.rendering import PARALLEL_MIN_CHARS, ChatRenderer, _light_spec, chunking_plan
+from verl_ext.core.rendering import (
+    PARALLEL_MAX_PIECE_SHARE,
+    PARALLEL_MIN_CHARS,
+    ChatRenderer,
+    _light_spec,
+    chunking_plan,
+)
 
 FAMILIES = ("qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3")
 # Every fixture template over the tokenizer the tests give it, with its markers (tests/template_fixtures.py):
@@ -57,7 +63,9 @@ def specials_of(r: ChatRenderer) -> list[str]:
 
 def assert_chunked_equal(r: ChatRenderer, text: str) -> None:
     assert len(text) >= PARALLEL_MIN_CHARS
-    assert r._chunking is not None, f"{r.name}: chunking refused; this test would not exercise it"
+    plan = r._chunking
+    assert plan is not None, f"{r.name}: chunking refused; this test would not exercise it"
+    assert max(map(len, plan[0].split(text))) * PARALLEL_MAX_PIECE_SHARE <= len(text), "a piece too long to cut"
     expected = list(r.tokenizer.encode(text, add_special_tokens=False))
     got = r.encode(text)
     if got != expected:
@@ -220,3 +228,17 @@ def test_tokens_added_after_the_first_long_encode_are_seen(renderer_for: Any) ->
     r.tokenizer.add_tokens([AddedToken("d<|new|>e<|im_end|>", special=True, normalized=False)], special_tokens=True)
     text = "ab<|im_end|>cd<|new|>e<|im_end|>f" * 2000
     assert r.encode(text) == list(r.tokenizer.encode(text, add_special_tokens=False))
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_equals_tokenizer_decode(renderer_for: Any, family: str) -> None:
+    """``ChatRenderer.decode`` (the backend's decode, where that is what transformers does) is ``tokenizer.decode``,
+    special tokens and byte pieces of split characters included."""
+    r = renderer_for(family)
+    assert r._decoder is not None  # the direct path is the one tested
+    ids = r.tokenizer.encode(tricky_text(specials_of(r)), add_special_tokens=False)
+    for part in (ids, ids[1:], ids[:-1], ids[3:77], [], ids[:1]):
+        assert r.decode(part) == r.tokenizer.decode(part, skip_special_tokens=False)
+    cut = r.tokenizer.encode("naïve é 日本語 🙂", add_special_tokens=False)
+    for k in range(len(cut)):  # a character cut between tokens decodes as transformers decodes it
+        assert r.decode(cut[:k]) == r.tokenizer.decode(cut[:k], skip_special_tokens=False)

@@ -47,6 +47,9 @@ _PLACEHOLDER = "zqVXESC{}Xqz"
 # Text at least this long is encoded in pieces cut at special tokens, in one parallel batch (``ChatRenderer.encode``).
 # Below it the batch's thread hand-off costs more than it saves (measured on Qwen3 and Mistral renders).
 PARALLEL_MIN_CHARS = 16_384
+# ... and only when no piece between special tokens holds more than 1/PARALLEL_MAX_PIECE_SHARE of it (measured on
+# Qwen3: a text cut into 4 or 8 equal pieces took 30% more CPU time cut than whole, 32 pieces as much, 64 pieces less).
+PARALLEL_MAX_PIECE_SHARE = 32
 _PLACEHOLDER_RE = re.compile(r"zqVXESC(\d+)Xqz")
 
 
@@ -296,11 +299,12 @@ class ChatRenderer:
         The ids of ``tokenizer.encode(text, add_special_tokens=False)``. On a fast tokenizer whose backend has no
         truncation, padding or special-token splitting set (what that call sets before encoding), the backend
         encodes directly and without character offsets: the same ids, 10-60% sooner on long text (the check's
-        full render, each turn's new content). Text of at least ``PARALLEL_MIN_CHARS`` characters is cut at
-        special-token strings, where the tokenizer cuts it too, and the pieces are encoded in one batch call, which
-        the tokenizers library spreads over its threads (``TOKENIZERS_PARALLELISM``): the same ids, less wall
-        time, as much CPU time or a little more. Only on tokenizers whose configuration makes the cut provably
-        harmless (``_chunking``); any other encodes the text whole.
+        full render, each turn's new content). Text of at least ``PARALLEL_MIN_CHARS`` characters made of many
+        short pieces (a multi-turn conversation) is cut at special-token strings, where the tokenizer cuts it too,
+        and the pieces are encoded in one batch call, which the tokenizers library spreads over its threads
+        (``TOKENIZERS_PARALLELISM``): the same ids, less wall time where a core is free, and on such text no more
+        CPU time (measured). Only on tokenizers whose configuration makes the cut provably harmless (``_chunking``);
+        any other encodes the text whole.
         """
         backend = self._backend
         if (
@@ -319,6 +323,10 @@ class ChatRenderer:
         batch. With a Metaspace pre-tokenizer that marks only the input's start ("first"), every piece but a leading
         text piece is encoded by ``continuation`` (which never marks it), as the whole text's encoding treats them."""
         parts = cuts.split(text)  # [text, token, text, token, ..., text]: the pattern captures each cut
+        if max(map(len, parts)) * PARALLEL_MAX_PIECE_SHARE > len(text):
+            # A few long pieces (one huge tool result): each costs more CPU encoded on its own than inside the
+            # whole text (measured: 4 pieces +30%, 64 pieces -8%), so the whole text is encoded as one.
+            return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids  # type: ignore[union-attr]
         ids: list[int] = []
         if continuation is not None:
             if parts[0]:  # the one piece that starts the input: the only one the pre-tokenizer marks
@@ -350,7 +358,7 @@ class ChatRenderer:
         backend = self._backend
         if backend is None:
             return None
-        size = backend.get_vocab_size(with_added_tokens=True)
+        size = len(backend.get_added_tokens_decoder())  # under a millisecond; get_vocab_size(True) takes 50 ms
         cached = self.__dict__.get("_chunking_cache")
         if cached is not None and cached[0] == size:
             return cached[1]

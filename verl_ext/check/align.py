@@ -4,7 +4,10 @@ The two sides are almost always equal but for a few local divergences, and long 
 (the same tool output line thousands of times), where ``difflib`` alone is quadratic or worse. So:
 
 1. the common prefix and suffix are trimmed (the usual case is a long one);
-2. a long middle is cut at anchors: k-grams found exactly once on each side, the longest chain of them in order
+2. a long middle that is a few small edits between long equal runs (a re-merged first turn, a missing newline at
+   each boundary, the END trailer) is cut at those runs, found by comparing a few windows after each edit, where
+   each edit leaves one diagonal of equal windows (``_sparse_blocks``); otherwise
+   a long middle is cut at anchors: k-grams found exactly once on each side, the longest chain of them in order
    on both sides, each grown while equal (a thinking block the template drops becomes one small gap);
 3. a long gap is aligned by rapidfuzz's Levenshtein in a band that doubles until it holds the edit distance:
    about length × distance / 64 machine words, not length²;
@@ -36,6 +39,9 @@ ANCHOR_GRAM = 8  # tokens per anchor k-gram: long enough to be unique outside re
 ANCHOR_EVERY = 4  # anchor k-grams start on token ids divisible by this (a content-defined sample)
 DIRECT_CELLS = 1 << 22  # a gap with at most this many cells is aligned in one call (at most milliseconds)
 DIFFLIB_CELLS = 1 << 18  # difflib only on regions this small: on repetitive text its cost is about the cell count
+EDGE_TOKENS = 16  # a long middle of equal runs this few tokens apart takes no edit distance (``_sparse_blocks``)
+SPARSE_MAX_EDITS = 1024
+ANCHOR_WINDOW = 64  # tokens compared to find that run
 _FIRST_BAND = 64  # the first edit-distance bound tried on a long gap (one machine word)
 
 
@@ -60,7 +66,11 @@ def align(a: Sequence[int], b: Sequence[int], deadline: float | None = None) -> 
     if ma or mb:
         # Anchors only where the whole middle is long and more than a few edits apart (one cheap banded pass).
         big = len(ma) * len(mb) > DIRECT_CELLS
-        blocks = _anchor_blocks(ma, mb) if big and _edits_exceed(ma, mb, _FIRST_BAND) else []
+        sparse = _sparse_blocks(ma, mb) if big else None
+        if sparse is not None:
+            blocks = sparse
+        else:
+            blocks = _anchor_blocks(ma, mb) if big and _edits_exceed(ma, mb, _FIRST_BAND) else []
         check_deadline(deadline, f"finding anchors in {len(ma)} stream and {len(mb)} template tokens")
         i = j = 0
         for bi, bj, n in [*blocks, (len(ma), len(mb), 0)]:
@@ -86,6 +96,31 @@ def _common_run(a: list[int], i: int, b: list[int], j: int) -> int:
     while run < n and a[i + run] == b[j + run]:
         run += 1
     return run
+
+
+def _sparse_blocks(a: list[int], b: list[int]) -> list[tuple[int, int, int]] | None:
+    """Equal blocks ``(i, j, n)`` that leave at most ``EDGE_TOKENS`` tokens of each side between two of them and at
+    each end, or None. The usual long divergent middle is a few small edits (a re-merged first turn, a missing
+    newline at each turn boundary, the END trailer) between long equal runs: found here by comparing a few windows
+    after each edit, instead of an edit distance over the whole middle. Only where, after each edit, a single
+    diagonal holds an equal window (text repeating within a few tokens allows several alignments: the general path
+    chooses among them), and for at most ``SPARSE_MAX_EDITS`` edits."""
+    w, edge = ANCHOR_WINDOW, EDGE_TOKENS
+    blocks: list[tuple[int, int, int]] = []
+    i = j = 0
+    while len(blocks) < SPARSE_MAX_EDITS:
+        xs = range(i, min(i + edge, len(a) - w) + 1)
+        ys = range(j, min(j + edge, len(b) - w) + 1)
+        hits = [(x, y) for x in xs for y in ys if a[x : x + w] == b[y : y + w]]
+        if not hits or len({x - y for x, y in hits}) != 1:
+            return None
+        x, y = min(hits)
+        n = _common_run(a, x, b, y)
+        blocks.append((x, y, n))
+        i, j = x + n, y + n
+        if len(a) - i <= edge and len(b) - j <= edge:
+            return blocks
+    return None
 
 
 def _common_suffix(a: list[int], b: list[int], limit: int) -> int:

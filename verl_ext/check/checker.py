@@ -96,7 +96,8 @@ class ConsistencyChecker:
         ran_template = False
         skipped = ""
         if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
-            stream = sample.stream if len(sample.stream) >= len(ev.engine_stream) else ev.engine_stream
+            stream = sample.stream  # a property that concatenates: read once
+            stream = stream if len(stream) >= len(ev.engine_stream) else ev.engine_stream
             loc = Locator.build(calls, messages, stream, self.renderer, prompt_messages, rollout.assistants)
             findings = turn_end_findings(loc, self.profile, stream, self.policy.allows)
             if template_view is None:

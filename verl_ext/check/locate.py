@@ -75,9 +75,11 @@ class Locator:
         detail: str = "",
         turn: int | None = None,
         region: str | None = None,
+        texts: tuple[str, str] | None = None,
     ) -> Finding:
         """A ``Finding`` at ``stream`` (turn and region from its start unless given), with the texts decoded and a few
-        tokens of context on each side."""
+        tokens of context on each side. ``texts``: the stream span's and ``rendered_ids``' texts, when the caller
+        has decoded them already."""
         s = self.stream
         at = stream.start if stream.start < len(s) else max(len(s) - 1, 0)
         region = region or self.region(at)
@@ -93,8 +95,8 @@ class Locator:
             rendered=rendered,
             stream_ids=s[stream.start : stream.end],
             rendered_ids=tuple(rendered_ids),
-            stream_text=d(s[stream.start : stream.end]),
-            rendered_text=d(rendered_ids),
+            stream_text=d(s[stream.start : stream.end]) if texts is None else texts[0],
+            rendered_text=d(rendered_ids) if texts is None else texts[1],
             context_before=d(s[max(0, stream.start - CONTEXT_TOKENS) : stream.start]),
             context_after=d(s[stream.end : stream.end + CONTEXT_TOKENS]),
             detail=detail,

@@ -56,8 +56,10 @@ def template_findings(
                 continue  # rendered-only text after the last stream token (a response cut inside context)
         if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
             continue
-        cause, detail = rules.classify(i1, i2, j1, j2)
-        out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), native[j1:j2], detail))
+        d = Divergence.of(rules, i1, i2, j1, j2)
+        cause, detail = rules.explain(d)
+        texts = (d.ds, d.dr)  # decoded once: a stripped thinking block is tens of thousands of tokens
+        out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts))
 
     if renderer.escapes(messages):
         # Untrusted content holds special-token text. The native render turns it into special tokens,
@@ -112,7 +114,10 @@ class _Rules:
     def classify(self, i1: int, i2: int, j1: int, j2: int) -> tuple[Cause, str]:
         """The cause and detail of the divergence ``stream[i1:i2]`` vs ``rendered[j1:j2]``: the first rule of
         ``RULES`` that names one, else ``UNKNOWN`` with both texts."""
-        d = Divergence.of(self, i1, i2, j1, j2)
+        return self.explain(Divergence.of(self, i1, i2, j1, j2))
+
+    def explain(self, d: Divergence) -> tuple[Cause, str]:
+        """``classify`` for a divergence already built."""
         for rule in RULES:
             named = rule(d)
             if named is not None:
@@ -180,6 +185,14 @@ class _Rules:
         """``text`` as the tokenizer's own normalizer leaves it (Qwen: NFC); unchanged when it has none."""
         normalizer = getattr(self.r.tokenizer.backend_tokenizer, "normalizer", None)
         return normalizer.normalize_str(text) if normalizer is not None else text
+
+    def _same_normalized(self, a: str, b: str) -> bool:
+        """``_normalized(a) == _normalized(b)``. Where one text is empty and the normalizer is Unicode normalization
+        only (which keeps every non-empty text non-empty), they differ without normalizing the other: a thinking
+        block the template drops is tens of thousands of characters."""
+        if (not a) != (not b) and _unicode_forms_only(self.r.tokenizer.backend_tokenizer.normalizer):
+            return False
+        return self._normalized(a) == self._normalized(b)
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
         return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)
@@ -280,7 +293,7 @@ def bpe_remerge(d: Divergence) -> Named:
     one re-encoding the text gives."""
     if d.ds == d.dr:
         return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
-    if d.ctx._normalized(d.ds) == d.ctx._normalized(d.dr):
+    if d.ctx._same_normalized(d.ds, d.dr):
         return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
     return None
 
@@ -469,6 +482,17 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
 
 _MOVED_MIN_CHARS = 24
 _NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
+
+
+def _unicode_forms_only(normalizer: Any) -> bool:
+    """The normalizer is one of NFC, NFD, NFKC, NFKD, or a sequence of them (not an empty one)."""
+    if normalizer is None:
+        return False
+    spec = json.loads(normalizer.__getstate__())
+    members = spec.get("normalizers") if spec.get("type") == "Sequence" else [spec]
+    return bool(members) and all(
+        isinstance(m, Mapping) and m.get("type") in ("NFC", "NFD", "NFKC", "NFKD") for m in members
+    )
 
 
 def _squash(text: str) -> str:

@@ -489,8 +489,10 @@ def goal_lines(results: Sequence[dict[str, Any]]) -> list[str]:
         ("flat, late / early <= 1.2", []),
         ("verl_ext / CT <= 0.5 (early and late)", []),
         ("verl_ext / floor <= 2 for outputs of 200 tokens or more (early and late)", []),
-        ("check / one render <= 1.0", []),
+        ("check / one full render as transformers does it (apply_chat_template, tokenize=True) <= 1.0", []),
     ]
+    # Not a goal: the check holds verl_ext's own render (its template view), so it cannot cost less than that one.
+    own = [r["check_s"] / r["render_s"] for r in results]
     for r in results:
         where = f"{r['tokenizer']} {r['size']:,}"
         flat = r["verl_ext_late"] / r["verl_ext_early"]
@@ -503,12 +505,17 @@ def goal_lines(results: Sequence[dict[str, Any]]) -> list[str]:
             floor = r[f"verl_ext_{label}"] / r[f"floor_{label}"]
             if r["size"] >= 200 and floor == floor and not floor <= 2.0:
                 goals[2][1].append(f"{where} {label}: {floor:.2f}")
-        check = r["check_s"] / r["render_s"]
+        check = r["check_s"] / r["hf_render_s"]
         if not check <= 1.0:
             goals[3][1].append(f"{where}: {check:.2f}")
     return [
-        f"- {goal}: " + ("met everywhere" if not misses else "NOT met at " + "; ".join(misses))
-        for goal, misses in goals
+        *(
+            f"- {goal}: " + ("met everywhere" if not misses else "NOT met at " + "; ".join(misses))
+            for goal, misses in goals
+        ),
+        f"- (for reference) check / verl_ext's own render, which the check contains: {min(own):.2f}-{max(own):.2f}"
+        if own
+        else "- (no check measured)",
     ]
 
 

@@ -230,6 +230,35 @@ def test_tokens_added_after_the_first_long_encode_are_seen(renderer_for: Any) ->
     assert r.encode(text) == list(r.tokenizer.encode(text, add_special_tokens=False))
 
 
+def test_a_token_re_added_with_other_flags_changes_the_plan(renderer_for: Any) -> None:
+    """Re-adding ``<|im_end|>`` with rstrip keeps the added-token count but makes it a bad cut (its match now
+    swallows the newline after it): the plan made before must not be reused."""
+    r = qwen3_with(renderer_for)
+    text = "<|im_start|>user\nhello there friend<|im_end|>\n" * 600
+    assert r._chunking is not None
+    assert_chunked_equal(r, text)
+    r.tokenizer.add_special_tokens({"eos_token": AddedToken("<|im_end|>", rstrip=True, special=True, normalized=False)})
+    expected = list(r.tokenizer.encode(text, add_special_tokens=False))
+    assert encode_apart(r, re.split(r"(<\|im_end\|>)", text)) != expected  # a cut there would now be wrong
+    assert r.encode(text) == expected
+
+
+def test_a_custom_pre_tokenizer_is_encoded_whole(renderer_for: Any) -> None:
+    """A Python pre-tokenizer cannot be serialised, so the plan cannot be shown: the text is encoded whole, and
+    encoding does not fail."""
+    from tokenizers.pre_tokenizers import PreTokenizer
+
+    class Words:
+        def pre_tokenize(self, pretok: Any) -> None:
+            pretok.split(lambda i, s: s.split(" ", "merged_with_next"))
+
+    r = qwen3_with(renderer_for)
+    r.tokenizer.backend_tokenizer.pre_tokenizer = PreTokenizer.custom(Words())
+    text = "ab cd<|im_end|>ef gh" * 2000
+    assert r._chunking is None
+    assert r.encode(text) == list(r.tokenizer.encode(text, add_special_tokens=False))
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 def test_decode_equals_tokenizer_decode(renderer_for: Any, family: str) -> None:
     """``ChatRenderer.decode`` (the backend's decode, where that is what transformers does) is ``tokenizer.decode``,

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from loop_harness import REPO, verl_config
 from omegaconf import OmegaConf
 
+from verl_ext.check.policy import CheckMode
 from verl_ext.configs import CONFIG_DIR, PRESETS
 from verl_ext.plugin.options import _KNOWN, LoopOptions, OptionsError
 from verl_ext.plugin.preflight import PreflightError, check_config
@@ -104,6 +105,19 @@ def test_options_of_a_loop_entry_in_agent_loop_config_path_are_checked(tmp_path)
     cfg = verl_config([f"{LOOP_KEY}=my_loop", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"])
     with pytest.raises(OptionsError, match="mode"):
         check_config(cfg)
+
+
+@pytest.mark.parametrize("source", ["yaml", "override"])
+def test_mode_off_unquoted_is_off_though_yaml_reads_it_as_false(source):
+    """`mode: off` in YAML and `verl_ext.check.mode=off` on the command line both reach us as False."""
+    if source == "yaml":
+        options = OmegaConf.create("check:\n  mode: off\n")
+    else:
+        options = OmegaConf.from_dotlist(["check.mode=off"])
+    assert options.check.mode is False
+    assert LoopOptions.from_sources(options).check.mode is CheckMode.OFF
+    with pytest.raises(OptionsError, match=r"verl_ext.check.mode must be one of .*got True"):
+        LoopOptions.from_sources(OmegaConf.create("check:\n  mode: on\n"))
 
 
 def test_nothing_is_said_when_verl_ext_is_not_used():

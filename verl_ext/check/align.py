@@ -6,7 +6,8 @@ The two sides are almost always equal but for a few local divergences, and long 
 1. the common prefix and suffix are trimmed (the usual case is a long one);
 2. a long middle that is a few small edits between long equal runs (a re-merged first turn, a missing newline at
    each boundary, the END trailer) is cut at those runs, found by comparing a few windows after each edit, where
-   each edit leaves one diagonal of equal windows (``_sparse_blocks``); otherwise
+   each edit leaves one diagonal of equal windows (``_sparse_blocks``; where a repeated token meets an edit it
+   may place the edit elsewhere than step 3 would, at equal cost, never with more divergences); otherwise
    a long middle is cut at anchors: k-grams found exactly once on each side, the longest chain of them in order
    on both sides, each grown while equal (a thinking block the template drops becomes one small gap);
 3. a long gap is aligned by rapidfuzz's Levenshtein in a band that doubles until it holds the edit distance:

@@ -50,7 +50,9 @@ class CheckPolicy:
     def __post_init__(self) -> None:
         # Normalised in place (the dataclass is frozen, hence object.__setattr__): config gives strings and lists,
         # and the rest of the check compares against CheckMode and Cause members and floats.
-        object.__setattr__(self, "mode", choice("verl_ext.check.mode", CheckMode, self.mode))
+        # YAML 1.1 and Hydra's override parser read an unquoted `mode: off` / `verl_ext.check.mode=off` as false.
+        mode = CheckMode.OFF if self.mode is False else self.mode
+        object.__setattr__(self, "mode", choice("verl_ext.check.mode", CheckMode, mode))
         object.__setattr__(self, "allowed_causes", parse_causes(self.allowed_causes))
         for key, rule in _NUMBERS.items():
             value = getattr(self, key)

@@ -373,11 +373,16 @@ class ChatRenderer:
         backend = self._backend
         if backend is None:
             return None
-        size = len(backend.get_added_tokens_decoder())  # under a millisecond; get_vocab_size(True) takes 50 ms
+        # Keyed by everything the plan reads (added tokens with their flags, normalizer, pre-tokenizer; about a
+        # millisecond), not by the added-token count: re-adding a token with other flags keeps the count.
+        spec = _light_spec(backend)
+        if spec is None:
+            return None
+        key = json.dumps(spec, sort_keys=True)
         cached = self.__dict__.get("_chunking_cache")
-        if cached is not None and cached[0] == size:
+        if cached is not None and cached[0] == key:
             return cached[1]
-        plan = chunking_plan(_light_spec(backend))
+        plan = chunking_plan(spec)
         made: tuple[re.Pattern[str], Tokenizer | None] | None = None
         if plan is not None and not plan[1]:
             made = (plan[0], None)
@@ -385,7 +390,7 @@ class ChatRenderer:
             continuation = json.loads(backend.to_str())
             if _no_start_marker(continuation.get("pre_tokenizer")):
                 made = (plan[0], Tokenizer.from_str(json.dumps(continuation)))
-        self.__dict__["_chunking_cache"] = (size, made)
+        self.__dict__["_chunking_cache"] = (key, made)
         return made
 
     def encode_as_text(self, text: str) -> list[int]:
@@ -584,8 +589,9 @@ def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | Non
     return pattern, "first" in schemes
 
 
-def _light_spec(backend: Tokenizer) -> dict[str, Any]:
-    """What ``chunking_plan`` reads of a backend, in tokenizer.json's shape, without serialising its vocabulary."""
+def _light_spec(backend: Tokenizer) -> dict[str, Any] | None:
+    """What ``chunking_plan`` reads of a backend, in tokenizer.json's shape, without serialising its vocabulary; None
+    when a component cannot be serialised (a custom Python normalizer or pre-tokenizer: the text is encoded whole)."""
 
     def part(component: Any) -> Any:
         return None if component is None else json.loads(component.__getstate__())
@@ -599,12 +605,11 @@ def _light_spec(backend: Tokenizer) -> dict[str, Any]:
         for t in backend.get_added_tokens_decoder().values()
     ]
     model = {"type": type(backend.model).__name__, "dropout": getattr(backend.model, "dropout", None)}
-    return {
-        "normalizer": part(backend.normalizer),
-        "pre_tokenizer": part(backend.pre_tokenizer),
-        "model": model,
-        "added_tokens": added,
-    }
+    try:
+        normalizer, pre_tokenizer = part(backend.normalizer), part(backend.pre_tokenizer)
+    except Exception:  # the tokenizers library refuses to serialise a custom component (its error type varies)
+        return None
+    return {"normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "model": model, "added_tokens": added}
 
 
 def _components(part: Any, key: str) -> list[Mapping[str, Any]]:

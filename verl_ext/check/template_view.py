@@ -19,7 +19,7 @@ from verl_ext.check.align import align, check_deadline
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.locate import Locator
 from verl_ext.core.probe import END, TemplateProfile
-from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.rendering import ChatRenderer, spec_components
 
 
 def template_findings(
@@ -488,11 +488,8 @@ def _unicode_forms_only(normalizer: Any) -> bool:
     """The normalizer is one of NFC, NFD, NFKC, NFKD, or a sequence of them (not an empty one)."""
     if normalizer is None:
         return False
-    spec = json.loads(normalizer.__getstate__())
-    members = spec.get("normalizers") if spec.get("type") == "Sequence" else [spec]
-    return bool(members) and all(
-        isinstance(m, Mapping) and m.get("type") in ("NFC", "NFD", "NFKC", "NFKD") for m in members
-    )
+    members = spec_components(json.loads(normalizer.__getstate__()), "normalizers")
+    return bool(members) and all(m.get("type") in ("NFC", "NFD", "NFKC", "NFKD") for m in members)
 
 
 def _squash(text: str) -> str:

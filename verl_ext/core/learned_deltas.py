@@ -23,6 +23,7 @@ Soundness, never assumed:
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 import re
@@ -88,8 +89,10 @@ class _Shape:
     slots: tuple[tuple[int, str], ...]  # in text order: (message index, "content" or the printed field's name)
     uses: int = 0
 
-    def __post_init__(self) -> None:
-        self.lead_ids = self.close_ids + self.trailer_ids  # what each filled delta's ids must start with
+    @functools.cached_property
+    def lead_ids(self) -> tuple[int, ...]:
+        """What each filled delta's ids must start with (joined once per shape, not per turn)."""
+        return self.close_ids + self.trailer_ids
 
 
 @dataclass

@@ -564,7 +564,7 @@ def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | Non
     pre = spec.get("pre_tokenizer")
     if not _all_types(pre, "pretokenizers", _PIECEWISE_PRE_TOKENIZERS):
         return None
-    metaspaces = [p for p in _components(pre, "pretokenizers") if p.get("type") == "Metaspace"] if pre else []
+    metaspaces = [p for p in spec_components(pre, "pretokenizers") if p.get("type") == "Metaspace"] if pre else []
     schemes = [p.get("prepend_scheme") for p in metaspaces]
     if any(scheme not in ("always", "never", "first") for scheme in schemes):
         return None  # an older file's add_prefix_space, or a scheme this code does not know
@@ -591,9 +591,9 @@ def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | Non
     return pattern, "first" in schemes
 
 
-def _state(component: Any) -> str | None:
-    """A normalizer's or pre-tokenizer's serialised state (None for none); raises for a custom Python one."""
-    return None if component is None else str(component.__getstate__())
+def _state(component: Any) -> bytes | None:
+    """A normalizer's or pre-tokenizer's serialised state, JSON (None for none); raises for a custom Python one."""
+    return None if component is None else bytes(component.__getstate__())
 
 
 def _light_spec(backend: Tokenizer) -> dict[str, Any] | None:
@@ -601,7 +601,8 @@ def _light_spec(backend: Tokenizer) -> dict[str, Any] | None:
     when a component cannot be serialised (a custom Python normalizer or pre-tokenizer: the text is encoded whole)."""
 
     def part(component: Any) -> Any:
-        return None if component is None else json.loads(component.__getstate__())
+        state = _state(component)
+        return None if state is None else json.loads(state)
 
     added = [
         {
@@ -619,20 +620,20 @@ def _light_spec(backend: Tokenizer) -> dict[str, Any] | None:
     return {"normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "model": model, "added_tokens": added}
 
 
-def _components(part: Any, key: str) -> list[Mapping[str, Any]]:
+def spec_components(part: Any, key: str) -> list[Mapping[str, Any]]:
     """``part`` (a normalizer or pre-tokenizer spec) and, for a Sequence, its members, flattened; anything that is
     not a spec comes back as an empty one (of no type)."""
     if not isinstance(part, Mapping):
         return [{}]
     if part.get("type") == "Sequence":
         members = part.get(key)
-        return [c for m in members for c in _components(m, key)] if isinstance(members, list) else [{}]
+        return [c for m in members for c in spec_components(m, key)] if isinstance(members, list) else [{}]
     return [part]
 
 
 def _all_types(part: Any, key: str, known: frozenset[str]) -> bool:
     """``part`` is absent, or every component of it is of a ``known`` type."""
-    return part is None or all(c.get("type") in known for c in _components(part, key))
+    return part is None or all(c.get("type") in known for c in spec_components(part, key))
 
 
 def _no_start_marker(pre_tokenizer: Any) -> bool:

@@ -23,6 +23,14 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 
 from verl_ext.core.errors import TemplateError
+from verl_ext.core.text_cut import (
+    TEXT_CUT_MIN_CHARS,
+    only_types,
+    parallel_threads,
+    spec_components,
+    text_cut_eligible,
+    text_cuts,
+)
 from verl_ext.core.tokenizer_files import (
     check_tokenizer_folder,
     explain_load_failure,
@@ -302,12 +310,14 @@ class ChatRenderer:
         The ids of ``tokenizer.encode(text, add_special_tokens=False)``. On a fast tokenizer whose backend has no
         truncation, padding or special-token splitting set (what that call sets before encoding), the backend
         encodes directly and without character offsets: the same ids, 10-60% sooner on long text (the check's
-        full render, each turn's new content). Text of at least ``PARALLEL_MIN_CHARS`` characters made of many
-        short pieces (a multi-turn conversation) is cut at special-token strings, where the tokenizer cuts it too,
-        and the pieces are encoded in one batch call, which the tokenizers library spreads over its threads
-        (``TOKENIZERS_PARALLELISM``): the same ids, less wall time where a core is free, and on such text no more
-        CPU time (measured). Only on tokenizers whose configuration makes the cut provably harmless (``_chunking``);
-        any other encodes the text whole.
+        full render, each turn's new content). Where the tokenizers library runs a batch on more than one thread
+        (``TOKENIZERS_PARALLELISM``, ``parallel_threads``), long text is cut where the tokenizer provably cuts it
+        too and the pieces are encoded in one batch call, spread over those threads: the same ids, less wall time
+        where a core is free. Text of at least ``PARALLEL_MIN_CHARS`` characters made of many short pieces (a
+        multi-turn conversation) is cut at special-token strings (``_chunking``), at no more CPU time (measured);
+        other text of at least ``TEXT_CUT_MIN_CHARS`` characters (one long tool output) into one piece per thread,
+        each cut just before the space of a ``[a-z] [a-z]``, on byte-level BPE tokenizers with a known
+        pre-tokenizer pattern (``verl_ext.core.text_cut``). Any other tokenizer encodes the text whole.
         """
         backend = self._backend
         if (
@@ -318,18 +328,35 @@ class ChatRenderer:
         ):
             if len(text) >= PARALLEL_MIN_CHARS and self._chunking is not None:
                 return self._encode_chunked(text, *self._chunking)
-            return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+            return self._encode_text(backend, text)
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _encode_text(self, backend: Tokenizer, text: str) -> list[int]:
+        """``text`` encoded whole, or, where that is provably the same and more than one thread encodes a batch, cut
+        into one piece per thread encoded in one batch (``verl_ext.core.text_cut``)."""
+        threads = parallel_threads() if len(text) >= TEXT_CUT_MIN_CHARS else 1
+        cuts = text_cuts(text, threads) if threads > 1 and self._text_cut else []
+        if not cuts:
+            return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
+        bounds = [0, *cuts, len(text)]
+        pieces = [text[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]
+        ids: list[int] = []
+        for encoding in backend.encode_batch_fast(pieces, add_special_tokens=False):
+            ids += encoding.ids
+        return ids
 
     def _encode_chunked(self, text: str, cuts: re.Pattern[str], continuation: Tokenizer | None) -> list[int]:
         """``text`` cut at matches of ``cuts`` (special-token strings), the pieces encoded in one batch. With a
         Metaspace pre-tokenizer that marks only the input's start ("first"), every input but the first is encoded
         by ``continuation`` (which never marks it), as the whole text's encoding treats what does not start it."""
+        backend = self._backend
+        assert backend is not None
         parts = cuts.split(text)  # [text, token, text, token, ..., text]: the pattern captures each cut
         if max(map(len, parts)) * PARALLEL_MAX_PIECE_SHARE > len(text):
             # A few long pieces (one huge tool result): each costs more CPU encoded on its own than inside the
-            # whole text (measured: 4 pieces +30%, 64 pieces -8%), so the whole text is encoded as one.
-            return self._backend.encode_batch_fast([text], add_special_tokens=False)[0].ids  # type: ignore[union-attr]
+            # whole text (measured: 4 pieces +30%, 64 pieces -8%), so the whole text is encoded as one, or cut in
+            # plain text into one piece per thread where that is provably the same.
+            return self._encode_text(backend, text)
         # Adjacent pieces joined into inputs of about PARALLEL_INPUT_CHARS (any cut between two of them is one the
         # tokenizer makes): one input per piece costs more than it saves on a chat of short turns (measured).
         inputs: list[str] = []
@@ -343,8 +370,6 @@ class ChatRenderer:
                 joined, size = [], 0
         if joined:
             inputs.append("".join(joined))
-        backend = self._backend
-        assert backend is not None
         if continuation is None:
             encodings = backend.encode_batch_fast(inputs, add_special_tokens=False)
         else:  # the first input starts the text, as the whole text does; the others continue it
@@ -368,19 +393,41 @@ class ChatRenderer:
     @property
     def _chunking(self) -> tuple[re.Pattern[str], Tokenizer | None] | None:
         """(the special-token strings to cut text at, the continuation tokenizer or None), when cutting the text
-        there and encoding the pieces apart gives the whole text's ids for certain; None otherwise. Made again when
-        the tokenizer has changed since (a token added later could run into a cut)."""
+        there and encoding the pieces apart gives the whole text's ids for certain; None otherwise (``_plans``)."""
+        plans = self._plans
+        return None if plans is None else plans[0]
+
+    @property
+    def _text_cut(self) -> bool:
+        """Whether cutting plain text before the space of a ``[a-z] [a-z]`` gives the whole text's ids for certain
+        (``text_cut_eligible``; ``_plans``)."""
+        plans = self._plans
+        return plans is not None and plans[1]
+
+    @property
+    def _plans(self) -> tuple[tuple[re.Pattern[str], Tokenizer | None] | None, bool] | None:
+        """(the chunking plan, whether plain text may be cut) for the backend as it is now; None without a backend or
+        with a component that cannot be read. Made again when the tokenizer has changed since (a token added later
+        could run into a cut)."""
         backend = self._backend
         if backend is None:
             return None
-        # Keyed by everything the plan reads: the added tokens (AddedToken equality compares their flags too: a token
-        # re-added with rstrip keeps the count), the normalizer's and pre-tokenizer's state. 0.4 ms with Mistral's
-        # 771 added tokens, where serialising them took 1.8 ms.
+        # Keyed by everything the plans read: the added tokens (AddedToken equality compares their flags too: a token
+        # re-added with rstrip keeps the count), the normalizer's, pre-tokenizer's and post-processor's state, the
+        # model's kind and dropout. 0.4 ms with Mistral's 771 added tokens, where serialising them took 1.8 ms.
         try:
-            key = (backend.get_added_tokens_decoder(), _state(backend.normalizer), _state(backend.pre_tokenizer))
+            model = backend.model
+            key = (
+                backend.get_added_tokens_decoder(),
+                _state(backend.normalizer),
+                _state(backend.pre_tokenizer),
+                _state(backend.post_processor),
+                type(model).__name__,
+                getattr(model, "dropout", None),
+            )
         except Exception:  # a custom Python component cannot be serialised (its error type varies): encode whole
             return None
-        cached = self.__dict__.get("_chunking_cache")
+        cached = self.__dict__.get("_plans_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
         spec = _light_spec(backend)
@@ -392,8 +439,9 @@ class ChatRenderer:
             continuation = json.loads(backend.to_str())
             if _no_start_marker(continuation.get("pre_tokenizer")):
                 made = (plan[0], Tokenizer.from_str(json.dumps(continuation)))
-        self.__dict__["_chunking_cache"] = (key, made)
-        return made
+        plans = (made, spec is not None and text_cut_eligible(spec))
+        self.__dict__["_plans_cache"] = (key, plans)
+        return plans
 
     def encode_as_text(self, text: str) -> list[int]:
         """Encode ``text`` so that special-token strings inside it stay plain text."""
@@ -559,10 +607,10 @@ def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | Non
     model = spec.get("model") or {}
     if model.get("dropout") not in (None, 0, 0.0):
         return None
-    if not _all_types(spec.get("normalizer"), "normalizers", _PIECEWISE_NORMALIZERS):
+    if not only_types(spec.get("normalizer"), "normalizers", _PIECEWISE_NORMALIZERS):
         return None
     pre = spec.get("pre_tokenizer")
-    if not _all_types(pre, "pretokenizers", _PIECEWISE_PRE_TOKENIZERS):
+    if not only_types(pre, "pretokenizers", _PIECEWISE_PRE_TOKENIZERS):
         return None
     metaspaces = [p for p in spec_components(pre, "pretokenizers") if p.get("type") == "Metaspace"] if pre else []
     schemes = [p.get("prepend_scheme") for p in metaspaces]
@@ -597,8 +645,9 @@ def _state(component: Any) -> bytes | None:
 
 
 def _light_spec(backend: Tokenizer) -> dict[str, Any] | None:
-    """What ``chunking_plan`` reads of a backend, in tokenizer.json's shape, without serialising its vocabulary; None
-    when a component cannot be serialised (a custom Python normalizer or pre-tokenizer: the text is encoded whole)."""
+    """What ``chunking_plan`` and ``text_cut_eligible`` read of a backend, in tokenizer.json's shape, without
+    serialising its vocabulary; None when a component cannot be serialised (a custom Python normalizer or
+    pre-tokenizer: the text is encoded whole)."""
 
     def part(component: Any) -> Any:
         state = _state(component)
@@ -615,25 +664,16 @@ def _light_spec(backend: Tokenizer) -> dict[str, Any] | None:
     model = {"type": type(backend.model).__name__, "dropout": getattr(backend.model, "dropout", None)}
     try:
         normalizer, pre_tokenizer = part(backend.normalizer), part(backend.pre_tokenizer)
+        post_processor = part(backend.post_processor)
     except Exception:  # the tokenizers library refuses to serialise a custom component (its error type varies)
         return None
-    return {"normalizer": normalizer, "pre_tokenizer": pre_tokenizer, "model": model, "added_tokens": added}
-
-
-def spec_components(part: Any, key: str) -> list[Mapping[str, Any]]:
-    """``part`` (a normalizer or pre-tokenizer spec) and, for a Sequence, its members, flattened; anything that is
-    not a spec comes back as an empty one (of no type)."""
-    if not isinstance(part, Mapping):
-        return [{}]
-    if part.get("type") == "Sequence":
-        members = part.get(key)
-        return [c for m in members for c in spec_components(m, key)] if isinstance(members, list) else [{}]
-    return [part]
-
-
-def _all_types(part: Any, key: str, known: frozenset[str]) -> bool:
-    """``part`` is absent, or every component of it is of a ``known`` type."""
-    return part is None or all(c.get("type") in known for c in spec_components(part, key))
+    return {
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer,
+        "post_processor": post_processor,
+        "model": model,
+        "added_tokens": added,
+    }
 
 
 def _no_start_marker(pre_tokenizer: Any) -> bool:

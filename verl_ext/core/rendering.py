@@ -335,7 +335,9 @@ class ChatRenderer:
         """``text`` encoded whole, or, where that is provably the same and more than one thread encodes a batch, cut
         into one piece per thread encoded in one batch (``verl_ext.core.text_cut``)."""
         threads = parallel_threads() if len(text) >= TEXT_CUT_MIN_CHARS else 1
-        cuts = text_cuts(text, threads) if threads > 1 and self._text_cut else []
+        cuts = text_cuts(text, threads) if threads > 1 else []
+        if cuts and not self._text_cut:  # (finding the cuts costs less than reading the tokenizer's state)
+            cuts = []
         if not cuts:
             return backend.encode_batch_fast([text], add_special_tokens=False)[0].ids
         bounds = [0, *cuts, len(text)]

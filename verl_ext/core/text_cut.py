@@ -35,9 +35,10 @@ are the whole text's ids on every tokenizer ``text_cut_eligible`` accepts; the p
    end); o200k's in its upper/lower-case classes (then those classes, the optional contraction or the end); GPT-2's
    in `` ?\\p{L}+`` and its contractions. (a): letters, digits, whitespace and everything else each have an
    alternative that starts with them.
-4. ByteLevel maps each word's bytes to characters and, with add_prefix_space, puts a space before a word (or, with
-   its own regex, a segment) that does not start with one: a function of the word alone (for the segment ``s2``,
-   which starts with a space, nothing). The BPE model (no dropout) encodes each word on its own, and a post-processor
+4. ByteLevel maps each word's bytes to characters and, with add_prefix_space, puts a space before a word that does
+   not start with one: a function of the word alone. With its own regex it does so to a segment, before the regex
+   runs: ``s1`` gets what ``s`` gets (it starts ``s``), ``s2`` nothing (it starts with a space), and step 3 applies
+   to the prefixed text. The BPE model (no dropout) encodes each word on its own, and a post-processor
    of the kinds accepted adds nothing without special tokens. So the ids of ``T`` are those of ``X`` then ``Y``.
 
 Anything else (Metaspace/SentencePiece-style tokenizers, other patterns, other models or normalizers, a flag or an

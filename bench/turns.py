@@ -15,10 +15,12 @@ end-of-rollout check against one full render of the final conversation. Engine t
 
 Every figure is read as a ratio to a baseline measured in the same run: the methods take turns within each run
 (verl_ext, the floor, verl's builder, then the next run), and each turn's time is the fastest of the runs, so a
-moment when other processes hold the CPU counts against no method in particular. The goals of issue 10 are
-checked at the end (flat: turns 60-64 at most 1.2x turns 2-6; at most 0.5x verl's builder; at most 2x the floor
-from 200 tokens; the check at most 1x one render). Prints the tables, writes build/bench/turns.{md,json} and the
-growth curves build/bench/turns.png. Usage: ``python bench/turns.py [--turns 256] [--reps 3] [--out build/bench]``.
+moment when other processes hold the CPU counts against no method in particular. Each timed run follows 8 untimed
+turns of the same method, and the set-up objects are frozen out of the garbage collector while methods are timed.
+The goals of issue 10 are checked at the end (flat: turns 60-64 at most 1.2x turns 2-6; at most 0.5x verl's
+builder; at most 2x the floor from 200 tokens; the check at most 1x one render). Prints the tables, writes
+build/bench/turns.{md,json} and the growth curves build/bench/turns.png.
+Usage: ``python bench/turns.py [--turns 256] [--reps 3] [--out build/bench]``.
 """
 
 from __future__ import annotations
@@ -450,7 +452,8 @@ def render_table(results: Sequence[dict[str, Any]], turns: int, reps: int, notes
     windows = [("early", "2-6"), ("late", "60-64")] + ([("last", last)] if turns > max(LATE) else [])
     lines = [
         f"Per-turn cost of appending an assistant tool call and a tool result (engine excluded): fastest of {reps} "
-        "runs per turn, the methods taking turns within each run; mean over turns 2-6 (early), 60-64 (late)"
+        f"runs per turn (each after {WARM_UP_TURNS} untimed turns), the methods taking turns within each run; mean "
+        "over turns 2-6 (early), 60-64 (late)"
         + (f" and {last} (last)" if turns > max(LATE) else "")
         + ". Ratios are to baselines measured in the same run: verl 0.9.1's Continuous Token builder (CT), the "
         "floor (encoding the new tool result once) and verl_ext's own early turns.",

@@ -15,10 +15,12 @@ end-of-rollout check against one full render of the final conversation. Engine t
 
 Every figure is read as a ratio to a baseline measured in the same run: the methods take turns within each run
 (verl_ext, the floor, verl's builder, then the next run), and each turn's time is the fastest of the runs, so a
-moment when other processes hold the CPU counts against no method in particular. The goals of issue 10 are
-checked at the end (flat: turns 60-64 at most 1.2x turns 2-6; at most 0.5x verl's builder; at most 2x the floor
-from 200 tokens; the check at most 1x one render). Prints the tables, writes build/bench/turns.{md,json} and the
-growth curves build/bench/turns.png. Usage: ``python bench/turns.py [--turns 256] [--reps 3] [--out build/bench]``.
+moment when other processes hold the CPU counts against no method in particular. Each timed run follows 8 untimed
+turns of the same method, and the set-up objects are frozen out of the garbage collector while methods are timed.
+The goals of issue 10 are checked at the end (flat: turns 60-64 at most 1.2x turns 2-6; at most 0.5x verl's
+builder; at most 2x the floor from 200 tokens; the check at most 1x one render). Prints the tables, writes
+build/bench/turns.{md,json} and the growth curves build/bench/turns.png.
+Usage: ``python bench/turns.py [--turns 256] [--reps 3] [--out build/bench]``.
 """
 
 from __future__ import annotations
@@ -183,7 +185,7 @@ def run_verl_ext(renderer: Any, profile: Any, conv: Conversation, turns: int, ke
         prompt = t.append_messages([conv.tools[k]])
         times.append((time.perf_counter_ns() - began) / 1000)
         if k + 1 in keep:
-            prompts[k + 1] = prompt
+            prompts[k + 1] = prompt[:]  # a list copy, outside the timing (the prompt is a view of the stream)
     return Run(times, prompts, {"trajectory": t})
 
 
@@ -236,13 +238,26 @@ def run_rerender(renderer: Any, conv: Conversation, at: Sequence[int]) -> Run:
     return Run(times, prompts)
 
 
-def fastest_runs(makers: dict[str, Callable[[], Run]], reps: int) -> dict[str, Run]:
-    """Each method run ``reps`` times, the methods taking turns within each repetition; per turn, the fastest."""
+WARM_UP_TURNS = 8  # untimed turns of a method just before each of its timed runs
+
+
+def fastest_runs(makers: dict[str, Callable[[int], Run]], turns: int, reps: int) -> dict[str, Run]:
+    """Each method run ``reps`` times over ``turns`` turns, the methods taking turns within each repetition; per
+    turn, the fastest. Before each timed run, the method runs ``WARM_UP_TURNS`` untimed turns (its code and data
+    back in the CPU's caches after the other method's run), and the objects that exist before the timing (the
+    conversations: ~342k objects for Mistral) are frozen out of the garbage collector: a collection that walks
+    them inside a timed turn flushed the caches and made the floor 10-22% faster on late turns than early ones."""
     runs: dict[str, list[Run]] = {name: [] for name in makers}
-    for _ in range(reps):
-        for name, make in makers.items():
-            gc.collect()
-            runs[name].append(make())
+    gc.collect()
+    gc.freeze()
+    try:
+        for _ in range(reps):
+            for name, make in makers.items():
+                gc.collect()  # this run's garbage from the last one (the frozen objects are not walked)
+                make(min(turns, WARM_UP_TURNS))
+                runs[name].append(make(turns))
+    finally:
+        gc.unfreeze()
     out = {}
     for name, rs in runs.items():
         merged = [min(r.per_turn_us[i] for r in rs) for i in range(len(rs[0].per_turn_us))]
@@ -376,13 +391,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             ours = run_verl_ext(renderer, profile, conv, min(turns, 2), set(), deltas)  # learns the shape
             learn_ms = (time.perf_counter() - began) * 1000
             keep = set(rerender_at)
-            makers: dict[str, Callable[[], Run]] = {
-                "verl_ext": partial(run_verl_ext, renderer, profile, conv, turns, keep, deltas),
-                "floor": partial(run_floor, renderer, conv, turns),
+            makers: dict[str, Callable[[int], Run]] = {  # each takes the number of turns to run
+                "verl_ext": partial(run_verl_ext, renderer, profile, conv, keep=keep, deltas=deltas),
+                "floor": partial(run_floor, renderer, conv),
             }
             if builder:
-                makers["verl_ct"] = partial(run_verl_ct, builder, conv, turns, keep)
-            timed = fastest_runs(makers, args.reps)
+                makers["verl_ct"] = partial(run_verl_ct, builder, conv, keep=keep)
+            timed = fastest_runs(makers, turns, args.reps)
             ours, floor, verl = timed["verl_ext"], timed["floor"], timed.get("verl_ct")
             print(f"{say}: re-rendering at {len(rerender_at)} turn counts", flush=True)
             rerender = run_rerender(renderer, conv, rerender_at)
@@ -437,7 +452,8 @@ def render_table(results: Sequence[dict[str, Any]], turns: int, reps: int, notes
     windows = [("early", "2-6"), ("late", "60-64")] + ([("last", last)] if turns > max(LATE) else [])
     lines = [
         f"Per-turn cost of appending an assistant tool call and a tool result (engine excluded): fastest of {reps} "
-        "runs per turn, the methods taking turns within each run; mean over turns 2-6 (early), 60-64 (late)"
+        f"runs per turn (each after {WARM_UP_TURNS} untimed turns), the methods taking turns within each run; mean "
+        "over turns 2-6 (early), 60-64 (late)"
         + (f" and {last} (last)" if turns > max(LATE) else "")
         + ". Ratios are to baselines measured in the same run: verl 0.9.1's Continuous Token builder (CT), the "
         "floor (encoding the new tool result once) and verl_ext's own early turns.",

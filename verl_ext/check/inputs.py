@@ -11,13 +11,18 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.core.errors import TrajectoryError
+from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.trajectory import TokenTrajectory
 
 
 def _as_ints(values: Sequence[Any]) -> tuple[int, ...]:
     """``values`` as a tuple of ints (``int(v)`` each: numpy ints, bools and the like converted). An agent loop
     builds an ``EngineCall`` per engine call with the whole prompt, so this runs at C speed: the common input (ints
-    already) is copied and its types checked without a Python-level loop; anything else is converted with ``map``."""
+    already) is copied and its types checked without a Python-level loop; anything else is converted with ``map``. A
+    trajectory's ``PromptIds`` holds plain ints by contract (``check_invariants`` verifies it): copied, not scanned,
+    so the agent loop's per-turn record of the prompt costs a copy instead of a type scan of the whole stream."""
+    if isinstance(values, PromptIds):
+        return tuple(values)
     out = tuple(values)
     return out if _only(out, int) else tuple(map(int, out))
 

@@ -13,6 +13,7 @@ from verl_ext.core.errors import (
 )
 from verl_ext.core.invariants import InvariantReport, check_invariants
 from verl_ext.core.probe import TemplateProfile, Verdict, probe_template
+from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer, Escape, load_renderer
 from verl_ext.core.trajectory import FinishReason, RepairKind, TokenKind, TokenTrajectory
 
@@ -24,6 +25,7 @@ __all__ = [
     "InvariantReport",
     "MissingFileError",
     "OptionsError",
+    "PromptIds",
     "RepairKind",
     "TemplateError",
     "TemplateProfile",

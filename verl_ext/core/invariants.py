@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory, prompt_digest
+from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory, prefix_digests
 
 _INSERTING = (RepairKind.TRAILER, RepairKind.SYNTHETIC_CLOSE)
 
@@ -24,7 +24,7 @@ class InvariantReport:
 def check_invariants(t: TokenTrajectory) -> InvariantReport:
     """Check the stream against its own record of engine calls and edits.
 
-    - ids, kinds, turns and logprobs have equal lengths;
+    - ids, kinds, turns and logprobs have equal lengths, and every id is a plain ``int``;
     - loss mask is 1 exactly on the engine's sampled spans, and logprobs are 0.0 elsewhere;
     - every prompt sent equals the stream's prefix of that length (by digest), and between two
       prompts lie, in order: the sampled output, its repairs, then the new context;
@@ -35,6 +35,9 @@ def check_invariants(t: TokenTrajectory) -> InvariantReport:
     lengths = {"input_ids": n, "kinds": len(t.kinds), "turn_of": len(t.turn_of), "logprobs": len(t.logprobs)}
     if len(set(lengths.values())) != 1:
         return InvariantReport((f"unequal lengths: {lengths}",))
+    types = set(map(type, t.input_ids))
+    if types - {int}:
+        return InvariantReport((f"ids that are not plain ints: {sorted(k.__name__ for k in types - {int})}",))
     return InvariantReport((*_mask_failures(t), *_turn_failures(t), *_edit_failures(t)))
 
 
@@ -66,8 +69,9 @@ def _turn_failures(t: TokenTrajectory) -> list[str]:
     first = t.turns[0].prompt_length if t.turns else n
     if any(k is not TokenKind.PROMPT for k in t.kinds[:first]):
         fail.append("the first prompt holds tokens that are not of kind 'prompt'")
+    stream_digests = prefix_digests(t.input_ids, (turn.prompt_length for turn in t.turns))
     for turn in t.turns:
-        if prompt_digest(t.input_ids[: turn.prompt_length]) != turn.prompt_sha:
+        if stream_digests[turn.prompt_length] != turn.prompt_sha:
             fail.append(f"turn {turn.index}: the prompt sent to the engine is not a prefix of the stream")
         if turn.sampled_start != turn.prompt_length:
             fail.append(f"turn {turn.index}: the sampled output does not start right after its prompt")

@@ -13,10 +13,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any
+from typing import Any, NamedTuple
 
 from verl_ext.core.engine_output import (
     OutputProblem,
@@ -29,6 +29,7 @@ from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.learned_deltas import LearnedDeltas, shared_deltas, tools_fingerprint
 from verl_ext.core.messages import first_message_problem
 from verl_ext.core.probe import END, TemplateProfile, probe_template
+from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
 
 
@@ -78,18 +79,63 @@ class Edit:
     detail: str
 
 
+class _Span(NamedTuple):
+    """One push: ``ids`` (the pushed sequence itself, never changed after) at stream positions ``start`` onwards,
+    all of one kind and turn; ``logprobs`` one per id for sampled ids, None for the others (0.0 each)."""
+
+    start: int
+    ids: Sequence[int]
+    kind: TokenKind
+    turn: int
+    logprobs: Sequence[float] | None
+
+
+class _PushedDigests:
+    """``prompt_digest`` of the stream's first n ids, for each n where a push ended, hashed from the pushed
+    pieces (not from the stream list) the first time one is read: a turn hashes nothing, and ``check_invariants``,
+    which digests the stream itself, still sees a stream changed after its prompt was handed out."""
+
+    def __init__(self, spans: list[_Span]) -> None:
+        self._spans = spans  # the trajectory's own list: appended to only
+        self._at: dict[int, str] = {0: prompt_digest(())}  # prefix length -> digest
+        self._hash: Any = None  # running sha256 over spans[:_hashed] (hashlib objects do not pickle)
+        self._hashed = 0
+
+    def of_prefix(self, length: int) -> str:
+        while length not in self._at and self._hashed < len(self._spans):
+            if self._hash is None:  # fresh, or unpickled: hash again from the first push
+                self._hash, self._hashed = hashlib.sha256(), 0
+            span = self._spans[self._hashed]
+            self._hash.update(_id_bytes(span.ids))
+            self._hashed += 1
+            self._at[span.start + len(span.ids)] = self._hash.hexdigest()[:16]
+        found = self._at.get(length)
+        if found is None:  # not where a push ended: never a turn's prompt, but answer as the function would
+            return prompt_digest([i for span in self._spans for i in span.ids][:length])
+        return found
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_spans": self._spans, "_at": self._at, "_hash": None, "_hashed": 0}
+
+
 @dataclass(frozen=True)
 class TurnRecord:
     """One engine call as the trajectory saw it."""
 
     index: int
     prompt_length: int
-    prompt_sha: str
     sampled_start: int
     sampled_end: int
     finish_reason: FinishReason | None
     stop_id: int | None
     closed_by: str  # "sampled" | "synthetic" | "open" (no close yet) | "none" (template has no close)
+    digests: _PushedDigests = field(repr=False, compare=False)
+
+    @property
+    def prompt_sha(self) -> str:
+        """The digest (``prompt_digest``) of the prompt this engine call was sent, hashed from what the trajectory
+        pushed when first read (``check_invariants`` compares it with the stream's own prefix)."""
+        return self.digests.of_prefix(self.prompt_length)
 
 
 def _refuse_malformed(messages: Sequence[Message], first_index: int) -> None:
@@ -99,8 +145,19 @@ def _refuse_malformed(messages: Sequence[Message], first_index: int) -> None:
 
 
 def prompt_digest(ids: Sequence[int]) -> str:
-    """Digest of a prompt; the trajectory keeps it as a running hash, so a turn never re-hashes the stream."""
+    """Digest of a prompt (the first 16 hex digits of the sha256 of its ids as signed 64-bit integers)."""
     return hashlib.sha256(_id_bytes(ids)).hexdigest()[:16]
+
+
+def prefix_digests(ids: Sequence[int], lengths: Iterable[int]) -> dict[int, str]:
+    """``prompt_digest(ids[:n])`` for each n in ``lengths``, in one pass over ``ids`` (not one hash per prefix)."""
+    out: dict[int, str] = {}
+    running, done = hashlib.sha256(), 0
+    for n in sorted(set(lengths)):
+        running.update(_id_bytes(ids[done:n]))
+        done = max(done, n)
+        out[n] = running.hexdigest()[:16]
+    return out
 
 
 def _id_bytes(ids: Sequence[int]) -> bytes:
@@ -127,18 +184,18 @@ class TokenTrajectory:
         self.profile = profile or probe_template(renderer, extra_stop_ids)
         # context deltas from learned pieces (shared across rollouts of the same template)
         self.deltas = deltas or shared_deltas(renderer, self.profile)
-        self.input_ids: list[int] = []
-        self.kinds: list[TokenKind] = []
-        self.turn_of: list[int] = []
-        self.logprobs: list[float] = []
+        # The stream, appended to only (never changed in place: the PromptIds views handed out rely on it), and one
+        # record per push; the per-token kinds, turns and logprobs are built from the records when read.
+        self._ids: list[int] = []
+        self._spans: list[_Span] = []
+        self._per_token: tuple[list[TokenKind], list[int], list[float]] | None = None  # cache, reset on push
+        self._digests = _PushedDigests(self._spans)
         self.edits: list[Edit] = []
         self.turns: list[TurnRecord] = []
         self.messages: list[dict[str, Any]] = []
         self.tools: list[dict[str, Any]] | None = None
         self.has_logprobs = True
         self._tools_key = ""
-        self._digest = hashlib.sha256()  # running digest of input_ids: a prompt's digest costs O(new tokens)
-        self._digested = 0  # input_ids[:_digested] are in _digest (hashed once per turn, in one piece)
         self._state = _State.EMPTY
         self._with_system = False
         self._last_assistant: Message | None = None
@@ -151,22 +208,47 @@ class TokenTrajectory:
 
     # -- views ------------------------------------------------------------------------------------
     @property
+    def input_ids(self) -> PromptIds:
+        """The whole stream so far, read-only (slices are lists). It only ever grows."""
+        return PromptIds(self._ids)
+
+    @property
+    def kinds(self) -> list[TokenKind]:
+        """The kind of each stream token. Built from the push records when read after a push (O(stream) then,
+        cached until the next push): read it after the rollout, not per turn; do not change the list."""
+        return self._token_lists()[0]
+
+    @property
+    def turn_of(self) -> list[int]:
+        """The turn of each stream token (built and cached as ``kinds``)."""
+        return self._token_lists()[1]
+
+    @property
+    def logprobs(self) -> list[float]:
+        """The engine's logprob of each sampled token, 0.0 on every other (built and cached as ``kinds``)."""
+        return self._token_lists()[2]
+
+    @property
     def loss_mask(self) -> list[int]:
         """1 on sampled tokens, 0 on every other kind: the only tokens trained on are the engine's."""
-        return [1 if k is TokenKind.SAMPLED else 0 for k in self.kinds]
+        mask: list[int] = []
+        for span in self._spans:
+            mask += [1 if span.kind is TokenKind.SAMPLED else 0] * len(span.ids)
+        return mask
 
     @property
     def turn_index(self) -> int:
         """The index the next engine call's turn will have (the number of turns so far)."""
         return len(self.turns)
 
-    def prompt_ids(self) -> list[int]:
-        """The prompt for the next engine call (the whole stream so far)."""
-        return list(self.input_ids)
+    def prompt_ids(self) -> PromptIds:
+        """The prompt for the next engine call: a read-only view of the whole stream so far, O(1) (the stream only
+        grows, so the view stays what it was when handed out). ``prompt[:]`` or ``list(prompt)`` gives a list."""
+        return PromptIds(self._ids)
 
     # -- operations -------------------------------------------------------------------------------
-    def start(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> list[int]:
-        """Render the first prompt (generation prompt included) and return its ids."""
+    def start(self, messages: Sequence[Message], tools: Sequence[Mapping[str, Any]] | None = None) -> PromptIds:
+        """Render the first prompt (generation prompt included) and return its ids (a read-only view)."""
         self._expect(_State.EMPTY, "start")
         if not messages:
             raise TrajectoryError("start() needs at least one message (the dataset prompt is empty)")
@@ -214,20 +296,19 @@ class TokenTrajectory:
         values = raw_logprobs if raw_logprobs is not None else [0.0] * len(ids)
         finish = FinishReason.STOP if reports_nan(finish_reason) else FinishReason(finish_reason)
         turn = self.turn_index
-        prompt_len = len(self.input_ids)
-        sha = self._prompt_sha()
+        prompt_len = len(self._ids)
         self._push(ids, TokenKind.SAMPLED, turn, values)
         stop = ids[-1] if ids else None
         self._pending_close = rejected or self._close_status(stop, finish)
         closed = "open" if self._pending_close else "sampled"
-        self.turns.append(TurnRecord(turn, prompt_len, sha, prompt_len, len(self.input_ids), finish, stop, closed))
+        self.turns.append(TurnRecord(turn, prompt_len, prompt_len, len(self._ids), finish, stop, closed, self._digests))
         self._last_assistant = dict(message) if message is not None else None
         if message is not None:
             self.messages.append(dict(message))
         self._state = _State.AWAITING_CONTEXT
 
-    def append_messages(self, messages: Sequence[Message]) -> list[int]:
-        """Append tool/user/system messages after the last turn; returns the next prompt's ids."""
+    def append_messages(self, messages: Sequence[Message]) -> PromptIds:
+        """Append tool/user/system messages after the last turn; returns the next prompt's ids (a read-only view)."""
         self._expect(_State.AWAITING_CONTEXT, "append_messages")
         if not messages:
             raise TrajectoryError("append_messages() needs at least one message")
@@ -243,7 +324,7 @@ class TokenTrajectory:
         delta = learned.delta
         turn = self.turn_index - 1
         self._close_turn(turn, delta.close_ids, delta.trailer_ids)
-        start = len(self.input_ids)
+        start = len(self._ids)
         if learned.rendered_because:
             self.edits.append(Edit(RepairKind.DELTA_RENDERED, turn + 1, start, (), learned.rendered_because))
         self._push(delta.context_ids, TokenKind.CONTEXT, turn + 1)
@@ -299,7 +380,7 @@ class TokenTrajectory:
         """Insert what the template renders after the turn: its close (if not sampled) and the trailer."""
         record = self.turns[turn]
         # The turn's last sampled id (None for an empty turn), read in place: no copy of the turn's ids.
-        last = self.input_ids[record.sampled_end - 1] if record.sampled_end > record.sampled_start else None
+        last = self._ids[record.sampled_end - 1] if record.sampled_end > record.sampled_start else None
         if close and last is not None and last == close[0]:
             if not self.profile.boundary(END).close_ids:
                 # Ambiguous stop (GLM <|observation|>): the template has no close of its own and opens
@@ -323,7 +404,7 @@ class TokenTrajectory:
                 Edit(
                     RepairKind.SYNTHETIC_CLOSE,
                     turn,
-                    len(self.input_ids),
+                    len(self._ids),
                     close,
                     self._pending_close or "the turn's stop is not the close the template renders here",
                 )
@@ -337,7 +418,7 @@ class TokenTrajectory:
                 Edit(
                     RepairKind.TRAILER,
                     turn,
-                    len(self.input_ids),
+                    len(self._ids),
                     trailer,
                     f"template renders {self._trailer_decoded(trailer)!r} after the turn's close",
                 )
@@ -355,20 +436,28 @@ class TokenTrajectory:
             text = self._trailer_text[trailer] = self.renderer.decode(trailer)
         return text
 
-    def _prompt_sha(self) -> str:
-        """``prompt_digest(self.input_ids)``, from the running digest: only the ids pushed since the last call are
-        hashed, all at once (one pack and one update per turn, not one per push)."""
-        if self._digested < len(self.input_ids):
-            self._digest.update(_id_bytes(self.input_ids[self._digested :]))
-            self._digested = len(self.input_ids)
-        return self._digest.hexdigest()[:16]
-
     def _push(self, ids: Sequence[int], kind: TokenKind, turn: int, logprobs: Sequence[float] | None = None) -> None:
-        n = len(ids)
-        self.input_ids.extend(ids)
-        self.kinds.extend([kind] * n)
-        self.turn_of.extend([turn] * n)
-        self.logprobs.extend(logprobs if logprobs is not None else [0.0] * n)
+        """Append ids of one kind and turn: one record, O(len(ids)). ``ids`` (and ``logprobs``) are kept by the record
+        as they are: pass sequences nobody changes afterwards (the template's tuples, a list made for the push)."""
+        if not ids:
+            return
+        self._spans.append(_Span(len(self._ids), ids, kind, turn, logprobs))
+        self._ids += ids
+        self._per_token = None
+
+    def _token_lists(self) -> tuple[list[TokenKind], list[int], list[float]]:
+        """The per-token kinds, turns and logprobs, built from the push records once per push."""
+        if self._per_token is None:
+            kinds: list[TokenKind] = []
+            turns: list[int] = []
+            logprobs: list[float] = []
+            for span in self._spans:
+                n = len(span.ids)
+                kinds += [span.kind] * n
+                turns += [span.turn] * n
+                logprobs += span.logprobs if span.logprobs is not None else [0.0] * n
+            self._per_token = (kinds, turns, logprobs)
+        return self._per_token
 
     def _log_escapes(
         self, escapes: Sequence[Escape], turn: int, position: int, first_message: int = 0, divergence: str = ""
@@ -418,7 +507,7 @@ class TokenTrajectory:
         """The whole trajectory, JSON-ready (``verl-ext replay --json``). ``"turns"`` holds ``turn_of`` (the turn of
         each token), a published key kept under its older name; ``"engine_calls"`` holds one object per turn."""
         return {
-            "input_ids": list(self.input_ids),
+            "input_ids": list(self._ids),
             "loss_mask": self.loss_mask,
             "logprobs": list(self.logprobs),
             "kinds": [k.value for k in self.kinds],

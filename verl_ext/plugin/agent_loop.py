@@ -34,6 +34,7 @@ from verl_ext.check.record import Rollout
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import OptionsError, TemplateError
 from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
+from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.plugin import metrics_sink
@@ -380,7 +381,7 @@ class _RolloutState:
     trajectory: TokenTrajectory
     tools: list[dict[str, Any]] | None  # the schemas the prompt rendered (None: no tools)
     active: Mapping[str, Any]  # the tools this sample may call, by name
-    prompt_ids: list[int]  # the next engine call's prompt
+    prompt_ids: PromptIds  # the next engine call's prompt (a read-only view of the trajectory's stream)
     first_prompt: int  # tokens in the first prompt (the response length counts from there)
     request_id: str
     params: dict[str, Any]  # sampling params of every call, stop ids merged in

@@ -93,3 +93,15 @@ def test_truncation_is_reported_not_failed(renderer_for):
     result = ConsistencyChecker(r).check(ro.calls, cut, ro.messages)
     assert result.engine_ok and result.truncated and result.lost_sampled_tokens == 5
     assert "truncated (5 sampled tokens lost)" in result.summary()
+
+
+def test_the_engine_view_marks_exactly_the_sampled_positions(renderer_for):
+    from verl_ext.check.engine_view import check_engine_view
+
+    r = renderer_for("qwen3")
+    answer = r.encode("The answer is 2.")
+    ro = run(r, [Turn([*answer, 151645], {"role": "assistant", "content": "The answer is 2."})], tools=None)
+    view = check_engine_view(ro.calls, ro.sample(), 1e-5)
+    start, end = ro.calls[0].output_start, ro.calls[0].output_end
+    assert view.sampled == tuple(start <= i < end for i in range(len(view.engine_stream)))
+    assert view.sampled_bytes == bytes(start <= i < end for i in range(len(view.engine_stream)))

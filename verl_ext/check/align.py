@@ -42,6 +42,7 @@ DIRECT_CELLS = 1 << 22  # a gap with at most this many cells is aligned in one c
 DIFFLIB_CELLS = 1 << 18  # difflib only on regions this small: on repetitive text its cost is about the cell count
 EDGE_TOKENS = 16  # a long middle of equal runs this few tokens apart takes no edit distance (``_sparse_blocks``)
 SPARSE_MAX_EDITS = 1024
+ONE_SIDED_MAX_BLOCKS = 64  # one-sided blocks found by search (each search reads the rest of a side)
 ANCHOR_WINDOW = 64  # tokens compared to find that run
 _FIRST_BAND = 64  # the first edit-distance bound tried on a long gap (one machine word)
 
@@ -67,9 +68,9 @@ def align(a: Sequence[int], b: Sequence[int], deadline: float | None = None) -> 
     if ma or mb:
         # Anchors only where the whole middle is long and more than a few edits apart (one cheap banded pass).
         big = len(ma) * len(mb) > DIRECT_CELLS
-        sparse = _sparse_blocks(ma, mb) if big else None
-        if sparse is not None:
-            blocks = sparse
+        cut = (_sparse_blocks(ma, mb) or _one_sided_blocks(ma, mb)) if big else None
+        if cut is not None:
+            blocks = cut
         else:
             blocks = _anchor_blocks(ma, mb) if big and _edits_exceed(ma, mb, _FIRST_BAND) else []
         check_deadline(deadline, f"finding anchors in {len(ma)} stream and {len(mb)} template tokens")
@@ -110,9 +111,14 @@ def _sparse_blocks(a: list[int], b: list[int]) -> list[tuple[int, int, int]] | N
     blocks: list[tuple[int, int, int]] = []
     i = j = 0
     while len(blocks) < SPARSE_MAX_EDITS:
-        xs = range(i, min(i + edge, len(a) - w) + 1)
-        ys = range(j, min(j + edge, len(b) - w) + 1)
-        hits = [(x, y) for x in xs for y in ys if a[x : x + w] == b[y : y + w]]
+        # Each side's windows hashed once (a few dozen slices, not every pair compared); equal hashes compared.
+        in_b: dict[int, list[int]] = {}
+        for y in range(j, min(j + edge, len(b) - w) + 1):
+            in_b.setdefault(hash(tuple(b[y : y + w])), []).append(y)
+        hits = []
+        for x in range(i, min(i + edge, len(a) - w) + 1):
+            window = a[x : x + w]
+            hits += [(x, y) for y in in_b.get(hash(tuple(window)), ()) if window == b[y : y + w]]
         if not hits or len({x - y for x, y in hits}) != 1:
             return None
         x, y = min(hits)
@@ -122,6 +128,61 @@ def _sparse_blocks(a: list[int], b: list[int]) -> list[tuple[int, int, int]] | N
         if len(a) - i <= edge and len(b) - j <= edge:
             return blocks
     return None
+
+
+def _one_sided_blocks(a: list[int], b: list[int]) -> list[tuple[int, int, int]] | None:
+    """Equal blocks ``(i, j, n)`` between which only one side has tokens (a thinking block the template drops, a turn
+    the loop dropped, the END trailer), or None. After each equal run, the next ``ANCHOR_GRAM`` tokens of each side
+    are searched in the other, where they must occur exactly once (where both do, the reading with fewer edits in
+    all, its block plus the length difference it leaves, is taken), and the block skipped must be one that cannot
+    slide (the tokens at its two edges differ), so it has one place. A gap with tokens on both sides (a
+    replacement), an anchor found twice, or more than ``ONE_SIDED_MAX_BLOCKS`` blocks are left to the general
+    path. Each search reads the rest of the other side once, at C speed."""
+    raw_a, raw_b = array("q", a).tobytes(), array("q", b).tobytes()
+    blocks: list[tuple[int, int, int]] = []
+    i = j = 0
+    while True:
+        n = _common_run(a, i, b, j)
+        if n:
+            blocks.append((i, j, n))
+            i, j = i + n, j + n
+        if i == len(a) or j == len(b):  # the rest of the other side is the last block
+            seq, k = (b, j) if i == len(a) else (a, i)
+            return None if 0 < k < len(seq) and seq[k - 1] == seq[-1] else blocks  # it must not slide left
+        if len(blocks) > ONE_SIDED_MAX_BLOCKS:
+            return None
+        x = _find_once(raw_a, array("q", b[j : j + ANCHOR_GRAM]).tobytes(), i) if len(b) - j >= ANCHOR_GRAM else None
+        y = _find_once(raw_b, array("q", a[i : i + ANCHOR_GRAM]).tobytes(), j) if len(a) - i >= ANCHOR_GRAM else None
+        if x is not None and y is not None:
+            # Both sides' next tokens occur ahead on the other (repeated text: thinking blocks alike, one of them
+            # kept). Each reading's fewest edits in all: its block, then at least the length difference it leaves.
+            surplus = (len(a) - i) - (len(b) - j)
+            drop, add = (x - i) + abs(surplus - (x - i)), (y - j) + abs(surplus + (y - j))
+            x, y = (x, None) if drop < add else (None, y) if add < drop else (None, None)
+        if x is None and y is None:
+            return None  # a replacement
+        # The block cannot slide right (the equal run before it is maximal); it must not slide left either.
+        if x is not None:
+            if i and a[i - 1] == a[x - 1]:
+                return None
+            i = x
+        else:
+            assert y is not None
+            if j and b[j - 1] == b[y - 1]:
+                return None
+            j = y
+
+
+def _find_once(raw: bytes, needle: bytes, start: int) -> int | None:
+    """The token position where ``needle`` (whole tokens, 8 bytes each) occurs in ``raw`` at or after token
+    ``start``, when it occurs there exactly once."""
+    found: list[int] = []
+    at = raw.find(needle, 8 * start)
+    while at != -1 and len(found) < 2:
+        if at % 8 == 0:
+            found.append(at // 8)
+        at = raw.find(needle, at + 1)
+    return found[0] if len(found) == 1 else None
 
 
 def _common_suffix(a: list[int], b: list[int], limit: int) -> int:
@@ -227,6 +288,8 @@ def _refined(a: list[int], b: list[int]) -> list[Opcode]:
 
 
 def _edits_exceed(a: list[int], b: list[int], bound: int) -> bool:
+    if abs(len(a) - len(b)) > bound:  # the length difference alone is more edits
+        return True
     return Levenshtein.distance(a, b, score_cutoff=bound) > bound
 
 

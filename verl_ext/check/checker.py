@@ -45,6 +45,7 @@ class ConsistencyChecker:
         self.profile = profile or probe_template(renderer)
         self.policy = policy or CheckPolicy()
         self._rng = random.Random(seed)
+        self._vocab_size = renderer.vocab_size  # read once: every rollout's engine view checks ids against it
 
     def check(
         self,
@@ -89,7 +90,7 @@ class ConsistencyChecker:
             sample,
             self.policy.logprob_atol,
             response_length,
-            vocab_size=self.renderer.vocab_size,
+            vocab_size=self._vocab_size,
             stop_ids=self.profile.stop_id_set,
         )
         findings: list[Finding] = []

@@ -24,7 +24,13 @@ class EngineViewResult:
     truncated: bool
     lost_sampled_tokens: int
     engine_stream: tuple[int, ...]  # the engine's final prompt + final output
-    sampled: tuple[bool, ...]  # per engine-stream position: sampled by the engine
+    sampled_bytes: bytes  # per engine-stream position: 1 where the engine sampled it, else 0
+
+    @property
+    def sampled(self) -> tuple[bool, ...]:
+        """Per engine-stream position: sampled by the engine (built on demand: a 100k-token stream's tuple of bools
+        costs milliseconds, and the check itself reads the bytes)."""
+        return tuple(map(bool, self.sampled_bytes))
 
 
 def turn_at(calls: Sequence[EngineCall], position: int) -> int:
@@ -55,7 +61,7 @@ def check_engine_view(
     """
     shape = _sample_shape_failures(calls, sample)
     if shape:
-        return EngineViewResult(tuple(shape), False, 0, (), ())
+        return EngineViewResult(tuple(shape), False, 0, (), b"")
     output = _validate_outputs(calls, vocab_size, stop_ids)
     stream = sample.stream  # a property that concatenates: built once here
     engine = _engine_stream(calls, sample, stream, output.reject_at)
@@ -65,8 +71,8 @@ def check_engine_view(
     failures += stream_failures
     failures += _mask_failures(calls, sample, stream, engine, replayed.sampled)
     failures += _logprob_failures(calls, sample, len(stream), engine, replayed.logprob_spans, logprob_atol)
-    lost = sum(replayed.sampled[len(stream) :]) if truncated else 0
-    return EngineViewResult(tuple(failures), truncated, lost, engine, tuple(map(bool, replayed.sampled)))
+    lost = replayed.sampled.count(1, len(stream)) if truncated else 0
+    return EngineViewResult(tuple(failures), truncated, lost, engine, bytes(replayed.sampled))
 
 
 def _failure(calls: Sequence[EngineCall], kind: FailureKind, position: int | None, detail: str) -> EngineFailure:

@@ -190,9 +190,14 @@ class _Rules:
         """``_normalized(a) == _normalized(b)``. Where one text is empty and the normalizer is Unicode normalization
         only (which keeps every non-empty text non-empty), they differ without normalizing the other: a thinking
         block the template drops is tens of thousands of characters."""
-        if (not a) != (not b) and _unicode_forms_only(self.r.tokenizer.backend_tokenizer.normalizer):
+        if (not a) != (not b) and self._unicode_forms_only:
             return False
         return self._normalized(a) == self._normalized(b)
+
+    @functools.cached_property
+    def _unicode_forms_only(self) -> bool:
+        """The tokenizer's normalizer is Unicode normalization only (its state parsed once per check)."""
+        return _unicode_forms_only(self.r.tokenizer.backend_tokenizer.normalizer)
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
         return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)
@@ -324,7 +329,8 @@ def close_missing(d: Divergence) -> Named:
 
 def eos_alias(d: Divergence) -> Named:
     """Stream-only stop ids the template never renders (e.g. ``<|endoftext|>``): the sampled stop, kept."""
-    if d.s_ids and not d.r_ids and set(d.s_ids) <= d.ctx.aliases:
+    aliases = d.ctx.aliases  # all(): a stripped block's first id answers, no set of its thousands of ids
+    if d.s_ids and not d.r_ids and all(i in aliases for i in d.s_ids):
         return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {d.ds!r}, which the template never renders"
     return None
 

@@ -53,6 +53,33 @@ def template_files() -> list[Path]:
     return sorted(TEMPLATES_DIR.glob("*.jinja"))
 
 
+# Every template the per-template tests run: the shipped tokenizers, Qwen3's variants, the fixture templates.
+SHIPPED = ("qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3")
+QWEN3_EXTRAS = (
+    "qwen3-2504-original",
+    "qwen3-coder-30b-a3b-instruct_ollama-gguf",
+    "qwen3-next-80b-a3b-instruct_ollama-gguf",
+    "qwq-32b",
+)
+TEMPLATE_CASES = [
+    *SHIPPED,
+    *(f"qwen3/{name}" for name in QWEN3_EXTRAS),
+    *(f"templates/{p.stem}" for p in template_files()),
+]
+# Two tool schemas the per-template tests render.
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "A test tool.",
+            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
+        },
+    }
+    for name in ("calculator", "search")
+]
+
+
 def template_path(name: str) -> Path:
     """``tests/fixtures/templates/<name>`` (``name`` with or without ``.jinja``); a clear error for a wrong name."""
     path = TEMPLATES_DIR / (name if name.endswith(".jinja") else f"{name}.jinja")

@@ -12,7 +12,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rollouts import Turn, run
-from template_fixtures import markers, template_files, template_renderer
+from template_fixtures import SHIPPED, TOOLS, markers, template_renderer
+from template_fixtures import TEMPLATE_CASES as CASES
 
 from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.core.errors import TemplateError
@@ -21,27 +22,6 @@ from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import ReplayRecord, replay
 from verl_ext.core.trajectory import TokenKind
-
-SHIPPED = ("qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3")
-QWEN3_EXTRAS = (
-    "qwen3-2504-original",
-    "qwen3-coder-30b-a3b-instruct_ollama-gguf",
-    "qwen3-next-80b-a3b-instruct_ollama-gguf",
-    "qwq-32b",
-)
-CASES = [*SHIPPED, *(f"qwen3/{name}" for name in QWEN3_EXTRAS), *(f"templates/{p.stem}" for p in template_files())]
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": "A test tool.",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
-        },
-    }
-    for name in ("calculator", "search")
-]
 
 
 def tool_call(n: int, name: str = "calculator") -> dict[str, Any]:

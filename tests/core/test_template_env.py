@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from template_fixtures import template_files, template_renderer
+from template_fixtures import SHIPPED, TOOLS, template_renderer
+from template_fixtures import TEMPLATE_CASES as CASES
 
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.template_env import ChatTemplateRenderer, fast_template, stock_environment_template
@@ -158,25 +159,6 @@ def test_the_overlay_is_transformers_environment_with_its_extensions():
 
 
 # -- real templates --------------------------------------------------------------------------------------------
-SHIPPED = ("qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3")
-QWEN3_EXTRAS = (
-    "qwen3-2504-original",
-    "qwen3-coder-30b-a3b-instruct_ollama-gguf",
-    "qwen3-next-80b-a3b-instruct_ollama-gguf",
-    "qwq-32b",
-)
-CASES = [*SHIPPED, *(f"qwen3/{name}" for name in QWEN3_EXTRAS), *(f"templates/{p.stem}" for p in template_files())]
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": name,
-            "description": "A test tool.",
-            "parameters": {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]},
-        },
-    }
-    for name in ("calculator", "search")
-]
 
 
 def conversations() -> list[list[dict[str, Any]]]:

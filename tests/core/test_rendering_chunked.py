@@ -271,3 +271,15 @@ def test_decode_equals_tokenizer_decode(renderer_for: Any, family: str) -> None:
     cut = r.tokenizer.encode("naïve é 日本語 🙂", add_special_tokens=False)
     for k in range(len(cut)):  # a character cut between tokens decodes as transformers decodes it
         assert r.decode(cut[:k]) == r.tokenizer.decode(cut[:k], skip_special_tokens=False)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_decode_many_equals_decode_one_by_one(renderer_for: Any, family: str) -> None:
+    """``ChatRenderer.decode_many`` (one batch call, what the check decodes its divergences with) is ``decode`` on
+    each sequence, in order: empty sequences, special tokens and characters cut between tokens included."""
+    r = renderer_for(family)
+    ids = r.tokenizer.encode(tricky_text(specials_of(r)), add_special_tokens=False)
+    cut = r.tokenizer.encode("naïve é 日本語 🙂", add_special_tokens=False)
+    parts = [ids, [], ids[1:], ids[3:77], ids[:1], *(cut[:k] for k in range(len(cut))), tuple(ids[:-1])]
+    assert r.decode_many(parts) == [r.decode(p) for p in parts]
+    assert r.decode_many([]) == []

@@ -46,8 +46,8 @@ def template_findings(
     rules = _Rules(loc, profile, renderer, messages, stream, native, deadline)
     out: list[Finding] = []
     divergent = [op for op in rules.opcodes if op[0] != "equal"]
-    for k, (_tag, i1, i2, j1, j2) in enumerate(divergent):
-        check_deadline(deadline, f"explaining divergence {k + 1} of {len(divergent)}")
+    spans: list[tuple[int, int, int, int]] = []
+    for _tag, i1, i2, j1, j2 in divergent:
         if i2 == len(stream) and j2 == len(native):
             # Nothing is trained after the last token: the END close and trailer the template renders there (and
             # a stream cut before them) change nothing. Compare what comes before them.
@@ -56,9 +56,15 @@ def template_findings(
                 continue  # rendered-only text after the last stream token (a response cut inside context)
         if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
             continue
-        d = Divergence.of(rules, i1, i2, j1, j2)
+        spans.append((i1, i2, j1, j2))
+    # Every span's two texts in one batch, decoded once (rules and findings read them): a stripped thinking block is
+    # thousands of tokens, and the batch decodes the blocks on the free cores.
+    decoded = renderer.decode_many([ids for i1, i2, j1, j2 in spans for ids in (stream[i1:i2], native[j1:j2])])
+    for k, (i1, i2, j1, j2) in enumerate(spans):
+        check_deadline(deadline, f"explaining divergence {k + 1} of {len(spans)}")
+        d = Divergence.of(rules, i1, i2, j1, j2, texts=(decoded[2 * k], decoded[2 * k + 1]))
         cause, detail = rules.explain(d)
-        texts = (d.ds, d.dr)  # decoded once: a stripped thinking block is tens of thousands of tokens
+        texts = (d.ds, d.dr)
         out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts))
 
     if renderer.escapes(messages):
@@ -264,9 +270,11 @@ class Divergence:
         return self.i1, self.i2, self.j1, self.j2
 
     @classmethod
-    def of(cls, ctx: _Rules, i1: int, i2: int, j1: int, j2: int) -> Divergence:
-        """The divergence ``stream[i1:i2]`` vs ``rendered[j1:j2]`` with its texts and where it lies."""
+    def of(cls, ctx: _Rules, i1: int, i2: int, j1: int, j2: int, texts: tuple[str, str] | None = None) -> Divergence:
+        """The divergence ``stream[i1:i2]`` vs ``rendered[j1:j2]`` with its texts and where it lies. ``texts``: the
+        two spans' texts, when the caller has decoded them already."""
         s_ids, r_ids = tuple(ctx.stream[i1:i2]), tuple(ctx.rendered[j1:j2])
+        ds, dr = (ctx.r.decode(s_ids), ctx.r.decode(r_ids)) if texts is None else texts
         region = ctx.loc.region(min(i1, max(len(ctx.stream) - 1, 0)))
         return cls(
             ctx,
@@ -276,8 +284,8 @@ class Divergence:
             j2,
             s_ids,
             r_ids,
-            ctx.r.decode(s_ids),
-            ctx.r.decode(r_ids),
+            ds,
+            dr,
             region,
             at_end=ctx._touches_turn_end(i1, i2) or region == "boundary",
             at_boundary=region in ("boundary", "context") or (i1 == i2 and ctx._at_turn_end(i1)),
@@ -422,7 +430,9 @@ def reasoning_stripped(d: Divergence) -> Named:
     """Sampled text the render shortens to a part of itself, on a template that strips earlier turns' reasoning."""
     if d.region != "sampled" or not d.ctx.profile.strips_reasoning:
         return None
-    if len(d.ds) > len(d.dr) and _squash(d.dr) in _squash(d.ds):
+    # A render that keeps no text of the block (the usual strip) is in it trivially: no need to squash the block.
+    kept = _squash(d.dr)
+    if len(d.ds) > len(d.dr) and (not kept or kept in _squash(d.ds)):
         return Cause.REASONING_STRIPPED, f"the template drops {len(d.ds) - len(d.dr)} characters of this turn"
     return None
 

@@ -463,6 +463,14 @@ class ChatRenderer:
             return self._decoder.decode(list(ids), skip_special_tokens=False)
         return str(self.tokenizer.decode(list(ids), skip_special_tokens=False))
 
+    def decode_many(self, sequences: Sequence[Sequence[int]]) -> list[str]:
+        """``[self.decode(ids) for ids in sequences]``, in one backend call where ``decode`` uses the backend: its
+        batch decode runs the sequences on the free cores (when ``TOKENIZERS_PARALLELISM`` allows), and the check
+        decodes several long thinking blocks at once."""
+        if self._decoder is not None:
+            return list(self._decoder.decode_batch([list(ids) for ids in sequences], skip_special_tokens=False))
+        return [self.decode(ids) for ids in sequences]
+
     @functools.cached_property
     def _decoder(self) -> Tokenizer | None:
         """The backend, when ``tokenizer.decode`` is exactly its decode (see ``decode``); else None."""

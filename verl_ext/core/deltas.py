@@ -118,11 +118,12 @@ def _results_per_call(
     """(assistant turn with one call, its result) per tool result, when results must be rendered one by one: the
     turn made calls to several tools, only tool results follow, and the template renders each result as its own
     message (results it groups into one turn are rendered together, as the template does)."""
+    if len(messages) < 2 or profile.consecutive_tool_results_grouped is not False:
+        return None  # (the common case, one result per turn, decided before any call is looked at)
     calls = list(assistant.get("tool_calls") or [])
-    names = {_call_name(c) for c in calls}
-    if len(calls) < 2 or len(names) < 2 or profile.consecutive_tool_results_grouped is not False:
+    if len(calls) < 2 or len({_call_name(c) for c in calls}) < 2:
         return None
-    if len(messages) < 2 or any(m.get("role") != "tool" for m in messages):
+    if any(m.get("role") != "tool" for m in messages):
         return None
     by_id = {c.get("id"): c for c in calls if isinstance(c, Mapping) and c.get("id")}
     out = []

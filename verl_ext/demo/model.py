@@ -32,6 +32,7 @@ def build_tiny_qwen3(
     embeddings are tied to keep the model small (about 10M parameters, almost all of them the embedding).
     """
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+    from transformers.utils import logging as hf_logging
 
     out = Path(out_dir)
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
@@ -57,7 +58,14 @@ def build_tiny_qwen3(
         bos_token_id=end_of_text, eos_token_id=[im_end, end_of_text], pad_token_id=end_of_text
     )
     out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(str(out))
+    # A 40 MB save takes a fraction of a second: its progress bar would only clutter the demo's output.
+    bars_on = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model.save_pretrained(str(out))
+    finally:
+        if bars_on:
+            hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(str(out))
     return out
 

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 from tokenizers import Tokenizer
 
 from verl_ext.core.errors import TemplateError
+from verl_ext.core.literal_regex import literal_alternation
 from verl_ext.core.template_env import ChatTemplateRenderer
 from verl_ext.core.text_cut import (
     TEXT_CUT_MIN_CHARS,
@@ -56,8 +57,12 @@ _PLACEHOLDER = "zqVXESC{}Xqz"
 # Text at least this long is encoded in pieces cut at special tokens, in one parallel batch (``ChatRenderer.encode``).
 # Below it the batch's thread hand-off costs more than it saves (measured on Qwen3 and Mistral renders).
 PARALLEL_MIN_CHARS = 16_384
-# ... and only when no piece between special tokens holds more than 1/PARALLEL_MAX_PIECE_SHARE of it (measured on
-# Qwen3: a text cut into 4 or 8 equal pieces took 30% more CPU time cut than whole, 32 pieces as much, 64 pieces less).
+# ... and only when no piece between special tokens holds more than 1/PARALLEL_MAX_PIECE_SHARE of it: a few long
+# pieces are unbalanced (one huge tool result is most of the text, and its piece alone takes the wall time), so such
+# text goes to the plain-text cut, which balances it, where the tokenizer allows that cut (``_encode_text``). The
+# rule was set when cutting 4-8 pieces measured 30% more CPU; re-measured 2026-11-26 (32k characters in k equal
+# pieces, one batch on 2 threads) cutting costs less: Qwen3 0.44-0.47x the whole text's CPU, Mistral 0.83-1.02x at
+# 0.42-0.48x its wall time. Mistral, which has no plain-text cut, still encodes such text whole: left to revisit.
 PARALLEL_MAX_PIECE_SHARE = 32
 # Pieces are joined into batch inputs of about this many characters (measured on Qwen3 and Mistral chats of 64
 # turns: inputs of 1-4k characters beat one input per piece by 5-25% and the whole text by 20-50%, one thread).
@@ -210,8 +215,8 @@ class ChatRenderer:
         self.control_ids: frozenset[int] = frozenset(
             i for i, tok in added.items() if tok.special or (tok.content.strip() and tok.content in template)
         )
-        strings = sorted({added[i].content for i in self.control_ids if added[i].content}, key=len, reverse=True)
-        self._added_re = re.compile("|".join(re.escape(s) for s in strings)) if strings else None
+        strings = {added[i].content for i in self.control_ids if added[i].content}
+        self._added_re = re.compile(literal_alternation(strings)) if strings else None  # the longest where several
         self._text_only = _text_only or _text_only_tokenizer(tokenizer)
 
     def with_template_kwargs(self, template_kwargs: Mapping[str, Any] | None) -> ChatRenderer:
@@ -356,10 +361,9 @@ class ChatRenderer:
         assert backend is not None
         parts = cuts.split(text)  # [text, token, text, token, ..., text]: the pattern captures each cut
         if max(map(len, parts)) * PARALLEL_MAX_PIECE_SHARE > len(text):
-            # A few long pieces (one huge tool result): each costs more CPU encoded on its own than inside the
-            # whole text (measured: 4 pieces +30%, 64 pieces -8%), so the whole text is encoded as one, or cut in
-            # plain text into one piece per thread where that is provably the same (measured on 8k-character tool
-            # outputs, Qwen3 and Qwen2.5: its pieces encoded one after the other cost 0.95x the whole text's CPU).
+            # A few long pieces (one huge tool result; see PARALLEL_MAX_PIECE_SHARE): cut in plain text into one
+            # piece per thread where that is provably the same (measured on 8k-character tool outputs, Qwen3 and
+            # Qwen2.5: its pieces encoded one after the other cost 0.95x the whole text's CPU), else encoded whole.
             return self._encode_text(backend, text)
         # Adjacent pieces joined into inputs of about PARALLEL_INPUT_CHARS (any cut between two of them is one the
         # tokenizer makes): one input per piece costs more than it saves on a chat of short turns (measured).
@@ -655,7 +659,7 @@ def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | Non
     cuts = sorted(candidates - unsafe, key=lambda c: (-len(c), c))
     if not cuts:
         return None
-    pattern = re.compile("(" + "|".join(re.escape(c) for c in cuts) + ")")
+    pattern = re.compile("(" + literal_alternation(cuts) + ")")  # the longest where several start
     return pattern, "first" in schemes
 
 

@@ -18,19 +18,19 @@ finish on 200k).
 from __future__ import annotations
 
 import argparse
-import gc
 import os
 import platform
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT / "bench"))
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")  # verl's PPO runtime env sets it so
 
+from _timing import fastest  # noqa: E402
 from long_rollouts import SCENARIOS, difflib_alignment  # noqa: E402
 from rollouts import TOOLS  # noqa: E402
 
@@ -45,20 +45,6 @@ def load_note() -> str:
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
     parallel = os.environ.get("TOKENIZERS_PARALLELISM", "(unset)")
     return f"{platform.machine()}, {os.cpu_count()} CPUs, load average {load}, TOKENIZERS_PARALLELISM={parallel}"
-
-
-def fastest(methods: dict[str, Callable[[], object]], runs: int) -> dict[str, tuple[float, float]]:
-    """Per method, the fastest (wall s, CPU s) of ``runs``, the methods taking turns within each run (a moment when
-    other processes hold the CPU counts against no method in particular)."""
-    best = {name: (float("inf"), float("inf")) for name in methods}
-    for _ in range(runs):
-        for name, fn in methods.items():
-            gc.collect()
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-            best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-    return best
 
 
 def measure(r: ChatRenderer, checker: ConsistencyChecker, name: str, size: int, runs: int, difflib_up_to: int) -> str:

@@ -42,6 +42,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from _timing import fastest  # noqa: E402
 
 SIZES = (10, 200, 2000)
 EARLY, LATE = range(2, 7), range(60, 65)  # turns averaged for the table (1-based)
@@ -313,19 +316,7 @@ def check_seconds(renderer: Any, profile: Any, conv: Conversation, turns: int, d
         ),
         "render": lambda: renderer.render(messages, TOOLS),  # verl_ext's, the one inside the check
     }
-    best = {name: (float("inf"), float("inf")) for name in methods}
-    gc.collect()
-    gc.freeze()  # as in fastest_runs: no collection walks the set-up objects inside a timed call
-    try:
-        for _ in range(CHECK_REPS):  # the methods take turns; per method, the fastest wall and CPU time
-            for name, fn in methods.items():
-                gc.collect()
-                wall, cpu = time.perf_counter(), time.process_time()
-                fn()
-                wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
-                best[name] = (min(best[name][0], wall), min(best[name][1], cpu))
-    finally:
-        gc.unfreeze()
+    best = fastest(methods, CHECK_REPS, freeze=True)  # as in fastest_runs: set-up objects frozen
     result = results[-1]
     if not result.ok:
         raise SystemExit(f"the check found defects in a benchmark rollout: {result.summary()}")

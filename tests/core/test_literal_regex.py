@@ -39,6 +39,9 @@ OVERLAPPING = [
     {"[TOOL_RESULTS]", "[/TOOL_RESULTS]", "[control_1]", "[control_10]", "[control_100]", "]", "[", "/"},
     {"x" * (_MAX_TRIE_DEPTH + 5), "x" * (_MAX_TRIE_DEPTH + 1), "x" * 3, "xy"},  # longer than the trie holds
     {"a.b", "a*b", "(", ")", "\\", "a|b"},  # regex metacharacters stay literal
+    # Every level both ends a string and branches: deep nesting for the regex parser (this raised RecursionError
+    # when paths of up to 256 characters went into the trie).
+    {"a" * k for k in range(1, 257)} | {"a" * k + "b" for k in range(256)},
 ]
 
 

@@ -12,7 +12,10 @@ import re
 from collections.abc import Iterable
 
 _END = ""  # the trie key that marks "a string ends here" (no real edge is empty)
-_MAX_TRIE_DEPTH = 256  # characters: the trie is built recursively, one call per character
+# Characters: deeper paths go to the plain list. Each trie level can nest groups that Python's regex parser
+# recurses through (about 4 frames a level), so this keeps compiling far from the recursion limit wherever it is
+# called from; special-token strings are rarely longer (Gemma's longest whitespace run is 31).
+_MAX_TRIE_DEPTH = 48
 
 
 def literal_alternation(strings: Iterable[str]) -> str:

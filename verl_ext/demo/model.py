@@ -31,6 +31,7 @@ def build_tiny_qwen3(
     The vocabulary is the tokenizer's full size (special tokens included) so every id the template renders is valid;
     embeddings are tied to keep the model small (about 10M parameters, almost all of them the embedding).
     """
+    from huggingface_hub import utils as hub_utils
     from transformers import AutoTokenizer, GenerationConfig, Qwen3Config, Qwen3ForCausalLM
     from transformers.utils import logging as hf_logging
 
@@ -59,13 +60,16 @@ def build_tiny_qwen3(
     )
     out.mkdir(parents=True, exist_ok=True)
     # A 40 MB save takes a fraction of a second: its progress bar would only clutter the demo's output.
-    bars_on = hf_logging.is_progress_bar_enabled()
+    # Both switches are put back as they were (transformers' enable_progress_bar also switches the hub's on).
+    bars_on, hub_bars_off = hf_logging.is_progress_bar_enabled(), hub_utils.are_progress_bars_disabled()
     hf_logging.disable_progress_bar()
     try:
         model.save_pretrained(str(out))
     finally:
         if bars_on:
             hf_logging.enable_progress_bar()
+        if hub_bars_off:
+            hub_utils.disable_progress_bars()
     tokenizer.save_pretrained(str(out))
     return out
 

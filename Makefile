@@ -62,8 +62,9 @@ test: venv tokenizers browser sglang-cpu
 demo: venv tokenizers
 	$(BIN)/verl-ext demo --out build/demo
 
-# Benchmarks (ratios against baselines measured in the same run): every bench/*.py script but the helpers (bench/_*.py), e.g. bench/turns.py
-# (per-turn bookkeeping: verl_ext vs verl 0.9.1's Continuous Token builder, a full re-render and the floor).
+# Benchmarks (ratios against baselines measured in the same run): every bench/*.py script but the helpers
+# (bench/_*.py), e.g. bench/turns.py (per-turn bookkeeping: verl_ext vs verl 0.9.1's Continuous Token builder, a full
+# re-render and the floor).
 # TOKENIZERS_PARALLELISM=true as verl's PPO runtime env sets it (the tests' false would hide the check's parallel encode).
 bench: venv tokenizers
 	@set -e; for script in bench/[!_]*.py; do echo "== $$script"; TOKENIZERS_PARALLELISM=true $(BIN)/python $$script; done

@@ -657,10 +657,10 @@ def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | Non
             for j in range(i + 1, len(t) + 1):
                 if (i, j) != (0, len(t)) and t[i:j] in candidates:
                     unsafe.add(t[i:j])  # t holds s: the scan can match t over it
-    cuts = sorted(candidates - unsafe, key=lambda c: (-len(c), c))
+    cuts = candidates - unsafe
     if not cuts:
         return None
-    pattern = re.compile("(" + literal_alternation(cuts) + ")")  # the longest where several start
+    pattern = re.compile("(" + literal_alternation(cuts) + ")")  # the longest where several start, in any order
     return pattern, "first" in schemes
 
 

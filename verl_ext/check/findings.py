@@ -30,12 +30,16 @@ class Cause(StrEnum):
     CONTEXT_MOVED = "context_moved"  # the template renders prompt text (tool list, system) elsewhere once more follows
     AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
     PREFILL_DROPPED = "prefill_dropped"  # the generation prompt's pre-fill (empty think block) is not re-rendered
+    CONTENT_WHITESPACE = "content_whitespace"  # whitespace the template strips or adds around sampled content
+    REASONING_REFORMATTED = "reasoning_reformatted"  # sampled thinking the template re-writes (tags, order, parts)
+    SAMPLED_TEXT_KEPT = "sampled_text_kept"  # the template writes the turn's message its own way; kept as sampled
     TEMPLATE_REFUSED = "template_refused"  # the template refuses to render the final messages: no template view
     BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
     CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
     AMBIGUOUS_STOP_DUPLICATED = "ambiguous_stop_duplicated"  # the ambiguous stop appears twice
     SPECIAL_TOKEN_INJECTED = "special_token_injected"  # special-token text in content became a real token
     STOP_TEXT_IN_MESSAGE = "stop_text_in_message"  # the loop decoded a stop token into an assistant message
+    MESSAGE_DIFFERS = "message_differs"  # an assistant message does not hold what the engine sampled (a tool call)
     UNKNOWN = "unknown"  # a divergence no rule explains
 
 
@@ -53,6 +57,9 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
         Cause.CONTEXT_MOVED,
         Cause.AMBIGUOUS_STOP_KEPT,
         Cause.PREFILL_DROPPED,
+        Cause.CONTENT_WHITESPACE,
+        Cause.REASONING_REFORMATTED,
+        Cause.SAMPLED_TEXT_KEPT,
         Cause.TEMPLATE_REFUSED,
     }
 )

@@ -8,6 +8,7 @@ names a cause wins. What no rule explains is ``UNKNOWN``.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from collections import Counter
@@ -16,8 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.align import align, check_deadline
-from verl_ext.check.findings import Cause, Finding, Span
+from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
+from verl_ext.check.sampled_text import TurnVerdict, frame_runs, message_holds_sampled
+from verl_ext.check.segments import Segment, segment_opcodes, segments
 from verl_ext.core.probe import END, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, spec_components
 
@@ -45,9 +48,12 @@ def template_findings(
     check_deadline(deadline, f"after rendering the conversation ({len(native)} tokens)")
     rules = _Rules(loc, profile, renderer, messages, stream, native, deadline)
     out: list[Finding] = []
-    divergent = [op for op in rules.opcodes if op[0] != "equal"]
-    spans: list[tuple[int, int, int, int]] = []
-    for _tag, i1, i2, j1, j2 in divergent:
+    spans: list[tuple[int, int, int, int, int]] = []  # (i1, i2, j1, j2, segment)
+    for (tag, i1, i2, j1, j2), seg in zip(rules.opcodes, rules.owners, strict=True):
+        if tag == "equal" or i1 == rules.prompt_cut < len(stream):
+            continue
+        if i2 == len(stream) and j2 < len(native) and not rules.parts[seg].sampled and rules.cut_inside(i1, j1):
+            continue  # the trainer's response length cut the context here: nothing after the cut is trained
         if i2 == len(stream) and j2 == len(native):
             # Nothing is trained after the last token: the END close and trailer the template renders there (and
             # a stream cut before them) change nothing. Compare what comes before them.
@@ -56,16 +62,29 @@ def template_findings(
                 continue  # rendered-only text after the last stream token (a response cut inside context)
         if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
             continue
-        spans.append((i1, i2, j1, j2))
+        spans.append((i1, i2, j1, j2, seg))
     # Every span's two texts in one batch, decoded once (rules and findings read them): a stripped thinking block is
     # thousands of tokens, and the batch decodes the blocks on the free cores.
-    decoded = renderer.decode_many([ids for i1, i2, j1, j2 in spans for ids in (stream[i1:i2], native[j1:j2])])
-    for k, (i1, i2, j1, j2) in enumerate(spans):
+    decoded = renderer.decode_many([ids for i1, i2, j1, j2, _ in spans for ids in (stream[i1:i2], native[j1:j2])])
+    per_turn: dict[int, list[int]] = {}  # the findings of each sampled segment, by index in ``out``
+    for k, (i1, i2, j1, j2, seg) in enumerate(spans):
         check_deadline(deadline, f"explaining divergence {k + 1} of {len(spans)}")
         d = Divergence.of(rules, i1, i2, j1, j2, texts=(decoded[2 * k], decoded[2 * k + 1]))
         cause, detail = rules.explain(d)
+        part = rules.parts[seg]
+        if part.sampled and rules.inside_turn(d, part):
+            cause, detail = rules.sampled_cause(d, part, cause, detail)
+            per_turn.setdefault(seg, []).append(len(out))
         texts = (d.ds, d.dr)
         out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts))
+    for seg, indices in per_turn.items():
+        verdict = rules.verdict(rules.parts[seg])
+        if not verdict.holds and all(out[i].cause is not Cause.MESSAGE_DIFFERS for i in indices):
+            # Every divergence of the turn has an innocent reading, but the message does not hold what was sampled.
+            first = out[indices[0]]
+            out[indices[0]] = dataclasses.replace(
+                first, cause=Cause.MESSAGE_DIFFERS, allowed=allowed(Cause.MESSAGE_DIFFERS), detail=verdict.detail
+            )
 
     if renderer.escapes(messages):
         # Untrusted content holds special-token text. The native render turns it into special tokens,
@@ -106,7 +125,71 @@ class _Rules:
         self.aliases = profile.alias_id_set
         self.stops = profile.stop_id_set
         self.assistants = [messages[i] for i in loc.assistant_indices]
-        self.opcodes = align(stream, rendered, deadline)  # the alignment: computed once, read by every rule
+        outputs = [(c.output_start, c.output_end) for c in loc.calls]
+        tail = self.end_close_suffix(rendered[-_END_LOOKBACK:])
+        # A rollout that ran out of budget right after its context ends on the generation prompt of a turn that never
+        # ran: the final messages do not render it, and nothing was sampled after it. Compared apart, then skipped.
+        self.prompt_cut = _trailing_generation_prompt(stream, profile.generation_prompt_ids, outputs)
+        self.parts = segments(stream[: self.prompt_cut], rendered, outputs, self.turn_ends, tail, deadline)
+        if self.prompt_cut < len(stream):
+            self.parts.append(Segment(self.prompt_cut, len(stream), len(rendered), len(rendered)))
+        # the alignment, segment by segment: computed once, read by every rule
+        self.opcodes, self.owners = segment_opcodes(stream, rendered, self.parts, deadline)
+        self._verdicts: dict[int, TurnVerdict] = {}
+
+    def cut_inside(self, i1: int, j1: int) -> bool:
+        """The stream ends at ``i1``'s divergence with a prefix of what the render holds from ``j1`` on: the trainer's
+        response length cut the rollout there (nothing after the cut is trained)."""
+        ours = self.r.decode(self.stream[i1:])
+        return bool(ours) and self.r.decode(self.rendered[j1:]).startswith(ours)
+
+    def inside_turn(self, d: Divergence, part: Segment) -> bool:
+        """The divergence belongs to the sampled turn of ``part``: it lies in the turn's output, or its part in the gap
+        next to it (an edge token whose text merged with the sampled text in the render) is intact in the render."""
+        call = self.loc.calls[part.turn]
+        lead = self.r.decode(self.stream[d.i1 : min(d.i2, call.output_start)]) if d.i1 < call.output_start else ""
+        trail = self.r.decode(self.stream[max(d.i1, call.output_end) : d.i2]) if d.i2 > call.output_end else ""
+        return d.dr.startswith(lead) and d.dr.endswith(trail)
+
+    def sampled_cause(self, d: Divergence, part: Segment, cause: Cause, detail: str) -> tuple[Cause, str]:
+        """The cause of a divergence inside a sampled turn. The stream is the engine's there: a rule's innocent
+        reading stands, and so do the turn-end defects (a close or trailer the stream lacks); anything else is the
+        template writing the same message its own way when the message holds what was sampled (``verdict``), and
+        ``MESSAGE_DIFFERS`` when it does not."""
+        if cause in ALLOWED_BY_DESIGN or (cause in _TURN_END_DEFECTS and d.at_end):
+            return cause, detail
+        verdict = self.verdict(part)
+        if not verdict.holds:
+            return Cause.MESSAGE_DIFFERS, verdict.detail
+        if _squash(d.ds) == _squash(d.dr):
+            return Cause.CONTENT_WHITESPACE, f"the template writes {d.dr!r} where the engine sampled {d.ds!r}"
+        if any(tag in d.ds or tag in d.dr for tag in self._reasoning_tags):
+            return Cause.REASONING_REFORMATTED, (
+                f"the template re-writes the turn's thinking: {d.dr[:80]!r} where the engine sampled {d.ds[:80]!r}"
+            )
+        return Cause.SAMPLED_TEXT_KEPT, (
+            f"the message holds what was sampled; the template writes {d.dr[:80]!r} where the engine sampled "
+            f"{d.ds[:80]!r}"
+        )
+
+    def verdict(self, part: Segment) -> TurnVerdict:
+        """Whether the turn's message holds what the engine sampled (``sampled_text``), once per turn."""
+        if part.turn not in self._verdicts:
+            sampled, rendered = self.r.decode_many(
+                [self.stream[part.i1 : part.i2], self.rendered[part.j1 : part.j2]]
+            )
+            self._verdicts[part.turn] = message_holds_sampled(
+                sampled, rendered, self.r.control_pattern, self._frame, self._normalized
+            )
+        return self._verdicts[part.turn]
+
+    @functools.cached_property
+    def _frame(self) -> frozenset[str]:
+        return _assistant_frame(self.r)[0]
+
+    @functools.cached_property
+    def _reasoning_tags(self) -> tuple[str, ...]:
+        return _assistant_frame(self.r)[1]
 
     def end_close_suffix(self, ids: Sequence[int]) -> int:
         """How many of ``ids``' last tokens are the template's END close and/or trailer (0 if none)."""
@@ -497,6 +580,48 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
 
 
 _MOVED_MIN_CHARS = 24
+_END_LOOKBACK = 16  # render tokens read for the END close and trailer
+# Turn-end defects a rule names at the end of a sampled turn: the stream lacks the close the template writes, or
+# holds a stop twice, or the message holds a stop's text. (Whatever the template writes after its close is the gap's.)
+_TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED, Cause.STOP_TEXT_IN_MESSAGE})
+_FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
+
+
+def _trailing_generation_prompt(stream: Sequence[int], gen: Sequence[int], outputs: Sequence[tuple[int, int]]) -> int:
+    """Where the stream's trailing generation prompt starts (or a start of one, cut by the response length), after
+    the last output; ``len(stream)`` when it ends otherwise."""
+    last = outputs[-1][1] if outputs else len(stream)
+    for m in range(len(gen), 0, -1):
+        cut = len(stream) - m
+        if cut >= last and tuple(stream[cut:]) == tuple(gen[:m]):
+            return cut
+    return len(stream)
+
+
+def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...]]:
+    """What the template writes around any assistant message's content (squashed text runs, structure aside), and
+    the non-whitespace text it writes around reasoning (its tags): rendered once per template with marker texts."""
+    key = r.fingerprint
+    if key not in _FRAMES:
+        user = {"role": "user", "content": "QXUSER"}
+        frame: frozenset[str] = frozenset()
+        tags: tuple[str, ...] = ()
+        try:
+            head = r.render_text([user], None, add_generation_prompt=True)
+            plain = r.render_text([user, {"role": "assistant", "content": "QXANSWER"}])
+            thought = r.render_text(
+                [user, {"role": "assistant", "content": "QXANSWER", "reasoning_content": "QXTHOUGHT"}]
+            )
+        except Exception:  # a template that needs more than this to render: no frame, no tags (stricter verdicts)
+            head = plain = thought = ""
+        if plain.startswith(head) and "QXANSWER" in plain:
+            before, _, after = plain[len(head) :].partition("QXANSWER")
+            frame = frame_runs(before, after, r.control_pattern)
+        if thought.startswith(head) and "QXTHOUGHT" in thought:
+            around = thought[len(head) :].replace("QXANSWER", " ").split("QXTHOUGHT")
+            tags = tuple(t for t in dict.fromkeys(w for part in around for w in part.split()) if t not in head)
+        _FRAMES[key] = (frame, tags)
+    return _FRAMES[key]
 _NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
 
 

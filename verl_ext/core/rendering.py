@@ -219,6 +219,11 @@ class ChatRenderer:
         self._added_re = re.compile(literal_alternation(strings)) if strings else None  # the longest where several
         self._text_only = _text_only or _text_only_tokenizer(tokenizer)
 
+    @property
+    def control_pattern(self) -> re.Pattern[str] | None:
+        """A pattern matching the text of every control token (longest first); None when there is none."""
+        return self._added_re
+
     def with_template_kwargs(self, template_kwargs: Mapping[str, Any] | None) -> ChatRenderer:
         """The same tokenizer and template with other template kwargs (shares the loaded tokenizers)."""
         if dict(template_kwargs or {}) == self.template_kwargs:

@@ -44,9 +44,9 @@ from verl_ext.plugin.tool_calls import (
     ParsedCall,
     ToolOutcome,
     ToolStatus,
-    assistant_message,
     call_id,
-    malformed_count,
+    over_limit_message,
+    parse_turn,
     run_tool,
 )
 from verl_ext.telemetry.records import RecordWriter, header_record
@@ -259,24 +259,27 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             ro.trajectory.add_sampled(ids, out.log_probs, finish)
             ro.counters["rollouts_ended_on_invalid_output"] += 1
             return False
-        message, parsed, malformed = await self._parse(ids, ro.turn, ro.counters, ro.active)
+        message, parsed, dropped, malformed = await self._parse(ids, ro.turn, ro.counters, ro.active)
         ro.trajectory.add_sampled(ids, out.log_probs, finish, message=message)
         ro.turn += 1
         if not (parsed or malformed) or finish is FinishReason.LENGTH or self._turn_limit(ro.turn):
             return False
-        return await self._reply(ro, parsed, malformed)
+        return await self._reply(ro, parsed, dropped, malformed)
 
-    async def _reply(self, ro: _RolloutState, parsed: Sequence[ParsedCall], malformed: int) -> bool:
+    async def _reply(
+        self, ro: _RolloutState, parsed: Sequence[ParsedCall], dropped: Sequence[ParsedCall], malformed: int
+    ) -> bool:
         """Step 3: run the parsed calls and append their results (and an error per malformed call) as context
         tokens. False when the template cannot render the reply: the rollout ends there, the check reports it."""
         tool_messages = await self._run_tools(parsed, ro.active, ro.agent_data, ro.counters, ro.metrics, ro.rewards)
+        tool_messages += [over_limit_message(c, self.max_parallel_calls) for c in dropped]
         tool_messages += [_malformed_message(ro.turn - 1, i) for i in range(malformed)]
         try:
             ro.prompt_ids = ro.trajectory.append_messages(tool_messages)
             ro.replies += 1
             return True
         except TemplateError as exc:
-            if len(parsed) > 1 and self.rt.profile.parallel_tool_calls is False:
+            if len(parsed) + len(dropped) > 1 and self.rt.profile.parallel_tool_calls is False:
                 # The model wrote more calls in one turn than the template can render: the trajectory refused
                 # the reply (naming the limit); end this rollout, the check reports it, training goes on.
                 log.warning("%s: %s; ending the rollout", AGENT_NAME, exc)
@@ -309,23 +312,19 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     # -- helpers ----------------------------------------------------------------------------------
     async def _parse(
         self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]
-    ) -> tuple[dict[str, Any], list[ParsedCall], int]:
-        """The assistant message for the template (content and tool calls), from the ids minus the stop token;
-        the calls to run; and how many tool calls the model wrote that the parser could not read."""
-        # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
-        body = ids[:-1] if ids and ids[-1] in self.rt.end_of_turn_ids else ids
+    ) -> tuple[dict[str, Any], list[ParsedCall], list[ParsedCall], int]:
+        """The assistant message for the template (content and every tool call), from the ids minus the stop token;
+        the calls to run; those past ``max_parallel_calls``; and how many tool calls the parser could not read."""
         schemas = [tool.tool_schema for tool in active.values()]
-        content, found = await self.tool_parser.extract_tool_calls(body, schemas)
-        parsed = [
-            ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i))
-            for i, c in enumerate(found[: self.max_parallel_calls])
-        ]
-        malformed = malformed_count(self.tool_parser, self.rt.renderer.decode(body), len(found))
-        if malformed:
-            counters[f"tool/{ToolStatus.MALFORMED.value}"] += malformed
-        if len(found) > self.max_parallel_calls:
-            counters["tool/dropped_over_max_parallel_calls"] += len(found) - self.max_parallel_calls
-        return assistant_message(content, parsed), parsed, malformed
+        decode = self.rt.renderer.decode
+        turned = await parse_turn(
+            self.tool_parser, ids, self.rt.end_of_turn_ids, decode, schemas, turn, self.max_parallel_calls
+        )
+        if turned.malformed:
+            counters[f"tool/{ToolStatus.MALFORMED.value}"] += turned.malformed
+        if turned.dropped:
+            counters["tool/dropped_over_max_parallel_calls"] += len(turned.dropped)
+        return turned.message, turned.calls, turned.dropped, turned.malformed
 
     def _turn_limit(self, assistant_turns: int) -> bool:
         return bool(self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)

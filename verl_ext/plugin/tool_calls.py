@@ -72,6 +72,45 @@ def assistant_message(content: str, calls: Sequence[ParsedCall]) -> dict[str, An
     return message
 
 
+@dataclass(frozen=True)
+class ParsedTurn:
+    """One assistant turn read from its output ids: the message for the template (every call the model wrote, so
+    that it describes the sampled tokens), the calls to run (at most ``max_parallel_calls``), the calls read past
+    that limit (answered with an error, never run), and how many tool calls the parser could not read."""
+
+    message: dict[str, Any]
+    calls: list[ParsedCall]
+    dropped: list[ParsedCall]
+    malformed: int
+
+
+async def parse_turn(
+    tool_parser: Any,
+    ids: Sequence[int],
+    end_of_turn_ids: frozenset[int],
+    decode: Any,
+    schemas: Sequence[Any],
+    turn: int,
+    max_parallel_calls: int,
+) -> ParsedTurn:
+    """One turn's output ids, minus an end-of-turn stop, read by verl's ``tool_parser``: the one step every verl_ext
+    loop uses to turn sampled ids into a message (the ids themselves stay as sampled). ``decode`` decodes ids to
+    text (to count malformed calls)."""
+    # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
+    body = list(ids[:-1] if ids and ids[-1] in end_of_turn_ids else ids)
+    content, found = await tool_parser.extract_tool_calls(body, list(schemas))
+    parsed = [ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i)) for i, c in enumerate(found)]
+    malformed = malformed_count(tool_parser, decode(body), len(found))
+    limit = max(0, max_parallel_calls)
+    return ParsedTurn(assistant_message(content, parsed), parsed[:limit], parsed[limit:], malformed)
+
+
+def over_limit_message(call: ParsedCall, limit: int) -> dict[str, Any]:
+    """The tool message answering a call made past ``max_parallel_calls``: not run, and the model is told why."""
+    text = f"Error: tool call {call.name!r} was not run: at most {limit} tool calls per turn"
+    return {"role": "tool", "content": text, "tool_call_id": call.call_id, "name": call.name}
+
+
 def _arguments(text: str) -> Any:
     try:
         value = json.loads(text)

@@ -22,6 +22,9 @@ CAUSE_FIXES: dict[str, str] = {
     "tool_result_labelled": NOTHING + "each tool result is labelled with its own call's name, as the engine saw it.",
     "context_moved": NOTHING + "the template moves a block (tool list, system text); the stream keeps it in place.",
     "prefill_dropped": NOTHING + "the pre-fill (an empty think block) is kept as the engine saw it.",
+    "content_whitespace": NOTHING + "the content is trained as sampled; the template strips or adds whitespace.",
+    "reasoning_reformatted": NOTHING + "the thinking is trained as sampled; the template re-writes its tags or parts.",
+    "sampled_text_kept": NOTHING + "the turn is trained as sampled; the template writes the same message its own way.",
     "template_refused": "The template cannot render these messages (e.g. two tool calls in one turn): set "
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1; the engine view still proves the tokens.",
     "boundary_missing": SWITCH + ": the stock loop drops text the template renders after a turn's close (Qwen's \\n).",
@@ -30,6 +33,9 @@ CAUSE_FIXES: dict[str, str] = {
     "ambiguous_stop_duplicated": SWITCH + ": it keeps a stop that also opens the next message once, not twice.",
     "special_token_injected": SWITCH + " with verl_ext.escape_special_tokens=true (default): tool text then stays "
     "text instead of becoming a fake turn boundary.",
+    "message_differs": "The loop's assistant message does not hold what the engine sampled (e.g. a tool call run "
+    "with other arguments): build each message from the sampled ids with the tool parser, as verl_ext_tool_agent "
+    "does (actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent).",
     "stop_text_in_message": SWITCH + ": the stock hermes parser decodes the stop token into the assistant message.",
     "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE` replays every "
     "record, numbered by line. Report it with the record if the template view is wrong.",

@@ -1,0 +1,209 @@
+"""The template view's alignment anchored on the rollout's own structure: what verl_ext did not sample, found in
+the render, cuts both sides into segments that are aligned one by one.
+
+The training stream is a partition: the first prompt, then per engine call its sampled output and the gap after
+it (boundary repairs, a synthetic close, the appended context, the next generation prompt). Every gap is tokens the
+template itself rendered, so it is found verbatim in a re-render of the final messages (or, near a sampled output
+whose text merges with it, all but a few edge tokens are). Between two gaps the render holds what the template
+writes for one assistant message. Aligning each gap with its match and each sampled output with the render between
+two matches means a divergence inside one turn (whitespace the template strips, thinking it reformats) can never
+shift the comparison of the turns around it. A gap the render does not hold verbatim (a dropped or altered context
+message: a real defect) is placed by a whole-rollout alignment instead, and diverges inside its own segment.
+
+The render's end-of-turn token after a turn whose output ended on one is the sampled turn's (``turn_end_ids``):
+whatever the template writes after it (Qwen's "\\n") belongs to the gap, so a missing boundary repair is a
+divergence of the gap, never text of the message.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+from verl_ext.check.align import Opcode, align
+
+EDGE_TRIM = 2  # tokens of a gap next to a sampled output that may merge with it in the render
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One piece of the partition: ``stream[i1:i2]`` against ``rendered[j1:j2]``. ``turn`` is the engine call of a
+    sampled segment (-1 for a gap); ``anchored`` says whether a gap was found verbatim (False: placed by the
+    whole-rollout alignment)."""
+
+    i1: int
+    i2: int
+    j1: int
+    j2: int
+    turn: int = -1
+    anchored: bool = True
+
+    @property
+    def sampled(self) -> bool:
+        return self.turn >= 0
+
+
+def segments(
+    stream: Sequence[int],
+    rendered: Sequence[int],
+    outputs: Sequence[tuple[int, int]],
+    turn_end_ids: Collection[int],
+    end_tail: int = 0,
+    deadline: float | None = None,
+) -> list[Segment]:
+    """The stream/render partition: gap, sampled, gap, ..., gap (``outputs``: each call's ``(start, end)`` in the
+    stream, in order). Gaps are matched in the render in order; a gap not found verbatim is placed through the
+    whole-rollout alignment. The last gap (what follows the last output) is the render's last ``end_tail`` tokens:
+    the close and trailer the template writes after the last message."""
+    finder = _Finder(rendered)
+    gaps = [(0, outputs[0][0] if outputs else len(stream))]
+    gaps += [(e, outputs[k + 1][0] if k + 1 < len(outputs) else len(stream)) for k, (_s, e) in enumerate(outputs)]
+    placed: list[tuple[int, int, int, int, bool]] = []  # (i1, i2, j1, j2, anchored) per gap
+    cursor = 0
+    for g, (g1, g2) in enumerate(gaps):
+        lead = EDGE_TRIM if g > 0 else 0
+        trail = EDGE_TRIM if g < len(gaps) - 1 else 0
+        if g == len(gaps) - 1 and g > 0 and g1 == g2:
+            # Nothing after the last output: the render's rest is the END close and trailer after the last message.
+            tail = max(len(rendered) - end_tail, cursor)
+            placed.append((g1, g2, tail, len(rendered), True))
+            break
+        found = _find_gap(stream, finder, g1, g2, lead, trail, cursor)
+        if found is None:
+            # A gap the render does not hold (a moved tool list, an altered message): every boundary is placed by
+            # one whole-rollout alignment instead, and each segment is aligned inside what it pairs with.
+            return _segments_by_alignment(align(stream, rendered, deadline), gaps, outputs, len(rendered))
+        placed.append(found)
+        cursor = found[3]
+    placed[0] = (0, placed[0][1], 0, placed[0][3], placed[0][4])  # the render's start is the prompt's
+    last = placed[-1]
+    placed[-1] = (last[0], len(stream), last[2], len(rendered), last[4])
+    _give_closes_to_turns(stream, rendered, outputs, placed, turn_end_ids)
+    out: list[Segment] = []
+    for g, (i1, i2, j1, j2, anchored) in enumerate(placed):
+        out.append(Segment(i1, i2, j1, j2, -1, anchored))
+        if g < len(outputs):
+            n1, _n2, m1, _m2, _a = placed[g + 1]
+            out.append(Segment(i2, n1, j2, m1, g))
+    return out
+
+
+def segment_opcodes(
+    stream: Sequence[int], rendered: Sequence[int], parts: Sequence[Segment], deadline: float | None = None
+) -> tuple[list[Opcode], list[int]]:
+    """One alignment of the whole rollout made of each segment's own (divergent blocks never cross a segment), and
+    for each opcode the index in ``parts`` of its segment (-1 for an ``equal`` block, which may span several)."""
+    ops: list[Opcode] = []
+    owners: list[int] = []
+    for k, s in enumerate(parts):
+        if s.i1 == s.i2 and s.j1 == s.j2:
+            continue
+        for tag, a1, a2, b1, b2 in align(stream[s.i1 : s.i2], rendered[s.j1 : s.j2], deadline):
+            op = (tag, a1 + s.i1, a2 + s.i1, b1 + s.j1, b2 + s.j1)
+            if tag == "equal" and ops and ops[-1][0] == "equal" and ops[-1][2] == op[1] and ops[-1][4] == op[3]:
+                ops[-1] = ("equal", ops[-1][1], op[2], ops[-1][3], op[4])  # segments meet inside equal runs
+                continue
+            ops.append(op)
+            owners.append(-1 if tag == "equal" else k)
+    return ops, owners
+
+
+def _find_gap(
+    stream: Sequence[int],
+    finder: _Finder,
+    g1: int,
+    g2: int,
+    lead: int,
+    trail: int,
+    cursor: int,
+) -> tuple[int, int, int, int, bool] | None:
+    """The gap ``stream[g1:g2]`` found in the render at or after ``cursor``: whole, else without up to ``lead`` /
+    ``trail`` edge tokens (those merge with the sampled text next to them; they stay with the sampled segment).
+    An empty gap is found where the cursor is."""
+    if g1 == g2:
+        return (g1, g2, cursor, cursor, True)
+    for a in range(0, min(lead, g2 - g1 - 1) + 1):
+        for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
+            core = stream[g1 + a : g2 - b]
+            at = finder.find(core, cursor)
+            if at is not None:
+                return (g1 + a, g2 - b, at, at + len(core), True)
+    return None
+
+
+def _segments_by_alignment(
+    ops: Sequence[Opcode], gaps: Sequence[tuple[int, int]], outputs: Sequence[tuple[int, int]], rendered_len: int
+) -> list[Segment]:
+    """The partition with every boundary placed where a whole-rollout alignment pairs it."""
+    cuts = sorted({b for s, e in outputs for b in (s, e)})
+    where = {b: _map_position(ops, b, rendered_len, start=True) for b in cuts}
+    out: list[Segment] = []
+    previous = 0
+    for g, (g1, g2) in enumerate(gaps):
+        j1 = 0 if g == 0 else where[g1]
+        j2 = rendered_len if g == len(gaps) - 1 else max(where[g2], j1)
+        j1 = max(j1, previous)
+        out.append(Segment(g1, g2, j1, max(j2, j1), -1, False))
+        if g < len(outputs):
+            s, e = outputs[g]
+            end = max(where[e], max(j2, j1))
+            out.append(Segment(s, e, max(j2, j1), end, g, False))
+            previous = end
+    return out
+
+
+def _give_closes_to_turns(
+    stream: Sequence[int],
+    rendered: Sequence[int],
+    outputs: Sequence[tuple[int, int]],
+    placed: list[tuple[int, int, int, int, bool]],
+    turn_end_ids: Collection[int],
+) -> None:
+    """Where a turn's output ended on an end-of-turn token, the render's body for it ends right after the render's
+    own end-of-turn token: a close matched as the start of the next gap moves to the turn, and whatever the render
+    holds after the turn's last end-of-turn token moves to the gap (so a missing trailer is the gap's)."""
+    for k, (s, e) in enumerate(outputs):
+        if e <= s or stream[e - 1] not in turn_end_ids:
+            continue
+        i1, i2, j1, j2, anchored = placed[k + 1]
+        body_start = placed[k][3]
+        if anchored and j1 < j2 and rendered[j1] in turn_end_ids:
+            # The gap's match begins with the render's close: it is the sampled one's (a doubled close stays a gap's).
+            placed[k + 1] = (i1, i2, j1 + 1, j2, anchored)
+            continue
+        last_end = next((j for j in range(j1 - 1, body_start - 1, -1) if rendered[j] in turn_end_ids), None)
+        if last_end is not None and last_end + 1 < j1:
+            placed[k + 1] = (i1, i2, last_end + 1, j2, anchored)
+
+
+def _mapped(ops: Sequence[Opcode], i1: int, i2: int, rendered_len: int) -> tuple[int, int]:
+    """The render range a whole-rollout alignment pairs with ``stream[i1:i2]``."""
+    return _map_position(ops, i1, rendered_len, start=True), _map_position(ops, i2, rendered_len, start=False)
+
+
+def _map_position(ops: Sequence[Opcode], i: int, rendered_len: int, start: bool) -> int:
+    for tag, a1, a2, b1, b2 in ops:
+        if a1 <= i < a2 or (i == a2 and not start):
+            if tag == "equal":
+                return b1 + (i - a1)
+            return b1 if start else b2
+        if i == a1 == a2 and tag == "insert":
+            return b1 if start else b2
+    return rendered_len
+
+
+class _Finder:
+    """Exact search for a run of ids in the render, as a byte search over the ids packed 4 bytes each."""
+
+    def __init__(self, rendered: Sequence[int]) -> None:
+        self.raw = array("I", rendered).tobytes()
+
+    def find(self, needle: Sequence[int], start: int) -> int | None:
+        if not needle:
+            return start
+        pattern = array("I", needle).tobytes()
+        at = self.raw.find(pattern, start * 4)
+        while at != -1 and at % 4:
+            at = self.raw.find(pattern, at + 1)
+        return None if at == -1 else at // 4

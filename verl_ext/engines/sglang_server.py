@@ -11,7 +11,7 @@ import os
 from typing import Any
 
 from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV, forced_generation, forced_prefix, scoring_request
-from verl_ext.engines.sglang_output import build_request, server_enabled, token_output_fields
+from verl_ext.engines.sglang_output import build_request, server_class_name, token_output_fields
 
 log = logging.getLogger("verl_ext.engines")
 
@@ -179,12 +179,9 @@ class ForcedFirstTurnTokenExactSGLangServer(_ForcedFirstTurn, TokenExactSGLangSe
 
 
 def server_class_for(rollout_config: Any) -> type | None:
-    """The server class a replica launches: verl_ext's when switched on, each with the forced first turn when the
-    TEST/DEMO hook is set; ``None`` keeps verl's own."""
-    forced = bool(os.environ.get(SGLANG_FORCE_ENV))
-    if server_enabled(rollout_config):
-        return ForcedFirstTurnTokenExactSGLangServer if forced else TokenExactSGLangServer
-    return ForcedFirstTurnStockSGLangServer if forced else None
+    """The server class a replica launches (``server_class_name``); ``None`` keeps verl's own."""
+    name = server_class_name(rollout_config)
+    return None if name is None else globals()[name]
 
 
 class TokenExactSGLangReplica(_replica_base()):  # type: ignore[misc]

@@ -2,7 +2,7 @@
 
 On a machine with internet (any OS; nothing is installed there)::
 
-    python scripts/gpu/build_bundle.py --out build/bundle [--python 3.12] [--platform manylinux_2_28_x86_64]
+    python scripts/gpu/build_bundle.py --out build/bundle [--python 3.12] [--platform manylinux_2_34_x86_64]
     python scripts/gpu/build_bundle.py --out build/bundle --resolve-only   # versions and sizes, no download
 
 Then copy ``build/bundle`` (``manifest.json`` and the ``bundle.tar.NNN`` parts) to the node and run
@@ -437,13 +437,26 @@ def assemble(
     return manifest
 
 
+def platform_tags(platform: str) -> list[str]:
+    """Every wheel platform tag a node with ``platform`` accepts, newest first. pip's ``--platform`` matches only the
+    tags it is given: ``manylinux_2_34_x86_64`` alone would refuse the many ``manylinux2014`` wheels (glibc 2.17)."""
+    match = re.fullmatch(r"manylinux_2_(\d+)_(\w+)", platform)
+    if not match:
+        return [platform]
+    minor, arch = int(match.group(1)), match.group(2)
+    tags = [f"manylinux_2_{m}_{arch}" for m in range(minor, 4, -1)]
+    legacy = {17: "manylinux2014", 12: "manylinux2010", 5: "manylinux1"}
+    tags += [f"{name}_{arch}" for glibc, name in legacy.items() if glibc <= minor]
+    return tags
+
+
 def pip_target(python: str, platform: str) -> list[str]:
     """pip options that select wheels for the target node instead of this machine."""
     if not re.fullmatch(r"3\.\d+", python):
         raise BundleError(f"--python {python!r}: give the node's Python as MAJOR.MINOR, e.g. 3.12")
     abi = "cp" + python.replace(".", "")
-    return ["--only-binary=:all:", "--python-version", python, "--platform", platform, "--implementation", "cp",
-            "--abi", abi]  # fmt: skip
+    platforms = [arg for tag in platform_tags(platform) for arg in ("--platform", tag)]
+    return ["--only-binary=:all:", "--python-version", python, *platforms, "--implementation", "cp", "--abi", abi]
 
 
 def specs(pins: Mapping[str, str]) -> list[str]:
@@ -483,8 +496,8 @@ def download(pins: Mapping[str, str], python: str, platform: str, work: Path) ->
 
 
 def resolve_only(pins: Mapping[str, str], python: str, platform: str, work: Path) -> list[dict[str, str]]:
-    """Which wheel each package would be, without downloading wheels (pip's resolver in --dry-run with --report;
-    pip reads the index's metadata files where they exist)."""
+    """Which wheel each package would be, without writing a bundle (pip's ``install --dry-run --report``). pip still
+    fetches every wheel whose metadata the index does not publish separately (sglang-kernel: 322 MB)."""
     report = work / "resolve-report.json"
     run([sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--ignore-installed", "--quiet",
          "--target", str(work / "unused-target"), "--report", str(report), *pip_target(python, platform),
@@ -498,12 +511,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="where manifest.json and the parts go")
     parser.add_argument("--python", default="3.12", help="the node's Python, MAJOR.MINOR (default 3.12)")
-    parser.add_argument("--platform", default="manylinux_2_28_x86_64", help="the node's wheel platform tag")
+    parser.add_argument("--platform", default="manylinux_2_34_x86_64", help="the node's wheel platform tag")
     parser.add_argument("--part-mib", type=int, default=60, help="largest part, MiB (default 60)")
     parser.add_argument("--versions", type=Path, default=VERSIONS, help="pins (default scripts/gpu/versions.txt)")
     parser.add_argument("--work", type=Path, default=None, help="download folder (default OUT/work); reused")
     parser.add_argument("--from-wheels", type=Path, default=None, help="skip the download: use these wheels")
-    parser.add_argument("--resolve-only", action="store_true", help="print which wheels, download nothing")
+    parser.add_argument(
+        "--resolve-only",
+        action="store_true",
+        help="print which wheels (pip's dry run: it still fetches wheels without index metadata)",
+    )
     args = parser.parse_args(argv)
     try:
         pins = read_pins(args.versions)

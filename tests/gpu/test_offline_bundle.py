@@ -226,3 +226,14 @@ def test_the_recipes_install_script_pins_the_same_versions(bb: ModuleType) -> No
     }
     assert pinned, "install.sh pins nothing any more: check it reads scripts/gpu/versions.txt"
     assert {n: v for n, v in pinned.items() if pins.get(n) != v} == {}
+
+
+def test_pip_is_given_every_manylinux_tag_the_node_accepts(bb: ModuleType) -> None:
+    tags = bb.platform_tags("manylinux_2_28_x86_64")
+    assert tags[0] == "manylinux_2_28_x86_64" and "manylinux_2_17_x86_64" in tags and "manylinux2014_x86_64" in tags
+    assert "manylinux_2_29_x86_64" not in tags and bb.platform_tags("manylinux_2_12_aarch64")[-2:] == [
+        "manylinux2010_aarch64", "manylinux1_aarch64"]  # fmt: skip
+    args = bb.pip_target("3.12", "manylinux_2_28_x86_64")
+    assert args.count("--platform") == len(tags) and args[args.index("--abi") + 1] == "cp312"
+    with pytest.raises(bb.BundleError, match="give the node's Python as MAJOR.MINOR"):
+        bb.pip_target("cp312", "manylinux_2_28_x86_64")

@@ -347,6 +347,26 @@ def requirement_report(
     return conflicts, absent
 
 
+def pin_conflicts(
+    pins: Mapping[str, str], requires: Mapping[str, Sequence[str]], environment: Mapping[str, str]
+) -> list[str]:
+    """Declared requirements (package -> its ``Requires-Dist`` strings) that another package's pin does not meet,
+    ``ALLOWED_CONFLICTS`` excepted: a versions.txt that cannot work together, found without downloading anything."""
+    pinned = {canonicalize_name(k): v for k, v in pins.items()}
+    out = []
+    for package, raws in requires.items():
+        for raw in raws:
+            req = Requirement(raw)
+            if req.marker is not None and not req.marker.evaluate(dict(environment)):
+                continue
+            dep = canonicalize_name(req.name)
+            if dep not in pinned or req.specifier.contains(Version(pinned[dep]), prereleases=True):
+                continue
+            if (canonicalize_name(package), dep) not in ALLOWED_CONFLICTS:
+                out.append(f"{package} requires {req}, versions.txt pins {dep}=={pinned[dep]}")
+    return out
+
+
 def sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as fh:

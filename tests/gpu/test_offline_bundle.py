@@ -237,3 +237,27 @@ def test_pip_is_given_every_manylinux_tag_the_node_accepts(bb: ModuleType) -> No
     assert args.count("--platform") == len(tags) and args[args.index("--abi") + 1] == "cp312"
     with pytest.raises(bb.BundleError, match="give the node's Python as MAJOR.MINOR"):
         bb.pip_target("cp312", "manylinux_2_28_x86_64")
+
+
+def test_the_pins_meet_what_the_pinned_packages_declare(bb: ModuleType) -> None:
+    """verl 0.9.1's and sglang 0.5.12's own declared requirements (and those of every other pinned package this
+    venv has at the pinned version) against versions.txt: e.g. tensordict's pyvers < 0.2, sglang's exact pins."""
+    from importlib.metadata import PackageNotFoundError, requires, version
+
+    pins = bb.read_pins()
+    declared = {}
+    for name, pin in pins.items():
+        try:
+            same = version(name) == pin
+        except PackageNotFoundError:
+            same = False
+        if same:
+            declared[name] = [r for r in requires(name) or [] if "extra ==" not in r]
+    assert {"verl", "sglang", "tensordict", "pyvers"} <= set(declared)
+    environment = bb.target_environment("3.12", "manylinux_2_34_x86_64")
+    assert bb.pin_conflicts(pins, declared, environment) == []
+    broken = {**pins, "pyvers": "0.2.3", "openai": "3.0.0"}
+    assert bb.pin_conflicts(broken, declared, environment) == [
+        "sglang requires openai==2.6.1, versions.txt pins openai==3.0.0",
+        "tensordict requires pyvers<0.2.0,>=0.1.0, versions.txt pins pyvers==0.2.3",
+    ]

@@ -72,7 +72,8 @@ print(f"install_bundle: {len(manifest['parts'])} parts and {len(manifest['wheels
 PY
 
 mkdir -p "$TARGET"
-"$PYTHON" -m pip install --no-index --no-deps --disable-pip-version-check --quiet --target "$TARGET" "$WORK"/wheels/*.whl
+# --upgrade: a second install into the same TARGET replaces what is there (pip leaves it otherwise)
+"$PYTHON" -m pip install --no-index --no-deps --upgrade --disable-pip-version-check --quiet --target "$TARGET" "$WORK"/wheels/*.whl
 
 if [ "$IMPORT_CHECK" = 1 ]; then
   PYTHONPATH="$TARGET${PYTHONPATH:+:$PYTHONPATH}" "$PYTHON" - "$BUNDLE/manifest.json" <<'PY'

@@ -173,6 +173,17 @@ def test_install_script_checks_and_installs_into_a_target(bb: ModuleType, wheels
     assert (target / "sgl_kernel" / "sm90" / "common_ops.abi3.so").is_file()
     assert not (target / "sgl_kernel" / "flash_ops.abi3.so").exists() and not (target / "ray" / "rllib").exists()
     assert (target / "IPython" / "display.py").is_file()
+    (target / "pyvers" / "__init__.py").write_text("raise ImportError('stale')\n")  # a second install replaces it
+    again = install(out, target)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert (target / "pyvers" / "__init__.py").read_text() == ""
+
+
+def test_download_asks_for_every_package_at_its_pin(bb: ModuleType) -> None:
+    wanted = bb.specs({"verl": "0.9.1", "antlr4-python3-runtime": "4.9.3"})
+    assert "verl==0.9.1" in wanted and "ray" in wanted  # unpinned: the newest wheel for the target
+    assert not [s for s in wanted if s.startswith("antlr4")]  # built from its sdist instead
+    assert len(wanted) == len(bb.PACKAGES) - len(bb.SDIST_ONLY)
 
 
 def test_install_script_refuses_a_damaged_or_foreign_bundle(bb: ModuleType, wheels: Path, tmp_path: Path) -> None:

@@ -197,6 +197,8 @@ def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Se
     from transformers import AutoConfig, AutoTokenizer
 
     from verl_ext.engines.sglang_output import server_class_name
+    from verl_ext.plugin.options import OptionsError
+    from verl_ext.plugin.preflight import PreflightError, check_config
 
     lines = []
     tokenizer = AutoTokenizer.from_pretrained(str(paths["model"]))
@@ -215,6 +217,10 @@ def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Se
             raise SystemExit(
                 f"{rows} training rows give {rows // batch} full batches of {batch}; {steps} steps need more"
             )
+        try:  # what verl_ext's plugin checks in the driver before Ray starts: its options, the data's agent_name
+            lines += [f"{name}: {line}" for line in check_config(cfg)]
+        except (OptionsError, PreflightError) as exc:
+            raise SystemExit(f"{name}: {exc}") from None
         server = server_class_name(cfg.actor_rollout_ref.rollout, arm_env(arm))
         if server != expected_server(arm):
             raise SystemExit(f"{name}: the replica would launch {server}, not {expected_server(arm)}")

@@ -43,9 +43,10 @@ def test_the_script_runs_unmodified_up_to_the_gpu(tmp_path: Path) -> None:
     lines = [line for line in run.stdout.splitlines() if line.startswith("preflight:")]
     assert any("verl_ext: loop verl_ext_tool_agent, server ForcedFirstTurnTokenExactSGLangServer" in x for x in lines)
     assert any("stock: loop verl_ext_audited_tool_agent, server ForcedFirstTurnStockSGLangServer" in x for x in lines)
-    assert all(
-        "3 batches of 16 for 3 steps" in x for x in lines if x.startswith(("preflight: verl_ext", "preflight: stock"))
-    )
+    arms = [x for x in lines if ", server " in x]
+    assert len(arms) == 2 and all(x.endswith("3 batches of 16 for 3 steps") for x in arms)
+    checked = [x for x in lines if "options checked before Ray starts" in x]  # verl_ext's own preflight, per arm
+    assert len(checked) == 2 and all("agent_name column" in x for x in checked)
     model = tmp_path / "tiny-qwen3"
     assert (model / "config.json").is_file() and (model / "tokenizer.json").is_file()
     assert not (tmp_path / "summary.json").exists()  # nothing ran

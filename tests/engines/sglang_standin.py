@@ -43,6 +43,29 @@ class Script:
     cached_tokens: int = 0
 
 
+def input_logprob_at(position: int) -> float:
+    """The scripted logprob of the prompt token at ``position`` (a scoring request's input logprobs)."""
+    return -1.0 - 0.001 * position
+
+
+def input_logprobs(obj: Any, req: Any, vocab_size: int) -> tuple[list[Any], list[int]]:
+    """SGLang's input-token logprobs (values, ids) for a request with ``logprob_start_len >= 0``: the logits
+    processor's values (one per position from the start, predicting the next token; the last one predicts the first
+    sampled token) go through SGLang's own ``_process_input_token_logprobs``, which shifts them and adds the
+    ``None`` of the first entry. Empty for other requests."""
+    from sglang.srt.managers.scheduler_output_processor_mixin import SchedulerOutputProcessorMixin
+
+    start = obj.logprob_start_len
+    if not obj.return_logprob or start is None or start < 0:
+        return [], []
+    req.logprob_start_len = start
+    raw = [input_logprob_at(p + 1) for p in range(start, len(obj.input_ids))]
+    scheduler = SimpleNamespace(model_config=SimpleNamespace(vocab_size=vocab_size), _is_multi_item_scoring=bool)
+    scheduler._is_multi_item_scoring = lambda _req: False
+    SchedulerOutputProcessorMixin._process_input_token_logprobs(scheduler, req, raw)
+    return list(req.input_token_logprobs_val), list(req.input_token_logprobs_idx)
+
+
 @dataclass
 class ScriptedTokenizerManager:
     eos_token_ids: set[int]
@@ -111,6 +134,7 @@ class ScriptedTokenizerManager:
         if not req.finished():
             raise AssertionError(f"script ran out before SGLang finished the request: {script}")
         out = list(req.output_ids_through_stop)
+        in_vals, in_idx = input_logprobs(obj, req, self.vocab_size)
         vals, idx = lps[: len(out)], list(out)
         if script.drop_logprob_entries:
             vals, idx = vals[: -script.drop_logprob_entries], idx[: -script.drop_logprob_entries]
@@ -134,8 +158,8 @@ class ScriptedTokenizerManager:
             reasoning_tokens=[0],
             completion_tokens=[len(out)],
             cached_tokens=[script.cached_tokens],
-            input_token_logprobs_val=[[]],
-            input_token_logprobs_idx=[[]],
+            input_token_logprobs_val=[in_vals],
+            input_token_logprobs_idx=[in_idx],
             output_token_logprobs_val=[vals],
             output_token_logprobs_idx=[idx],
             input_top_logprobs_val=[],

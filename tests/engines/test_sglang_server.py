@@ -11,7 +11,13 @@ from typing import Any
 
 import pytest
 from sglang_shim import load_sglang, sglang_installed
-from sglang_standin import RecordedTokenizerManager, Script, ScriptedTokenizerManager, load_recordings
+from sglang_standin import (
+    RecordedTokenizerManager,
+    Script,
+    ScriptedTokenizerManager,
+    input_logprob_at,
+    load_recordings,
+)
 
 if not sglang_installed():
     if os.getenv("VERL_EXT_REQUIRE_SGLANG", "0") == "1":
@@ -237,3 +243,86 @@ def test_the_loop_setting_switches_the_server(
     else:
         monkeypatch.setenv(SWITCH_ENV, forced)
     assert server_enabled({"agent": {"default_agent_loop": loop}}) is on
+
+
+# The TEST/DEMO forced first turn (verl_ext/engines/forced_turn.py), as tests/gpu/run_sglang_grpo.py uses it on a GPU.
+
+
+@pytest.fixture()
+def forced_env(monkeypatch: pytest.MonkeyPatch) -> str:
+    from verl_ext.engines.forced_turn import FORCED_TOOL_CALL, SGLANG_FORCE_ENV
+
+    monkeypatch.setenv(SGLANG_FORCE_ENV, FORCED_TOOL_CALL)
+    return FORCED_TOOL_CALL
+
+
+def forced_server(name: str, load_tokenizer: Any, *scripts: Script) -> tuple[Any, ScriptedTokenizerManager]:
+    load_sglang()
+    from verl_ext.engines import sglang_server
+
+    server, tm = scripted(getattr(sglang_server, name), *scripts)
+    server.model_config.tokenizer = load_tokenizer("qwen3")
+    server.config.mtp = None
+    server.replica_rank = 0  # verl's own generate (later turns of the stock arm) traces under it
+    return server, tm
+
+
+@pytest.mark.parametrize("name", ["ForcedFirstTurnTokenExactSGLangServer", "ForcedFirstTurnStockSGLangServer"])
+def test_forced_first_turn_is_scored_by_sglang(name: str, forced_env: str, load_tokenizer: Any) -> None:
+    """The first turn is the forced text with SGLang's input logprobs of those ids (SGLang's own shift of them);
+    the request is a scoring request, not a generation."""
+    server, tm = forced_server(name, load_tokenizer, Script([5]))
+    force_ids = load_tokenizer("qwen3").encode(forced_env, add_special_tokens=False)
+    out = generate(server, {**PARAMS, "max_tokens": 64})
+    assert out.token_ids == force_ids and force_ids[-1] == IM_END
+    assert out.log_probs == [input_logprob_at(len(PROMPT) + i) for i in range(len(force_ids))]
+    assert out.stop_reason == "stop" and out.extra_fields["global_steps"] == 3
+    sent = tm.requests[0]
+    assert list(sent.input_ids) == PROMPT + force_ids
+    assert sent.logprob_start_len == len(PROMPT) - 1 and sent.return_logprob is True
+    if name == "ForcedFirstTurnTokenExactSGLangServer":  # the forced output passes verl_ext's own checks
+        e = engine(out)
+        assert (e["matched_stop_id"], e["finish_consistent"], e["complete"]) == (IM_END, True, True)
+        assert (e["prompt_tokens"], e["completion_tokens"]) == (len(PROMPT), len(force_ids))
+
+
+@pytest.mark.parametrize("name", ["ForcedFirstTurnTokenExactSGLangServer", "ForcedFirstTurnStockSGLangServer"])
+def test_later_turns_are_sampled(name: str, forced_env: str, load_tokenizer: Any) -> None:
+    force_ids = load_tokenizer("qwen3").encode(forced_env, add_special_tokens=False)
+    server, tm = forced_server(name, load_tokenizer, Script([10, 11, IM_END]))
+    later = PROMPT + force_ids + [198, 151644, 872, 198]  # the forced turn, then a tool result
+    out = asyncio.run(server.generate(later, {**PARAMS, "max_tokens": 8}, "req-2"))
+    assert out.token_ids == [10, 11, IM_END] and out.log_probs == pytest.approx([-0.5, -0.51, -0.52])
+    assert list(tm.requests[0].input_ids) == later
+
+
+def test_forced_turn_cut_by_the_budget_is_a_length_finish(forced_env: str, load_tokenizer: Any) -> None:
+    server, _ = forced_server("ForcedFirstTurnTokenExactSGLangServer", load_tokenizer, Script([5]))
+    out = generate(server, {**PARAMS, "max_tokens": 3})
+    assert len(out.token_ids) == 3 and out.stop_reason == "length"
+    assert engine(out)["finish_consistent"] is True and engine(out)["finish_length"] == 3
+
+
+@pytest.mark.parametrize(
+    ("switch", "forced", "expected"),
+    [
+        ("1", True, "ForcedFirstTurnTokenExactSGLangServer"),
+        ("0", True, "ForcedFirstTurnStockSGLangServer"),
+        ("1", False, "TokenExactSGLangServer"),
+        ("0", False, None),
+    ],
+)
+def test_replica_server_class_follows_the_switch_and_the_hook(
+    monkeypatch: pytest.MonkeyPatch, server_class: type, switch: str, forced: bool, expected: str | None
+) -> None:
+    from verl_ext.engines.forced_turn import FORCED_TOOL_CALL, SGLANG_FORCE_ENV
+    from verl_ext.engines.sglang_output import SWITCH_ENV
+    from verl_ext.engines.sglang_server import server_class_for
+
+    monkeypatch.setenv(SWITCH_ENV, switch)
+    if forced:
+        monkeypatch.setenv(SGLANG_FORCE_ENV, FORCED_TOOL_CALL)
+    else:
+        monkeypatch.delenv(SGLANG_FORCE_ENV, raising=False)
+    chosen = server_class_for({"agent": {"default_agent_loop": "tool_agent"}})
+    assert (chosen.__name__ if chosen else None) == expected

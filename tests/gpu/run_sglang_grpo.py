@@ -1,13 +1,23 @@
-"""verl's GRPO trainer with verl_ext and the real SGLang server on a GPU, against verl's stock tool_agent + stock
-SGLang server on the same setup. A tiny random Qwen3 model is built locally (the real Qwen3 tokenizer, no download);
-the first assistant turn is not forced: rollouts are multi-turn only when the model calls the tool, so a run with
-``--min-turns`` > 1 needs a model that does (``--model``).
+"""verl's GRPO trainer on one GPU with the real SGLang engine: verl_ext's server and loop against verl's stock server
+and stock tool_agent, one after the other in one run, with the same data, model and seed.
 
-    python tests/gpu/run_sglang_grpo.py --out build/gpu [--steps 3] [--model DIR]
+A tiny random Qwen3 model is built locally with the real Qwen3 tokenizer (no download). A random model never calls
+the tool, so every trajectory's first assistant turn is forced to a calculator call (the TEST/DEMO hook
+``VERL_EXT_SGLANG_FORCE_FIRST_TURN``: SGLang scores the forced ids, the logprobs are the model's); later turns are
+sampled. Every rollout then has at least two engine calls and a tool result, which ``--min-turns 2`` asserts.
 
-Prints, per arm: engine-view failures (verl_ext arm; must be 0), rollout-vs-trainer logprob difference
-(``training/rollout_probs_diff_max``), generation time per step and rollout throughput (response tokens / s), and
-the ratio verl_ext / stock measured in the same run. Writes ``summary.json``.
+    python tests/gpu/run_sglang_grpo.py --out build/gpu [--steps 3] [--min-turns 2] [--model DIR] [--dry-run]
+
+``--dry-run`` does everything up to the GPU and stops: the model folder and its tokenizer, the dataset against the
+batch size, each arm's trainer command composed with verl's own Hydra config, the server class each arm's replica
+will launch and the forced turn tokenized with the model's tokenizer (the CPU test runs it).
+
+The stock arm runs verl's ``tool_agent`` unchanged under verl_ext's audit loop (``verl_ext_audited_tool_agent``: the
+tokens trained are the stock loop's, the check only watches), with verl's own SGLang server, so both arms report the
+same figures. Printed per arm: engine-view failures, template-view defects, ``training/rollout_probs_diff_max`` and
+its mean, assistant turns and engine calls per rollout, tool calls, generation seconds per step and response tokens
+per second (step 1, which compiles, left out), and the verl_ext/stock ratios for throughput and step time. Writes
+``summary.json``. Exit 1 when verl_ext's arm has an engine-view failure or a rollout has fewer turns than asked.
 """
 
 from __future__ import annotations
@@ -17,48 +27,115 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from verl_ext.demo.data import write_dataset  # noqa: E402
-from verl_ext.demo.model import build_tiny_qwen3  # noqa: E402
 from verl_ext.demo.run import parse_step_line, shipped_tokenizers  # noqa: E402
+from verl_ext.engines.forced_turn import FORCED_TOOL_CALL, SGLANG_FORCE_ENV  # noqa: E402
+from verl_ext.engines.sglang_output import SWITCH_ENV  # noqa: E402
 
-ROLLOUTS_PER_STEP = 16 * 4  # data.train_batch_size * rollout.n below
+TRAIN_BATCH = 16  # data.train_batch_size: prompts per step
+ROLLOUT_N = 4  # rollouts per prompt
+ROLLOUTS_PER_STEP = TRAIN_BATCH * ROLLOUT_N
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of the comparison: the agent loop and whether verl_ext's SGLang server replaces verl's."""
+
+    loop: str
+    verl_ext_server: bool
+
+
 ARMS = {
-    "verl_ext": {"loop": "verl_ext_tool_agent", "server": "1"},
-    "stock": {"loop": "tool_agent", "server": "0"},
+    "verl_ext": Arm(loop="verl_ext_tool_agent", verl_ext_server=True),
+    "stock": Arm(loop="verl_ext_audited_tool_agent", verl_ext_server=False),
 }
 
+# What one GPU node with the offline bundle (scripts/gpu/) runs with: each override and why it is needed.
+GPU_OVERRIDES: tuple[tuple[str, str], ...] = (
+    ("+actor_rollout_ref.model.override_config.attn_implementation=sdpa", "flash-attn is in no install path"),
+    ("+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=triton", "FA3 is trimmed from sglang-kernel"),
+    ("+actor_rollout_ref.rollout.engine_kwargs.sglang.sampling_backend=pytorch", "no flashinfer sampling kernels"),
+    ("+actor_rollout_ref.rollout.engine_kwargs.sglang.grammar_backend=none", "xgrammar is not installed"),
+    ("+actor_rollout_ref.rollout.engine_kwargs.sglang.disable_piecewise_cuda_graph=true", "not built for this path"),
+    ("actor_rollout_ref.rollout.enforce_eager=true", "no CUDA graph capture: a tiny model, fewer moving parts"),
+    ("actor_rollout_ref.actor.fsdp_config.use_torch_compile=false", "no Inductor compile on the node"),
+    ("data.dataloader_num_workers=0", "the dataset is tiny; no worker processes"),
+    ("ray_kwargs.ray_init.num_cpus=64", "TransferQueue and the pools each ask Ray for CPUs"),
+    ("+ray_kwargs.ray_init.include_dashboard=false", "the dashboard build is trimmed from the Ray wheel"),
+)
 
-def command(model: Path, data: dict[str, Path], out: Path, steps: int, loop: str) -> list[str]:
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The script's options; ``--steps`` and ``--min-turns`` must be positive."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=REPO / "build" / "gpu", help="output folder")
+    parser.add_argument("--steps", type=int, default=3, help="GRPO steps per arm (step 1 compiles; >= 2 to time)")
+    parser.add_argument("--model", type=Path, default=None, help="a local model folder (default: tiny random Qwen3)")
+    parser.add_argument("--min-turns", type=int, default=2, help="assistant turns every rollout must have")
+    parser.add_argument("--seed", type=int, default=0, help="data, model and sampling seed (both arms)")
+    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS), help="arms to run, in order")
+    parser.add_argument("--dry-run", action="store_true", help="check everything up to the GPU, then stop")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.min_turns < 1:
+        parser.error("--steps and --min-turns must be at least 1")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no config.json there (a local Hugging Face model folder is needed)")
+    return args
+
+
+def prepare(out: Path, model: Path | None, steps: int, seed: int) -> dict[str, Path]:
+    """The model folder (a tiny random Qwen3 with the shipped Qwen3 tokenizer unless ``model`` is given) and a
+    dataset with a full batch of fresh prompts for every step (verl drops an incomplete batch)."""
+    from verl_ext.demo.data import write_dataset
+
+    out.mkdir(parents=True, exist_ok=True)
+    if model is None:
+        model = out / "tiny-qwen3"
+        if not (model / "config.json").is_file():
+            from verl_ext.demo.model import build_tiny_qwen3
+
+            build_tiny_qwen3(model, shipped_tokenizers()["qwen3"], seed=seed)
+    data = write_dataset(out / "data", n_train=TRAIN_BATCH * steps, n_val=2, seed=seed)
+    return {"model": model, "train": data["train"], "val": data["val"]}
+
+
+def command(paths: dict[str, Path], out: Path, steps: int, loop: str, seed: int) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with the run's overrides (the same for both arms but the loop)."""
     return [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
         "algorithm.adv_estimator=grpo",
         "algorithm.use_kl_in_reward=false",
-        f"data.train_files={data['train']}",
-        f"data.val_files={data['val']}",
-        "data.train_batch_size=16",
+        f"data.train_files={paths['train']}",
+        f"data.val_files={paths['val']}",
+        f"data.train_batch_size={TRAIN_BATCH}",
         "data.max_prompt_length=512",
         "data.max_response_length=256",
-        f"actor_rollout_ref.model.path={model}",
+        f"data.seed={seed}",
+        f"actor_rollout_ref.model.path={paths['model']}",
         "actor_rollout_ref.model.use_remove_padding=true",
         "actor_rollout_ref.actor.strategy=fsdp2",
-        "actor_rollout_ref.actor.ppo_mini_batch_size=16",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={TRAIN_BATCH}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={TRAIN_BATCH}",
         "actor_rollout_ref.actor.use_kl_loss=false",
         "actor_rollout_ref.rollout.name=sglang",
-        "actor_rollout_ref.rollout.n=4",
+        f"actor_rollout_ref.rollout.n={ROLLOUT_N}",
+        f"actor_rollout_ref.rollout.seed={seed}",
+        "actor_rollout_ref.rollout.temperature=1.0",  # the forced turn's logprobs are at temperature 1
         "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
         "actor_rollout_ref.rollout.gpu_memory_utilization=0.4",
         "actor_rollout_ref.rollout.calculate_log_probs=true",
         "actor_rollout_ref.rollout.load_format=auto",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=16",
+        f"actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu={TRAIN_BATCH}",
         "actor_rollout_ref.rollout.prompt_length=512",
         "actor_rollout_ref.rollout.response_length=256",
         "actor_rollout_ref.rollout.multi_turn.enable=true",
@@ -78,23 +155,162 @@ def command(model: Path, data: dict[str, Path], out: Path, steps: int, loop: str
         f"trainer.default_local_dir={out / 'ckpt'}",
         f"+verl_ext.records.dir={out / 'records'}",
         f"hydra.run.dir={out / 'hydra'}",
+        *(override for override, _why in GPU_OVERRIDES),
     ]
 
 
-def run_arm(name: str, model: Path, data: dict[str, Path], out: Path, steps: int) -> dict[str, Any]:
+def arm_env(arm: Arm, base: dict[str, str] | None = None, force_text: str = FORCED_TOOL_CALL) -> dict[str, str]:
+    """The trainer's environment for one arm: the server switch, the forced first turn, offline Hugging Face.
+    Ray's workers inherit it (the replica reads the hook where it picks the server class)."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        {
+            SWITCH_ENV: "1" if arm.verl_ext_server else "0",
+            SGLANG_FORCE_ENV: force_text,
+            "HF_HUB_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
+    return env
+
+
+def compose(cmd: Sequence[str]) -> Any:
+    """The trainer config a command's overrides give, composed with verl's own ppo_trainer.yaml as main_ppo does
+    (Hydra refuses a key that does not exist, or a ``+`` on one that does)."""
+    import verl.trainer
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    overrides = [o for o in cmd[3:] if not o.startswith("hydra.")]
+    with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
+        return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+
+
+def expected_server(arm: Arm) -> str:
+    """The server class an arm's replica must launch: the forced first turn on verl_ext's or verl's server."""
+    return "ForcedFirstTurnTokenExactSGLangServer" if arm.verl_ext_server else "ForcedFirstTurnStockSGLangServer"
+
+
+def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Sequence[str]) -> list[str]:
+    """Check everything the run needs short of a GPU; one line per check. Raises SystemExit naming the problem."""
+    import pandas as pd
+    from transformers import AutoConfig, AutoTokenizer
+
+    from verl_ext.engines.sglang_output import server_class_name
+    from verl_ext.plugin.options import OptionsError
+    from verl_ext.plugin.preflight import PreflightError, check_config
+
+    lines = []
+    tokenizer = AutoTokenizer.from_pretrained(str(paths["model"]))
+    config = AutoConfig.from_pretrained(str(paths["model"]))
+    force_ids = tokenizer.encode(FORCED_TOOL_CALL, add_special_tokens=False)
+    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    if not force_ids or force_ids[-1] not in eos or "<tool_call>" not in tokenizer.decode(force_ids):
+        raise SystemExit(f"the forced turn does not tokenize to a tool call ending in an eos id {eos}: {force_ids}")
+    lines.append(f"model {paths['model']}: vocab {config.vocab_size}, forced turn {len(force_ids)} ids")
+    for name in arms:
+        arm = ARMS[name]
+        cfg = compose(command(paths, out / name, steps, arm.loop, seed))
+        batch = int(cfg.data.train_batch_size)
+        rows = len(pd.read_parquet(paths["train"]))
+        if rows // batch < steps:
+            raise SystemExit(
+                f"{rows} training rows give {rows // batch} full batches of {batch}; {steps} steps need more"
+            )
+        try:  # what verl_ext's plugin checks in the driver before Ray starts: its options, the data's agent_name
+            lines += [f"{name}: {line}" for line in check_config(cfg)]
+        except (OptionsError, PreflightError) as exc:
+            raise SystemExit(f"{name}: {exc}") from None
+        server = server_class_name(cfg.actor_rollout_ref.rollout, arm_env(arm))
+        if server != expected_server(arm):
+            raise SystemExit(f"{name}: the replica would launch {server}, not {expected_server(arm)}")
+        lines.append(
+            f"{name}: loop {cfg.actor_rollout_ref.rollout.agent.default_agent_loop}, server {server}, "
+            f"{rows // batch} batches of {batch} for {steps} steps"
+        )
+    return lines
+
+
+def rollout_shapes(records_dir: Path) -> list[dict[str, int]]:
+    """Per rollout record (verl_ext's JSONL records): engine calls, tool calls and tool results."""
+    shapes = []
+    for path in sorted(records_dir.glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            obj = json.loads(line) if line.strip() else {}
+            if obj.get("type") != "rollout":
+                continue
+            messages = obj.get("messages") or []
+            shapes.append(
+                {
+                    "engine_calls": len(obj.get("engine_calls") or []),
+                    "tool_calls": sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant"),
+                    "tool_results": sum(m.get("role") == "tool" for m in messages),
+                }
+            )
+    return shapes
+
+
+def summarize(steps_seen: dict[int, dict[str, float]], shapes: list[dict[str, int]]) -> dict[str, Any]:
+    """An arm's figures: the check's totals over all steps; timings over the steps after the first (it compiles)."""
+    timed = [m for s, m in sorted(steps_seen.items()) if s > 1] or list(steps_seen.values())
+    gen = sum(m.get("timing_s/gen", 0.0) for m in timed)
+    step_time = sum(m.get("timing_s/step", 0.0) for m in timed)
+    tokens = sum(m.get("response_length/mean", 0.0) * ROLLOUTS_PER_STEP for m in timed)
+    every = list(steps_seen.values())
+    diffs_max = [m["training/rollout_probs_diff_max"] for m in every if "training/rollout_probs_diff_max" in m]
+    diffs_mean = [m["training/rollout_probs_diff_mean"] for m in every if "training/rollout_probs_diff_mean" in m]
+    findings = {}
+    for m in every:
+        for key, value in m.items():
+            if key.startswith("tito/findings/") and value:
+                findings[key.removeprefix("tito/findings/")] = (
+                    findings.get(key.removeprefix("tito/findings/"), 0) + value
+                )
+    return {
+        "steps": len(steps_seen),
+        "rollouts_checked": sum(m.get("tito/rollouts_checked", 0.0) for m in every),
+        "engine_view_failures": sum(m.get("tito/engine_view_failures", 0.0) for m in every),
+        "template_view_defect_rollouts": sum(m.get("tito/rollouts_with_defects", 0.0) for m in every),
+        "template_view_findings": findings,
+        "rollout_probs_diff_max": max(diffs_max, default=float("nan")),
+        "rollout_probs_diff_mean": sum(diffs_mean) / len(diffs_mean) if diffs_mean else float("nan"),
+        "num_turns_mean": sum(m.get("num_turns/mean", 0.0) for m in every) / max(len(every), 1),
+        "engine_calls_per_rollout_min": min((s["engine_calls"] for s in shapes), default=0),
+        "engine_calls_per_rollout_mean": sum(s["engine_calls"] for s in shapes) / max(len(shapes), 1),
+        "rollouts_recorded": len(shapes),
+        "tool_calls": sum(s["tool_calls"] for s in shapes),
+        "rollouts_without_tool_result": sum(s["tool_results"] == 0 for s in shapes),
+        "timed_steps": len(timed),
+        "gen_seconds_per_step": gen / max(len(timed), 1),
+        "step_seconds_per_step": step_time / max(len(timed), 1),
+        "response_tokens_per_second": tokens / gen if gen else float("nan"),
+    }
+
+
+def turn_problems(name: str, arm: dict[str, Any], min_turns: int) -> list[str]:
+    """What breaks ``--min-turns``: a rollout with fewer engine calls, or one without a tool result."""
+    problems = []
+    if arm["rollouts_recorded"] == 0:
+        problems.append(f"{name}: no rollout records were written (is verl_ext's loop on?)")
+    elif arm["engine_calls_per_rollout_min"] < min_turns:
+        problems.append(f"{name}: a rollout has {arm['engine_calls_per_rollout_min']} engine calls (< {min_turns})")
+    if min_turns > 1 and arm["rollouts_without_tool_result"]:
+        problems.append(f"{name}: {arm['rollouts_without_tool_result']} rollouts have no tool result")
+    return problems
+
+
+def run_arm(name: str, paths: dict[str, Path], out: Path, steps: int, seed: int) -> dict[str, Any]:
+    """Run one arm's trainer to the end, echoing each step; its summary (``summarize``)."""
     arm = ARMS[name]
     out.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "VERL_EXT_SGLANG_SERVER": arm["server"], "HF_HUB_OFFLINE": "1"}
     log = out / "train.log"
     steps_seen: dict[int, dict[str, float]] = {}
-    with log.open("w") as fh:
+    started = time.monotonic()
+    with log.open("w", encoding="utf-8") as fh:
+        cmd = command(paths, out, steps, arm.loop, seed)
+        fh.write(" ".join(cmd) + "\n")
         proc = subprocess.Popen(
-            command(model, data, out, steps, arm["loop"]),
-            env=env,
-            cwd=out,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
+            cmd, env=arm_env(arm), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -102,44 +318,66 @@ def run_arm(name: str, model: Path, data: dict[str, Path], out: Path, steps: int
             parsed = parse_step_line(line)
             if parsed:
                 steps_seen[parsed[0]] = parsed[1]
-                print(f"[{name}] step {parsed[0]}: gen {parsed[1].get('timing_s/gen', float('nan')):.2f}s", flush=True)
+                gen = parsed[1].get("timing_s/gen", float("nan"))
+                print(f"[{name}] step {parsed[0]}: gen {gen:.2f}s", flush=True)
         rc = proc.wait()
     if rc != 0:
         raise SystemExit(f"{name} arm failed (exit {rc}); see {log}")
-    later = [m for s, m in sorted(steps_seen.items()) if s > 1] or list(steps_seen.values())  # step 1 warms up
-    gen = sum(m.get("timing_s/gen", 0.0) for m in later)
-    tokens = sum(m.get("response_length/mean", 0.0) * ROLLOUTS_PER_STEP for m in later)
-    return {
-        "steps": len(steps_seen),
-        "engine_view_failures": sum(m.get("tito/engine_view_failures", 0.0) for m in steps_seen.values()),
-        "rollout_probs_diff_max": max(m.get("training/rollout_probs_diff_max", float("nan")) for m in later),
-        "gen_seconds_per_step": gen / max(len(later), 1),
-        "response_tokens_per_second": tokens / gen if gen else float("nan"),
-        "num_turns_mean": sum(m.get("num_turns/mean", 0.0) for m in later) / max(len(later), 1),
-    }
+    summary = summarize(steps_seen, rollout_shapes(out / "records"))
+    summary["wall_seconds"] = time.monotonic() - started
+    return summary
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=REPO / "build" / "gpu")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--model", type=Path, default=None, help="a local model folder (default: tiny random Qwen3)")
-    args = parser.parse_args(argv)
-    out = args.out.resolve()
-    model = args.model or out / "tiny-qwen3"
-    if args.model is None and not (model / "config.json").is_file():
-        from transformers import AutoTokenizer
-
-        build_tiny_qwen3(model, AutoTokenizer.from_pretrained(str(shipped_tokenizers()["qwen3"])), seed=0)
-    data = write_dataset(out / "data")
-    summary = {name: run_arm(name, model, data, out / name, args.steps) for name in ARMS}
-    ours, stock = summary["verl_ext"], summary["stock"]
-    summary["throughput_ratio_verl_ext_over_stock"] = (
-        ours["response_tokens_per_second"] / stock["response_tokens_per_second"]
+def report(summary: dict[str, Any]) -> str:
+    """The per-arm table a person reads, and the ratios."""
+    rows = (
+        ("engine-view failures", "engine_view_failures", "{:g}"),
+        ("template-view defect rollouts", "template_view_defect_rollouts", "{:g}"),
+        ("rollout_probs_diff_max", "rollout_probs_diff_max", "{:.3g}"),
+        ("rollout_probs_diff_mean", "rollout_probs_diff_mean", "{:.3g}"),
+        ("turns per rollout (verl num_turns)", "num_turns_mean", "{:.2f}"),
+        ("engine calls per rollout (min)", "engine_calls_per_rollout_min", "{:g}"),
+        ("tool calls", "tool_calls", "{:g}"),
+        ("generation s per step", "gen_seconds_per_step", "{:.2f}"),
+        ("step s per step", "step_seconds_per_step", "{:.2f}"),
+        ("response tokens / s", "response_tokens_per_second", "{:.0f}"),
     )
+    arms = [a for a in ARMS if a in summary]
+    lines = [f"{'':36}" + "".join(f"{a:>14}" for a in arms)]
+    for label, key, fmt in rows:
+        lines.append(f"{label:36}" + "".join(f"{fmt.format(summary[a][key]):>14}" for a in arms))
+    for key in ("throughput_ratio_verl_ext_over_stock", "step_time_ratio_verl_ext_over_stock"):
+        if key in summary:
+            lines.append(f"{key}: {summary[key]:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = args.out.resolve()
+    paths = prepare(out, args.model, args.steps, args.seed)
+    for line in preflight(paths, out, args.steps, args.seed, args.arms):
+        print("preflight:", line, flush=True)
+    if args.dry_run:
+        return 0
+    summary: dict[str, Any] = {}
+    for name in args.arms:
+        summary[name] = run_arm(name, paths, out / name, args.steps, args.seed)
+    if "verl_ext" in summary and "stock" in summary:
+        ours, stock = summary["verl_ext"], summary["stock"]
+        summary["throughput_ratio_verl_ext_over_stock"] = (
+            ours["response_tokens_per_second"] / stock["response_tokens_per_second"]
+        )
+        summary["step_time_ratio_verl_ext_over_stock"] = ours["step_seconds_per_step"] / stock["step_seconds_per_step"]
+    problems = [p for name in args.arms for p in turn_problems(name, summary[name], args.min_turns)]
+    if summary.get("verl_ext", {}).get("engine_view_failures"):
+        problems.append("verl_ext: engine-view failures (must be 0)")
+    summary["problems"] = problems
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print(json.dumps(summary, indent=2))
-    return 0 if ours["engine_view_failures"] == 0 else 1
+    print(report(summary))
+    for problem in problems:
+        print("FAIL:", problem)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":

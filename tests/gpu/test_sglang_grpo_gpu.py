@@ -27,8 +27,11 @@ def _gpu_and_sglang() -> bool:
 @pytest.mark.timeout(3600)
 def test_grpo_with_verl_ext_and_the_real_sglang_server(tmp_path: Path) -> None:
     script = Path(__file__).with_name("run_sglang_grpo.py")
-    run = subprocess.run([sys.executable, str(script), "--out", str(tmp_path), "--steps", "3"], text=True)
-    assert run.returncode == 0
+    args = ["--out", str(tmp_path), "--steps", "3", "--min-turns", "2"]
+    run = subprocess.run([sys.executable, str(script), *args], text=True)
     summary = json.loads((tmp_path / "summary.json").read_text())
+    assert run.returncode == 0, summary["problems"]
     assert summary["verl_ext"]["engine_view_failures"] == 0
     assert summary["verl_ext"]["steps"] == 3 and summary["stock"]["steps"] == 3
+    for arm in ("verl_ext", "stock"):  # the forced first turn: every rollout called the tool and was answered
+        assert summary[arm]["engine_calls_per_rollout_min"] >= 2 and summary[arm]["rollouts_without_tool_result"] == 0

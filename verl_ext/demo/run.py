@@ -27,9 +27,9 @@ from typing import Any
 
 from verl_ext.configs import CONFIG_DIR
 from verl_ext.core.errors import MissingFileError
+from verl_ext.engines.forced_turn import FORCED_TOOL_CALL
 
 REPO = Path(__file__).resolve().parents[2]
-FORCED_TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
 # what a person wants to see per step; every tito/ metric is printed too
 STEP_METRICS = (
     ("critic/rewards/mean", "reward"),

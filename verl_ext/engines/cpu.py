@@ -36,6 +36,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_ext.core.errors import EngineRequestError, OptionsError
+from verl_ext.engines.forced_turn import contains_subsequence, forced_prefix  # noqa: F401 - the hook lives there
 
 logger = logging.getLogger(__name__)
 
@@ -151,23 +152,6 @@ def token_logprob(logits: torch.Tensor, token_id: int, temperature: float) -> fl
     """log p(token) under logits / temperature in fp32 (temperature 0, greedy, is scored at temperature 1)."""
     scale = temperature if temperature > 0 else 1.0
     return float(torch.log_softmax(logits.float() / scale, dim=-1)[token_id])
-
-
-def contains_subsequence(haystack: Sequence[int], needle: Sequence[int]) -> bool:
-    """True when ``needle`` occurs contiguously in ``haystack``."""
-    n = len(needle)
-    if n == 0:
-        return True
-    first = needle[0]
-    return any(haystack[i] == first and list(haystack[i : i + n]) == list(needle) for i in range(len(haystack) - n + 1))
-
-
-def forced_prefix(prompt_ids: Sequence[int], force_ids: Sequence[int]) -> list[int]:
-    """The ids to teacher-force for this request (test/demo hook): all of them on a trajectory's first turn, which
-    is any request whose prompt does not already contain them; none afterwards."""
-    if not force_ids or contains_subsequence(prompt_ids, force_ids):
-        return []
-    return list(force_ids)
 
 
 @torch.no_grad()

@@ -70,14 +70,27 @@ class EngineReport:
         return asdict(self)
 
 
-def server_enabled(rollout_config: Any) -> bool:
-    """verl_ext's server is on when the rollout runs a verl_ext loop (the same YAML switch), or when forced."""
-    forced = os.getenv(SWITCH_ENV)
+def server_enabled(rollout_config: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """verl_ext's server is on when the rollout runs a verl_ext loop (the same YAML switch), or when forced
+    (``environ``: the process environment by default)."""
+    forced = (os.environ if environ is None else environ).get(SWITCH_ENV)
     if forced is not None and forced.strip() != "":
         return forced.strip().lower() not in ("0", "false", "no", "off")
     agent = _get(rollout_config, "agent")
     default_loop = str(_get(agent, "default_agent_loop") or "")
     return default_loop.startswith("verl_ext_")
+
+
+def server_class_name(rollout_config: Any, environ: Mapping[str, str] | None = None) -> str | None:
+    """The name of the server class (sglang_server.py) a replica launches: verl_ext's when switched on, each with
+    the TEST/DEMO forced first turn when ``VERL_EXT_SGLANG_FORCE_FIRST_TURN`` is set; ``None`` keeps verl's own."""
+    from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV
+
+    env = os.environ if environ is None else environ
+    forced = bool(env.get(SGLANG_FORCE_ENV))
+    if server_enabled(rollout_config, env):
+        return "ForcedFirstTurnTokenExactSGLangServer" if forced else "TokenExactSGLangServer"
+    return "ForcedFirstTurnStockSGLangServer" if forced else None
 
 
 def _get(obj: Any, key: str) -> Any:

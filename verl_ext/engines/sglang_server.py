@@ -7,9 +7,11 @@ sglang_output.py. Importing this module imports verl's SGLang server, hence SGLa
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
-from verl_ext.engines.sglang_output import build_request, server_enabled, token_output_fields
+from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV, forced_generation, forced_prefix, scoring_request
+from verl_ext.engines.sglang_output import build_request, server_class_name, token_output_fields
 
 log = logging.getLogger("verl_ext.engines")
 
@@ -92,13 +94,105 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
         await super().abort_all_requests()
 
 
+class _ForcedFirstTurn:
+    """TEST/DEMO ONLY (forced_turn.py): a trajectory's first turn is the text in ``VERL_EXT_SGLANG_FORCE_FIRST_TURN``,
+    scored by SGLang (its logprobs are the model's); every other request goes to the server's own ``generate``."""
+
+    _force_ids: list[int] | None = None
+
+    def _forced_ids(self) -> list[int]:
+        if self._force_ids is None:
+            text = os.environ.get(SGLANG_FORCE_ENV) or ""
+            tokenizer = self.model_config.tokenizer  # type: ignore[attr-defined]
+            self._force_ids = tokenizer.encode(text, add_special_tokens=False) if text else []
+            log.warning(
+                "verl_ext SGLang server: TEST/DEMO hook %s set: forcing %d tokens as every trajectory's first turn",
+                SGLANG_FORCE_ENV,
+                len(self._force_ids),
+            )
+        return self._force_ids
+
+    async def generate(self, prompt_ids: Any, sampling_params: dict[str, Any], request_id: str, **kw: Any) -> Any:
+        forced = forced_prefix([int(i) for i in prompt_ids], self._forced_ids())
+        other = any(kw.get(k) is not None for k in ("image_data", "video_data", "bootstrap_room"))
+        if not forced or other or "prompt_logprobs" in sampling_params:
+            return await super().generate(prompt_ids, sampling_params, request_id, **kw)  # type: ignore[misc]
+        return await self._generate_forced(list(prompt_ids), dict(sampling_params), request_id, forced)
+
+    async def _generate_forced(
+        self, prompt_ids: list[int], sampling_params: dict[str, Any], request_id: str, forced: list[int]
+    ) -> Any:
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        request, wants_logprobs = build_request(
+            request_id,
+            prompt_ids,
+            sampling_params,
+            response_length=self.config.response_length,  # type: ignore[attr-defined]
+            prompt_length=self.config.prompt_length,  # type: ignore[attr-defined]
+            max_model_len=self.config.max_model_len,  # type: ignore[attr-defined]
+        )
+        scoring = GenerateReqInput(**scoring_request(request_id, prompt_ids, forced))
+        scored = await self.tokenizer_manager.generate_request(scoring, None).__anext__()  # type: ignore[attr-defined]
+        budget = request["sampling_params"]["max_new_tokens"]
+        output = forced_generation(scored, len(prompt_ids), forced, budget)
+        return self._forced_output(output, request_id, len(prompt_ids), budget, wants_logprobs)
+
+    def _forced_output(
+        self, output: dict[str, Any], request_id: str, prompt_len: int, budget: int, wants_logprobs: bool
+    ) -> Any:
+        """verl's ``TokenOutput`` for the forced turn, as verl's own server builds one from an SGLang output."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        ids = list(output["output_ids"])
+        logprobs = [float(e[0]) for e in output["meta_info"]["output_token_logprobs"]]
+        return TokenOutput(
+            token_ids=ids,
+            log_probs=logprobs if wants_logprobs else None,
+            stop_reason=output["meta_info"]["finish_reason"]["type"],
+            extra_fields={"global_steps": self.global_steps},  # type: ignore[attr-defined]
+        )
+
+
+class ForcedFirstTurnStockSGLangServer(_ForcedFirstTurn, _server_base()):  # type: ignore[misc]
+    """TEST/DEMO ONLY: verl's stock SGLang server with the forced first turn (a comparison arm on a random model)."""
+
+
+class ForcedFirstTurnTokenExactSGLangServer(_ForcedFirstTurn, TokenExactSGLangServer):
+    """TEST/DEMO ONLY: verl_ext's SGLang server with the forced first turn; the forced output goes through the
+    same checks and report as a sampled one."""
+
+    def _forced_output(
+        self, output: dict[str, Any], request_id: str, prompt_len: int, budget: int, wants_logprobs: bool
+    ) -> Any:
+        from verl.workers.rollout.replica import TokenOutput
+
+        fields = token_output_fields(
+            output,
+            request_id=request_id,
+            prompt_len=prompt_len,
+            max_new_tokens=budget,
+            wants_logprobs=wants_logprobs,
+            global_steps=self.global_steps,
+        )
+        return TokenOutput(**fields)
+
+
+def server_class_for(rollout_config: Any) -> type | None:
+    """The server class a replica launches (``server_class_name``); ``None`` keeps verl's own."""
+    name = server_class_name(rollout_config)
+    return None if name is None else globals()[name]
+
+
 class TokenExactSGLangReplica(_replica_base()):  # type: ignore[misc]
-    """verl's ``SGLangReplica``, launching ``TokenExactSGLangServer`` when verl_ext is switched on."""
+    """verl's ``SGLangReplica``, launching ``TokenExactSGLangServer`` when verl_ext is switched on (and a
+    forced-first-turn server when the TEST/DEMO hook is set, see ``server_class_for``)."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         import ray
 
         super().__init__(*args, **kwargs)
-        if server_enabled(self.config):
-            self.server_class = ray.remote(TokenExactSGLangServer)
-            log.info("verl_ext SGLang server on for replica %s", self.replica_rank)
+        server_class = server_class_for(self.config)
+        if server_class is not None:
+            self.server_class = ray.remote(server_class)
+            log.info("verl_ext SGLang server: replica %s launches %s", self.replica_rank, server_class.__name__)

@@ -302,7 +302,7 @@ def test_compatibility_forms_the_tokenizer_keeps_are_not_bpe_remerge(renderer_fo
     message = {"role": "assistant", "content": "<think>\n\n</think>\n\nx2"}
     ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nx²"), IM_END], message)])
     result = check(r, ro.calls, ro.sample(), ro.messages)
-    assert [f.cause for f in result.findings] == [Cause.UNKNOWN]
+    assert [f.cause for f in result.findings] == [Cause.MESSAGE_DIFFERS]
 
 
 # -- the rules one by one --------------------------------------------------------------------------------------

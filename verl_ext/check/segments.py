@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from verl_ext.check.align import Opcode, align
 
 EDGE_TRIM = 2  # tokens of a gap next to a sampled output that may merge with it in the render
+_SLACK = 512  # render tokens a gap may lie further than twice the sampled body before it (a template's own text)
 
 
 @dataclass(frozen=True)
@@ -51,11 +52,13 @@ def segments(
     turn_end_ids: Collection[int],
     end_tail: int = 0,
     deadline: float | None = None,
+    prefill: int = 0,
 ) -> list[Segment]:
     """The stream/render partition: gap, sampled, gap, ..., gap (``outputs``: each call's ``(start, end)`` in the
     stream, in order). Gaps are matched in the render in order; a gap not found verbatim is placed through the
     whole-rollout alignment. The last gap (what follows the last output) is the render's last ``end_tail`` tokens:
-    the close and trailer the template writes after the last message."""
+    the close and trailer the template writes after the last message. ``prefill``: how many tokens of the generation
+    prompt the template may not re-render once a turn is history (a pre-filled empty think block)."""
     finder = _Finder(rendered)
     gaps = [(0, outputs[0][0] if outputs else len(stream))]
     gaps += [(e, outputs[k + 1][0] if k + 1 < len(outputs) else len(stream)) for k, (_s, e) in enumerate(outputs)]
@@ -63,13 +66,16 @@ def segments(
     cursor = 0
     for g, (g1, g2) in enumerate(gaps):
         lead = EDGE_TRIM if g > 0 else 0
-        trail = EDGE_TRIM if g < len(gaps) - 1 else 0
+        trail = EDGE_TRIM + prefill if g < len(gaps) - 1 else 0
         if g == len(gaps) - 1 and g > 0 and g1 == g2:
             # Nothing after the last output: the render's rest is the END close and trailer after the last message.
             tail = max(len(rendered) - end_tail, cursor)
             placed.append((g1, g2, tail, len(rendered), True))
             break
-        found = _find_gap(stream, finder, g1, g2, lead, trail, cursor)
+        # A gap lies after one assistant body, which the template writes in about as many tokens as were sampled.
+        body = outputs[g - 1][1] - outputs[g - 1][0] if g > 0 else 0
+        window = cursor + 2 * body + (g2 - g1) + _SLACK
+        found = _find_gap(stream, finder, g1, g2, lead, trail, cursor, window)
         if found is None:
             # A gap the render does not hold (a moved tool list, an altered message): every boundary is placed by
             # one whole-rollout alignment instead, and each segment is aligned inside what it pairs with.
@@ -117,16 +123,17 @@ def _find_gap(
     lead: int,
     trail: int,
     cursor: int,
+    window: int,
 ) -> tuple[int, int, int, int, bool] | None:
     """The gap ``stream[g1:g2]`` found in the render at or after ``cursor``: whole, else without up to ``lead`` /
     ``trail`` edge tokens (those merge with the sampled text next to them; they stay with the sampled segment).
-    An empty gap is found where the cursor is."""
+    An empty gap is found where the cursor is. The match must end before ``window``."""
     if g1 == g2:
         return (g1, g2, cursor, cursor, True)
     for a in range(0, min(lead, g2 - g1 - 1) + 1):
         for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
             core = stream[g1 + a : g2 - b]
-            at = finder.find(core, cursor)
+            at = finder.find(core, cursor, window)
             if at is not None:
                 return (g1 + a, g2 - b, at, at + len(core), True)
     return None
@@ -199,11 +206,12 @@ class _Finder:
     def __init__(self, rendered: Sequence[int]) -> None:
         self.raw = array("I", rendered).tobytes()
 
-    def find(self, needle: Sequence[int], start: int) -> int | None:
+    def find(self, needle: Sequence[int], start: int, end: int) -> int | None:
+        """Where ``needle`` first occurs in ``rendered[start:end]``, or None."""
         if not needle:
             return start
         pattern = array("I", needle).tobytes()
-        at = self.raw.find(pattern, start * 4)
+        at = self.raw.find(pattern, start * 4, end * 4)
         while at != -1 and at % 4:
-            at = self.raw.find(pattern, at + 1)
+            at = self.raw.find(pattern, at + 1, end * 4)
         return None if at == -1 else at // 4

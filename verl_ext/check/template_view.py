@@ -130,7 +130,8 @@ class _Rules:
         # A rollout that ran out of budget right after its context ends on the generation prompt of a turn that never
         # ran: the final messages do not render it, and nothing was sampled after it. Compared apart, then skipped.
         self.prompt_cut = _trailing_generation_prompt(stream, profile.generation_prompt_ids, outputs)
-        self.parts = segments(stream[: self.prompt_cut], rendered, outputs, self.turn_ends, tail, deadline)
+        prefill = len(profile.generation_prompt_ids)
+        self.parts = segments(stream[: self.prompt_cut], rendered, outputs, self.turn_ends, tail, deadline, prefill)
         if self.prompt_cut < len(stream):
             self.parts.append(Segment(self.prompt_cut, len(stream), len(rendered), len(rendered)))
         # the alignment, segment by segment: computed once, read by every rule
@@ -147,9 +148,19 @@ class _Rules:
         """The divergence belongs to the sampled turn of ``part``: it lies in the turn's output, or its part in the gap
         next to it (an edge token whose text merged with the sampled text in the render) is intact in the render."""
         call = self.loc.calls[part.turn]
+        s, e = call.output_start, call.output_end
+        touches = s < d.i2 and d.i1 < e if d.i1 < d.i2 else s <= d.i1 <= e
+        if not touches:
+            return False  # entirely in the gap's edge next to the turn: the gap's
         lead = self.r.decode(self.stream[d.i1 : min(d.i2, call.output_start)]) if d.i1 < call.output_start else ""
         trail = self.r.decode(self.stream[max(d.i1, call.output_end) : d.i2]) if d.i2 > call.output_end else ""
-        return d.dr.startswith(lead) and d.dr.endswith(trail)
+        return (d.dr.startswith(lead) or self._in_prefill(d, call.output_start)) and d.dr.endswith(trail)
+
+    def _in_prefill(self, d: Divergence, output_start: int) -> bool:
+        """The divergence's part before the turn's output is the end of the generation prompt (its pre-fill)."""
+        gen = tuple(self.profile.generation_prompt_ids)
+        head = tuple(self.stream[d.i1 : min(d.i2, output_start)])
+        return bool(head) and len(head) <= len(gen) and gen[len(gen) - len(head) :] == head
 
     def sampled_cause(self, d: Divergence, part: Segment, cause: Cause, detail: str) -> tuple[Cause, str]:
         """The cause of a divergence inside a sampled turn. The stream is the engine's there: a rule's innocent
@@ -161,6 +172,12 @@ class _Rules:
         verdict = self.verdict(part)
         if not verdict.holds:
             return Cause.MESSAGE_DIFFERS, verdict.detail
+        start = self.loc.calls[part.turn].output_start
+        if d.i1 < start and self._in_prefill(d, start):
+            return Cause.PREFILL_DROPPED, (
+                f"the generation prompt pre-filled text the template does not re-render once the turn is history; "
+                f"the stream keeps {d.ds[:80]!r} as the engine saw and sampled it"
+            )
         if _squash(d.ds) == _squash(d.dr):
             return Cause.CONTENT_WHITESPACE, f"the template writes {d.dr!r} where the engine sampled {d.ds!r}"
         if any(tag in d.ds or tag in d.dr for tag in self._reasoning_tags):
@@ -175,9 +192,7 @@ class _Rules:
     def verdict(self, part: Segment) -> TurnVerdict:
         """Whether the turn's message holds what the engine sampled (``sampled_text``), once per turn."""
         if part.turn not in self._verdicts:
-            sampled, rendered = self.r.decode_many(
-                [self.stream[part.i1 : part.i2], self.rendered[part.j1 : part.j2]]
-            )
+            sampled, rendered = self.r.decode_many([self.stream[part.i1 : part.i2], self.rendered[part.j1 : part.j2]])
             self._verdicts[part.turn] = message_holds_sampled(
                 sampled, rendered, self.r.control_pattern, self._frame, self._normalized
             )
@@ -622,6 +637,8 @@ def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...]]:
             tags = tuple(t for t in dict.fromkeys(w for part in around for w in part.split()) if t not in head)
         _FRAMES[key] = (frame, tags)
     return _FRAMES[key]
+
+
 _NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
 
 

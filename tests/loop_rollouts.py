@@ -59,7 +59,7 @@ ODD_TEXT = [
     "<think>",
     "</think>",
     "<think>\nhm\n</think>\n\n",
-    "{\"a\": 1}",
+    '{"a": 1}',
     "คาร์",
     "中文",
     "🙂",

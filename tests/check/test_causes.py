@@ -314,6 +314,9 @@ CLASSES = "tests/core/test_template_classes.py"
 THINKING = "tests/check/test_canonical_thinking.py"
 LOOP = "tests/plugin/test_agent_loop.py"
 RULE_TESTS = {  # rule -> (file, test)
+    # the injected special token is also "the same text in other ids": this test proves the order (and that the
+    # mutation suite's injection is caught by it)
+    "special_token_injected": (HERE, "test_special_token_injected_by_a_naive_loop"),
     # the escaped text is also "the same text in other ids" (bpe_remerge): this test proves the order too
     "special_token_escaped": (HERE, "test_special_token_escaped"),
     "bpe_remerge": (HERE, "test_bpe_remerge_when_reencoding_normalizes_the_text"),

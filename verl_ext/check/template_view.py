@@ -46,6 +46,13 @@ def template_findings(
     shaped = profile.tool_call_shape.conform(messages)
     native = renderer.render(shaped, tools, add_generation_prompt=False, escape=False).ids
     check_deadline(deadline, f"after rendering the conversation ({len(native)} tokens)")
+    escaping = bool(renderer.escapes(messages))
+    if escaping:
+        # Untrusted content holds special-token text. verl_ext keeps it as text, so the stream is compared with the
+        # escaped render (the template's text, special-token text encoded as text); where the native render makes
+        # special tokens of it is listed apart, as allowed findings.
+        native_ids, native = native, renderer.render(shaped, tools, add_generation_prompt=False, escape=True).ids
+        check_deadline(deadline, "after rendering the conversation with special-token text escaped")
     rules = _Rules(loc, profile, renderer, messages, stream, native, deadline)
     out: list[Finding] = []
     spans: list[tuple[int, int, int, int, int]] = []  # (i1, i2, j1, j2, segment)
@@ -86,18 +93,8 @@ def template_findings(
                 first, cause=Cause.MESSAGE_DIFFERS, allowed=allowed(Cause.MESSAGE_DIFFERS), detail=verdict.detail
             )
 
-    if renderer.escapes(messages):
-        # Untrusted content holds special-token text. The native render turns it into special tokens,
-        # so only a comparison with the escaped render shows a stream that did the same.
-        escaped = renderer.render(shaped, tools, add_generation_prompt=False, escape=True)
-        check_deadline(deadline, "after rendering the conversation with special-token text escaped")
-        special = renderer.control_ids
-        for tag, i1, i2, j1, j2 in align(stream, escaped.ids, deadline):
-            s_ids, e_ids = stream[i1:i2], escaped.ids[j1:j2]
-            if tag == "replace" and set(s_ids) & special and renderer.decode(s_ids) == renderer.decode(e_ids):
-                detail = "special-token text in tool/user/system content became a real special token"
-                cause = Cause.SPECIAL_TOKEN_INJECTED
-                out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), e_ids, detail))
+    if escaping:
+        out += _escaped_spots(rules, native_ids, allowed, deadline)
     return sorted(out, key=lambda f: (f.stream.start, f.cause.value))
 
 
@@ -327,6 +324,13 @@ class _Rules:
         theirs = _json_objects(self.r.decode(self.rendered[j_start:j_end]))
         return bool(ours) and ours == theirs
 
+    def stream_index(self, j: int) -> int | None:
+        """The stream position an equal block pairs with render position ``j`` (None where it diverges)."""
+        for tag, i1, _i2, j1, j2 in self.opcodes:
+            if tag == "equal" and j1 <= j <= j2:
+                return i1 + (j - j1)
+        return None
+
     def _rendered_index(self, i: int) -> int:
         for tag, i1, i2, j1, j2 in self.opcodes:
             if i1 <= i < i2 or (i == i2 and tag != "equal"):
@@ -388,6 +392,19 @@ class Divergence:
             at_end=ctx._touches_turn_end(i1, i2) or region == "boundary",
             at_boundary=region in ("boundary", "context") or (i1 == i2 and ctx._at_turn_end(i1)),
         )
+
+
+def special_token_injected(d: Divergence) -> Named:
+    """Same text; the stream has special tokens where the render writes their text: message content's special-token
+    text became a real special token (a fake turn boundary). Never in a sampled span: there the render writes what
+    the engine sampled."""
+    special = d.ctx.r.control_ids
+    if d.region != "sampled" and d.ds == d.dr and set(d.s_ids) & special and not set(d.r_ids) & special:
+        return (
+            Cause.SPECIAL_TOKEN_INJECTED,
+            "special-token text in tool/user/system content became a real special token",
+        )
+    return None
 
 
 def special_token_escaped(d: Divergence) -> Named:
@@ -564,6 +581,7 @@ def stop_text_in_message(d: Divergence) -> Named:
 # comment on the later rule names the earlier one that takes it and why that reading is the right one. A rule
 # without a comment has no known overlap with an earlier one.
 RULES: tuple[Callable[[Divergence], Named], ...] = (
+    special_token_injected,
     special_token_escaped,
     # after special_token_escaped: escaped special-token text is also "the same text in other ids", but the
     # escape is the more specific fact. Every rule after this one sees two different texts.
@@ -600,6 +618,25 @@ _END_LOOKBACK = 16  # render tokens read for the END close and trailer
 # holds a stop twice, or the message holds a stop's text. (Whatever the template writes after its close is the gap's.)
 _TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED, Cause.STOP_TEXT_IN_MESSAGE})
 _FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
+
+
+def _escaped_spots(
+    rules: _Rules, native: Sequence[int], allowed: Callable[[Cause], bool], deadline: float | None
+) -> list[Finding]:
+    """Where the native render makes special tokens of content text that the stream (and the escaped render it is
+    compared with) keeps as text: one allowed ``SPECIAL_TOKEN_ESCAPED`` finding each, at the stream's span."""
+    out: list[Finding] = []
+    escaped = rules.rendered
+    for tag, a1, a2, b1, b2 in align(escaped, native, deadline):
+        if tag != "replace" or rules.r.decode(escaped[a1:a2]) != rules.r.decode(native[b1:b2]):
+            continue
+        i1, i2 = rules.stream_index(a1), rules.stream_index(a2)
+        if i1 is None or i2 is None:
+            continue  # the stream differs there anyway: the template view's own finding says how
+        detail = "special-token text in content kept as text, as the engine saw it"
+        cause = Cause.SPECIAL_TOKEN_ESCAPED
+        out.append(rules.loc.finding(cause, allowed(cause), Span(i1, i2), Span(b1, b2), native[b1:b2], detail))
+    return out
 
 
 def _trailing_generation_prompt(stream: Sequence[int], gen: Sequence[int], outputs: Sequence[tuple[int, int]]) -> int:

@@ -149,7 +149,7 @@ def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
     (wheel,) = tmp_path.glob("verl_ext-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     presets = {f"verl_ext/configs/verl_ext/{p}.yaml" for p in PRESETS}
-    shipped = {"verl_ext/configs/agent_loops.yaml", "verl_ext/configs/cpu_demo.yaml"}
+    shipped = {"verl_ext/configs/agent_loops.yaml"}
     assert presets | shipped | {"hydra_plugins/verl_ext_searchpath/__init__.py"} <= names
 
 

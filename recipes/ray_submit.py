@@ -94,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\ninterrupted; ray job {job_id} goes on (stop it with: {stop})", flush=True)
         return 130
-    print(f"ray job {job_id}: {status}" + (f": {message}" if message and status != "SUCCEEDED" else ""), flush=True)
+    # Ray's message of a failed job repeats the log's tail after the reason: the reason alone, so this stays one line
+    reason = message.strip().splitlines()[0].split(", last available logs")[0] if message.strip() else ""
+    print(f"ray job {job_id}: {status}" + (f": {reason}" if reason and status != "SUCCEEDED" else ""), flush=True)
     return 0 if status == "SUCCEEDED" else 1
 
 

@@ -15,6 +15,11 @@ and verl_ext would be silently off. The plugin wraps ``_run_agent_loop`` (the on
 Every rollout is counted as ``tito/loop/<name>`` (plus ``tito/loop/switched`` and ``tito/loop/bypassed``), and the
 tracker hook warns once per step when any rollout bypassed verl_ext (metrics_sink). Nothing changes when the default
 loop is not a verl_ext loop.
+
+What a loop name means is decided here once, for the routing, the driver's preflight and the SGLang server switch
+alike (``LoopKind``, ``loop_kind``, ``default_loop_kind``): a registered loop whose ``_target_`` is (a subclass of)
+``VerlExtToolAgentLoop`` is token-exact (verl_ext's SGLang server), of ``AuditedToolAgentLoop`` audited (verl's own
+server), anything else registered another loop, and a name no loop is registered under an error.
 """
 
 from __future__ import annotations

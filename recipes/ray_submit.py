@@ -2,8 +2,9 @@
 
 ``ray job submit`` exits 0 when its log stream ends, even when that is early (the dashboard's WebSocket closed, the
 cluster went down) and the job is still RUNNING. This waits for the job's terminal status through Ray's job SDK,
-whatever happened to the stream, prints it as the last line, and exits 1 unless it is SUCCEEDED (2 for a usage
-error, 130 when interrupted: the job then goes on, and the line says how to stop it).
+whatever happened to the stream, prints it as the last line, and exits 1 unless it is SUCCEEDED (2 when nothing was
+submitted: a usage error, a dashboard that cannot be reached; 130 when interrupted: the job then goes on, and the
+line says how to stop it).
 
     python recipes/ray_submit.py --address http://head:8265 [--working-dir DIR] [--env KEY=VALUE ...] -- CMD ARGS...
 
@@ -81,8 +82,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     from ray.job_submission import JobSubmissionClient
 
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    client = JobSubmissionClient(args.address)
-    job_id = client.submit_job(entrypoint=shlex.join(args.entrypoint), runtime_env=runtime_env(args))
+    try:
+        client = JobSubmissionClient(args.address)
+        job_id = client.submit_job(entrypoint=shlex.join(args.entrypoint), runtime_env=runtime_env(args))
+    except Exception as exc:  # no dashboard there, refused, a working_dir Ray cannot package: nothing was started
+        reason = " ".join(str(exc).split())[:500]
+        print(f"error: could not submit the job to {args.address} ({type(exc).__name__}: {reason})", file=sys.stderr)
+        return 2
     stop = f"ray job stop --address {args.address} {job_id}"
     print(f"ray job {job_id} submitted to {args.address} (stop it with: {stop})", flush=True)
     try:

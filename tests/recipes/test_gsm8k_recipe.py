@@ -142,6 +142,13 @@ def test_submit_refuses_a_path_that_is_not_absolute_before_contacting_the_cluste
     assert run.returncode == 2 and "models/Qwen3-4B is not an absolute path" in run.stderr, run.stderr
 
 
+def test_the_submit_helper_says_in_one_line_when_no_cluster_answers(tmp_path):
+    cmd = [sys.executable, str(REPO / "recipes" / "ray_submit.py"), "--address=http://127.0.0.1:9", "--", "true"]
+    run = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines()[-1].startswith("error: could not submit the job to http://127.0.0.1:9 (")
+
+
 # -- recipes/sglang: the install's pins ----------------------------------------------------------------------------
 def versions() -> dict[str, str]:
     pins = {}

@@ -106,7 +106,8 @@ def _check_rollout_settings(config: Any, loop: str, options: LoopOptions) -> Non
     if not rollout.multi_turn.get("enable"):
         raise PreflightError(
             f"actor_rollout_ref.rollout.multi_turn.enable=false with default_agent_loop={loop}: {loop} is a "
-            "multi-turn tool-calling loop and verl treats the batch as single-turn without it. Fix: "
+            "multi-turn tool-calling loop, and with the flag off verl marks the batch single-turn (its fully-async "
+            "trainer runs every row with single_turn_agent, bypassing verl_ext). Fix: "
             "actor_rollout_ref.rollout.multi_turn.enable=true (every verl_ext preset sets it; an override after the "
             "preset turned it off), with a multi_turn.format and tools."
         )

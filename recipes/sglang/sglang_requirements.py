@@ -36,7 +36,7 @@ def sglang_requirements(declared: Sequence[str], torch: str) -> list[str]:
             continue
         if name == "torch" and requirement.split(";")[0].replace(" ", "") != f"torch=={torch}":
             raise ValueError(
-                f"SGLang requires {requirement!r}, but versions.env pins torch {torch}: set TORCH_VERSION to SGLang's"
+                f"SGLang requires {requirement!r}, not torch=={torch}: pin SGLang's torch in scripts/gpu/versions.txt"
             )
         lines.append(requirement)
     return lines

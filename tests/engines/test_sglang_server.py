@@ -217,28 +217,6 @@ def test_plugin_registers_the_replica_for_rollout_sglang(server_class: type) -> 
     assert RolloutReplicaRegistry.get("sglang") is TokenExactSGLangReplica
 
 
-@pytest.mark.parametrize(
-    ("loop", "forced", "on"),
-    [
-        ("verl_ext_tool_agent", None, True),
-        ("verl_ext_audited_tool_agent", None, False),  # the audit runs verl's own server, as it is
-        ("tool_agent", None, False),
-        ("tool_agent", "1", True),
-        ("verl_ext_tool_agent", "0", False),
-    ],
-)
-def test_the_loop_setting_switches_the_server(
-    monkeypatch: pytest.MonkeyPatch, loop: str, forced: Any, on: bool
-) -> None:
-    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
-
-    if forced is None:
-        monkeypatch.delenv(SWITCH_ENV, raising=False)
-    else:
-        monkeypatch.setenv(SWITCH_ENV, forced)
-    assert server_enabled({"agent": {"default_agent_loop": loop}}) is on
-
-
 def test_the_server_switch_follows_the_loop_routing_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """One rule for both: a subclass of verl_ext's loop gets the token-exact server, a misspelled name an error."""
     from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
@@ -265,3 +243,25 @@ def test_the_server_switch_follows_the_loop_routing_rule(monkeypatch: pytest.Mon
     assert server_enabled(agent("my_audited")) is False
     with pytest.raises(UnknownLoopError, match=r"verl_ext_tool_agnet is not a registered agent loop \(did you mean "):
         server_enabled(agent("verl_ext_tool_agnet"))  # used to start with "verl_ext_": the server went on
+
+
+@pytest.mark.parametrize(
+    ("loop", "forced", "on"),
+    [
+        ("verl_ext_tool_agent", None, True),
+        ("verl_ext_audited_tool_agent", None, False),  # the audit runs verl's own server, as it is
+        ("tool_agent", None, False),
+        ("tool_agent", "1", True),
+        ("verl_ext_tool_agent", "0", False),
+    ],
+)
+def test_the_loop_setting_switches_the_server(
+    monkeypatch: pytest.MonkeyPatch, loop: str, forced: Any, on: bool
+) -> None:
+    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
+
+    if forced is None:
+        monkeypatch.delenv(SWITCH_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SWITCH_ENV, forced)
+    assert server_enabled({"agent": {"default_agent_loop": loop}}) is on

@@ -150,13 +150,14 @@ def test_the_submit_helper_says_in_one_line_when_no_cluster_answers(tmp_path):
 
 
 # -- recipes/sglang: the install's pins ----------------------------------------------------------------------------
-def versions() -> dict[str, str]:
-    pins = {}
-    for line in (SGLANG / "versions.env").read_text().splitlines():
-        if line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            pins[key] = value
-    return pins
+def pins() -> dict[str, str]:
+    """scripts/gpu/versions.txt (pip constraints: ``name==version`` lines), the GPU stack's one list of versions."""
+    found = {}
+    for line in (REPO / "scripts" / "gpu" / "versions.txt").read_text().splitlines():
+        name, sep, version = line.split("#", 1)[0].strip().partition("==")
+        if sep:
+            found[name] = version
+    return found
 
 
 def test_sglang_requirements_keep_its_torch_pin_and_leave_transformers_to_verls():
@@ -166,18 +167,18 @@ def test_sglang_requirements_keep_its_torch_pin_and_leave_transformers_to_verls(
         version("sglang")
     except PackageNotFoundError:
         pytest.skip("sglang is not installed (make sglang-cpu)")
-    pins = versions()
-    cmd = [sys.executable, str(SGLANG / "sglang_requirements.py"), "--torch", pins["TORCH_VERSION"]]
+    torch = pins()["torch"]
+    cmd = [sys.executable, str(SGLANG / "sglang_requirements.py"), "--torch", torch]
     run = subprocess.run(cmd, capture_output=True, text=True)
     assert run.returncode == 0, run.stderr
     reqs = [line for line in run.stdout.splitlines() if not line.startswith("#")]
-    assert f"torch=={pins['TORCH_VERSION']}" in reqs  # the torch SGLang's kernels are built for
+    assert f"torch=={torch}" in reqs  # the torch SGLang's kernels are built for
     assert not [r for r in reqs if re.match(r"transformers\b", r)] and not [r for r in reqs if "extra ==" in r]
     other = subprocess.run([*cmd[:-1], "2.13.0"], capture_output=True, text=True)
-    assert other.returncode == 2 and "set TORCH_VERSION to SGLang's" in other.stderr
+    assert other.returncode == 2 and "pin SGLang's torch in scripts/gpu/versions.txt" in other.stderr
 
 
-def test_install_runs_every_step_with_one_interpreter_and_the_pins_of_versions_env(tmp_path):
+def test_install_runs_every_step_with_one_interpreter_and_the_shared_pins(tmp_path):
     script = (SGLANG / "install.sh").read_text()
     assert "DRY_RUN" in script  # never run the real install here
     env = {**os.environ, "DRY_RUN": "1", "PYTHON": "/opt/py/bin/python3.12", "TMPDIR": str(tmp_path)}
@@ -185,10 +186,10 @@ def test_install_runs_every_step_with_one_interpreter_and_the_pins_of_versions_e
     assert run.returncode == 0, run.stderr
     commands = run.stdout.splitlines()
     assert commands and all(c.startswith("/opt/py/bin/python3.12 ") for c in commands), commands
-    pins = versions()
-    assert f"torch=={pins['TORCH_VERSION']}" in commands[0]  # torch first, at SGLang's pin
-    assert all(f"torch=={pins['TORCH_VERSION']}" in c for c in commands if " pip install " in c and "--no-deps" not in c
-               and " -e " not in c)  # fmt: skip
-    assert f"verl=={pins['VERL_VERSION']}" in commands[1] and f"sglang=={pins['SGLANG_VERSION']}" in commands[2]
+    installs = [c for c in commands if " -m pip install " in c]
+    constraint = f"-c {REPO / 'scripts' / 'gpu' / 'versions.txt'} "
+    assert len(installs) == 5 and all(constraint in c for c in installs), installs  # every version from one file
+    assert installs[0].endswith(" torch ")  # torch first, at SGLang's pin
+    assert f"--torch {pins()['torch']}" in run.stdout  # SGLang's declared torch pin is checked against it
     assert "/tmp/sglang_reqs.txt" not in run.stdout and str(tmp_path) in run.stdout
     assert list(tmp_path.iterdir()) == []  # the requirements file is removed on exit

@@ -71,18 +71,26 @@ class EngineReport:
         return asdict(self)
 
 
-def server_enabled(rollout_config: Any) -> bool:
+def server_enabled(rollout_config: Any, environ: Mapping[str, str] | None = None) -> bool:
     """verl_ext's server is on when ``rollout.agent.default_agent_loop`` is verl_ext's token-exact loop or a subclass
     of it, by the rule loop routing uses (``verl_ext.plugin.loop_routing.LoopKind``); the audited loop keeps verl's
-    own server as it is (that is what it audits). ``VERL_EXT_SGLANG_SERVER`` = 1/0 forces it on or off. Raises
-    ``UnknownLoopError`` for a name no loop is registered under (a misspelling gets an error, not a server)."""
-    forced = os.getenv(SWITCH_ENV)
+    own server as it is (that is what it audits). ``VERL_EXT_SGLANG_SERVER`` = 1/0 in ``environ`` (the process
+    environment by default) forces it on or off. Raises ``UnknownLoopError`` for a name no loop is registered under
+    (a misspelling gets an error, not a server)."""
+    forced = (os.environ if environ is None else environ).get(SWITCH_ENV)
     if forced is not None and forced.strip() != "":
         return forced.strip().lower() not in ("0", "false", "no", "off")
     from verl_ext.plugin.loop_routing import LoopKind, default_loop_kind
 
-    agent = rollout_config.get("agent") if hasattr(rollout_config, "get") else getattr(rollout_config, "agent", None)
-    return default_loop_kind(agent)[1] is LoopKind.TOKEN_EXACT
+    return default_loop_kind(_get(rollout_config, "agent"))[1] is LoopKind.TOKEN_EXACT
+
+
+def _get(obj: Any, key: str) -> Any:
+    if obj is None:
+        return None
+    if isinstance(obj, Mapping):
+        return obj.get(key)
+    return getattr(obj, key, None)
 
 
 def build_request(

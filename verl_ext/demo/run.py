@@ -28,7 +28,6 @@ from typing import Any
 from verl_ext.core.errors import MissingFileError
 
 REPO = Path(__file__).resolve().parents[2]
-JOB_CONFIGS = REPO / "configs"  # the user-facing job configs (the verl_ext option group stays in the package)
 FORCED_TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
 # what a person wants to see per step; every tito/ metric is printed too
 STEP_METRICS = (
@@ -39,6 +38,7 @@ STEP_METRICS = (
 )
 _NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\)?$")
 _STEP_LINE = re.compile(r"step:(\d+) - ")  # after Ray's "(TaskRunner pid=...)" prefix, if any
+JOB_CONFIGS = REPO / "configs"  # the user-facing job configs (the verl_ext option group stays in the package)
 
 
 @dataclass

@@ -9,7 +9,7 @@ setup(
     packages=find_packages(include=["verl_ext*"]) + ["hydra_plugins.verl_ext_searchpath"],
     package_data={
         "verl_ext.report": ["templates/*.j2", "templates/*.css"],  # the report's Jinja templates
-        "verl_ext.configs": ["*.yaml", "verl_ext/*.yaml"],  # the config group's presets, agent_loops, cpu_demo
+        "verl_ext.configs": ["*.yaml", "verl_ext/*.yaml"],  # the config group's presets, agent_loops.yaml
     },
     python_requires=">=3.10",
     install_requires=[

@@ -223,11 +223,39 @@ def test_plugin_registers_the_replica_for_rollout_sglang(server_class: type) -> 
     assert RolloutReplicaRegistry.get("sglang") is TokenExactSGLangReplica
 
 
+def test_the_server_switch_follows_the_loop_routing_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """One rule for both: a subclass of verl_ext's loop gets the token-exact server, a misspelled name an error."""
+    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
+    from verl_ext.plugin.loop_routing import UnknownLoopError
+
+    monkeypatch.delenv(SWITCH_ENV, raising=False)
+    loops = tmp_path / "loops.yaml"
+    loops.write_text(
+        "- name: my_exact\n  _target_: vx_user_loops.MyExactLoop\n"
+        "- name: my_audited\n  _target_: vx_user_loops.MyAudited\n"
+    )
+    (tmp_path / "vx_user_loops.py").write_text(
+        "from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop\n"
+        "from verl_ext.plugin.audit_loop import AuditedToolAgentLoop\n"
+        "class MyExactLoop(VerlExtToolAgentLoop): pass\n"
+        "class MyAudited(AuditedToolAgentLoop): pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def agent(loop: str) -> dict[str, Any]:
+        return {"agent": {"default_agent_loop": loop, "agent_loop_config_path": str(loops)}}
+
+    assert server_enabled(agent("my_exact")) is True
+    assert server_enabled(agent("my_audited")) is False
+    with pytest.raises(UnknownLoopError, match=r"verl_ext_tool_agnet is not a registered agent loop \(did you mean "):
+        server_enabled(agent("verl_ext_tool_agnet"))  # used to start with "verl_ext_": the server went on
+
+
 @pytest.mark.parametrize(
     ("loop", "forced", "on"),
     [
         ("verl_ext_tool_agent", None, True),
-        ("verl_ext_audited_tool_agent", None, True),
+        ("verl_ext_audited_tool_agent", None, False),  # the audit runs verl's own server, as it is
         ("tool_agent", None, False),
         ("tool_agent", "1", True),
         ("verl_ext_tool_agent", "0", False),

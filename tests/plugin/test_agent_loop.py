@@ -163,3 +163,17 @@ def test_audit_of_the_stock_loop_at_its_turn_limit_reports_no_defect(make_loop):
     causes = out.extra_fields["verl_ext_check"]["causes"]
     assert "unknown" not in causes, out.extra_fields["verl_ext_check"]["summary"]
     assert causes == {"stop_text_in_message": 1}  # verl's hermes parser puts "<|im_end|>" in the content
+
+
+@pytest.mark.parametrize("stock", [False, True], ids=["verl_ext_tool_agent", "verl_ext_audited_tool_agent"])
+def test_a_records_folder_the_node_cannot_create_is_counted_and_every_rollout_goes_on(make_loop, tmp_path, stock):
+    # the folder's parent is a file: mkdir fails on this "node" as it does on a read-only or unmounted path
+    (tmp_path / "not-a-folder").write_text("")
+    records = tmp_path / "not-a-folder" / "records"
+    metrics_sink.drain()
+    loop, _ = make_loop(force_text=tool_call(), verl_ext={"records": {"dir": str(records)}}, stock=stock)
+    for _ in range(2):
+        out = run_loop(loop, PROMPT, global_steps=1)
+        assert out.extra_fields["verl_ext_check"]["engine_ok"]
+    m = metrics_sink.drain()
+    assert m["tito/records/write_failures"] == 2 and m["tito/rollouts_checked"] == 2

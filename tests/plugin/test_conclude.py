@@ -53,4 +53,4 @@ def test_a_record_that_cannot_be_written_is_counted_and_the_rollout_goes_on(rend
     ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nHi."), IM_END], {"role": "assistant", "content": "Hi."})])
     counters: Counter[str] = Counter()
     result = rt.conclude(Rollout.of(ro.calls, ro.sample(), ro.messages, TOOLS, step=1), counters)
-    assert result.ok and counters["records/write_errors"] == 1
+    assert result.ok and counters["records/write_failures"] == 1

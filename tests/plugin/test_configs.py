@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,7 @@ def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
     (wheel,) = tmp_path.glob("verl_ext-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     presets = {f"verl_ext/configs/verl_ext/{p}.yaml" for p in PRESETS}
-    shipped = {"verl_ext/configs/agent_loops.yaml", "verl_ext/configs/cpu_demo.yaml"}
+    shipped = {"verl_ext/configs/agent_loops.yaml"}
     assert presets | shipped | {"hydra_plugins/verl_ext_searchpath/__init__.py"} <= names
 
 
@@ -270,3 +271,66 @@ def test_a_bad_option_in_a_loop_entry_names_the_file_and_the_loop(tmp_path):
     cfg = verl_config([f"{LOOP_KEY}=my_loop", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"])
     with pytest.raises(OptionsError, match=rf"^{loops}: the verl_ext key of agent loop 'my_loop': verl_ext.extra_stop"):
         check_config(cfg)
+
+
+# -- what turns verl_ext off: each stops the driver before Ray starts, in one line ------------------------------
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        # a misspelling: was a warning here, then an AssertionError inside an agent-loop worker
+        ([f"{LOOP_KEY}=verl_ext_tool_agnet"], r"^actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_"
+         r"agnet is not a registered agent loop \(did you mean verl_ext_tool_agent"),
+        ([f"{LOOP_KEY}=my_tool_agent"], r"my_tool_agent is not a registered agent loop .*agent_loop_config_path"),
+        (["actor_rollout_ref.rollout.multi_turn.enable=false"],
+         r"^actor_rollout_ref.rollout.multi_turn.enable=false with default_agent_loop=verl_ext_tool_agent: .* Fix"),
+        (["actor_rollout_ref.rollout.calculate_log_probs=false"],
+         r"^actor_rollout_ref.rollout.calculate_log_probs=false with default_agent_loop=verl_ext_tool_agent: .* Fix"),
+    ],
+)  # fmt: skip
+@pytest.mark.parametrize("preset", ["warn", "audit"])
+def test_a_setting_that_turns_verl_ext_off_is_one_line_before_ray_starts(preset, overrides, message):
+    from verl_ext.plugin.loop_routing import UnknownLoopError
+
+    if preset == "audit":
+        message = message.replace("verl_ext_tool_agent:", "verl_ext_audited_tool_agent:")
+    cfg = verl_config([f"+verl_ext={preset}", *overrides])
+    with pytest.raises((PreflightError, UnknownLoopError)) as raised:
+        check_config(cfg)
+    assert re.search(message, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
+
+
+def test_a_misspelled_loop_without_a_preset_is_refused_too():
+    with pytest.raises(ValueError, match="verl_ext_audited_tool_agen is not a registered agent loop"):
+        check_config(verl_config([f"{LOOP_KEY}=verl_ext_audited_tool_agen"]))
+
+
+def test_calculate_log_probs_may_be_off_when_the_check_is_off():
+    off = ["verl_ext.check.mode=off", "actor_rollout_ref.rollout.calculate_log_probs=false"]
+    cfg = verl_config(["+verl_ext=warn", *off])
+    assert check_config(cfg)[0].startswith("verl_ext: options checked before Ray starts")
+
+
+def test_a_records_folder_the_driver_cannot_create_is_one_line(tmp_path):
+    (tmp_path / "file").write_text("")
+    cfg = verl_config(["+verl_ext=warn", f"verl_ext.records.dir={tmp_path / 'file' / 'records'}"])
+    with pytest.raises(PreflightError, match=r"^verl_ext.records.dir=.*/file/records: cannot be created or written .*"
+                       r"\(NotADirectoryError: Not a directory\)\. Fix: a folder every node can create"):  # fmt: skip
+        check_config(cfg)
+    ok = tmp_path / "records" / "run1"
+    assert "records " + str(ok) in check_config(verl_config(["+verl_ext=warn", f"verl_ext.records.dir={ok}"]))[0]
+    assert ok.is_dir() and not list(ok.iterdir())  # created, and the write check left nothing behind
+
+
+def test_every_preset_sets_what_its_loop_needs():
+    for preset in PRESETS:
+        rollout = verl_config([f"+verl_ext={preset}"]).actor_rollout_ref.rollout
+        assert rollout.multi_turn.enable is True and rollout.calculate_log_probs is True, preset
+
+
+def test_a_misspelled_loop_stops_main_ppo_with_exit_2_and_no_traceback():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "+verl_ext=warn", f"{LOOP_KEY}=verl_ext_tool_agnet"]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert "did you mean verl_ext_tool_agent " in out.stderr.strip().splitlines()[-1]
+    assert "Traceback" not in out.stderr

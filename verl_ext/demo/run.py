@@ -1,7 +1,7 @@
 """``verl-ext demo``: verl's real GRPO trainer on CPU, with verl_ext's loop, check, metrics and report.
 
 Steps: unpack the real Qwen3 tokenizer shipped with the repository, build a tiny random Qwen3-architecture model and
-an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with verl_ext/configs/cpu_demo.yaml
+an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with the job config configs/cpu_demo.yaml
 (Ray, FSDP2 on gloo, the ``verl_ext_cpu`` engine), print progress and each step's ``tito/`` metrics, then write the
 HTML report from the rollout records. Everything lands in ``--out`` (default build/demo); the trainer's full log is
 train.log.
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_ext.configs import CONFIG_DIR
 from verl_ext.core.errors import MissingFileError
 from verl_ext.engines.forced_turn import FORCED_TOOL_CALL
 
@@ -39,6 +38,7 @@ STEP_METRICS = (
 )
 _NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\)?$")
 _STEP_LINE = re.compile(r"step:(\d+) - ")  # after Ray's "(TaskRunner pid=...)" prefix, if any
+JOB_CONFIGS = REPO / "configs"  # the user-facing job configs (the verl_ext option group stays in the package)
 
 
 @dataclass
@@ -111,11 +111,18 @@ def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
 
 
 def trainer_command(paths: dict[str, Path], out: Path, steps: int, trainer: str, extra: Sequence[str]) -> list[str]:
+    """verl's trainer on the demo's job config, with the paths ``prepare`` made. Raises MissingFileError outside a
+    clone of the repository (the job config is in its top-level configs/, not in the package)."""
+    if not (JOB_CONFIGS / "cpu_demo.yaml").is_file():
+        raise MissingFileError(
+            f"{JOB_CONFIGS / 'cpu_demo.yaml'} is missing: `verl-ext demo` runs from a clone of the verl_ext "
+            "repository (its job config is configs/cpu_demo.yaml)"
+        )
     return [
         sys.executable,
         "-m",
         "verl.trainer.main_ppo",
-        f"--config-path={CONFIG_DIR}",
+        f"--config-path={JOB_CONFIGS}",
         "--config-name=cpu_demo",
         f"actor_rollout_ref.model.path={paths['model']}",
         f"data.train_files={paths['train']}",

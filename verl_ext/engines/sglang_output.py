@@ -3,10 +3,11 @@ sends and the checks on what SGLang returns.
 
 The server is registered by the plugin for ``actor_rollout_ref.rollout.name=sglang`` (the name stays ``sglang``: verl
 compares it in its weight sync, adapters and config checks). It is switched on by the same setting as verl_ext's loop
-(``rollout.agent.default_agent_loop`` naming a verl_ext loop, as configs/verl_ext.yaml does);
-``VERL_EXT_SGLANG_SERVER`` = ``1``/``0`` forces it on or off. Everything but ``generate`` is verl's own: launch,
-weight sync, sleep/wake, abort/resume, profiling. Multimodal, prefill/decode-disaggregated, teacher prompt-logprob and
-routing-replay requests are handed to verl's ``generate`` unchanged.
+(``rollout.agent.default_agent_loop`` naming ``verl_ext_tool_agent`` or a subclass, as the ``warn`` and ``strict``
+presets do; the ``audit`` preset keeps verl's server); ``VERL_EXT_SGLANG_SERVER`` = ``1``/``0`` forces it on or off.
+Everything but ``generate`` is verl's own: launch, weight sync, sleep/wake, abort/resume, profiling. Multimodal,
+prefill/decode-disaggregated, teacher prompt-logprob and routing-replay requests are handed to verl's ``generate``
+unchanged.
 
 What ``generate`` does differently from verl 0.9.1's:
 
@@ -71,26 +72,17 @@ class EngineReport:
 
 
 def server_enabled(rollout_config: Any, environ: Mapping[str, str] | None = None) -> bool:
-    """verl_ext's server is on when the rollout runs a verl_ext loop (the same YAML switch), or when forced
-    (``environ``: the process environment by default)."""
+    """verl_ext's server is on when ``rollout.agent.default_agent_loop`` is verl_ext's token-exact loop or a subclass
+    of it, by the rule loop routing uses (``verl_ext.plugin.loop_routing.LoopKind``); the audited loop keeps verl's
+    own server as it is (that is what it audits). ``VERL_EXT_SGLANG_SERVER`` = 1/0 in ``environ`` (the process
+    environment by default) forces it on or off. Raises ``UnknownLoopError`` for a name no loop is registered under
+    (a misspelling gets an error, not a server)."""
     forced = (os.environ if environ is None else environ).get(SWITCH_ENV)
     if forced is not None and forced.strip() != "":
         return forced.strip().lower() not in ("0", "false", "no", "off")
-    agent = _get(rollout_config, "agent")
-    default_loop = str(_get(agent, "default_agent_loop") or "")
-    return default_loop.startswith("verl_ext_")
+    from verl_ext.plugin.loop_routing import LoopKind, default_loop_kind
 
-
-def server_class_name(rollout_config: Any, environ: Mapping[str, str] | None = None) -> str | None:
-    """The name of the server class (sglang_server.py) a replica launches: verl_ext's when switched on, each with
-    the TEST/DEMO forced first turn when ``VERL_EXT_SGLANG_FORCE_FIRST_TURN`` is set; ``None`` keeps verl's own."""
-    from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV
-
-    env = os.environ if environ is None else environ
-    forced = bool(env.get(SGLANG_FORCE_ENV))
-    if server_enabled(rollout_config, env):
-        return "ForcedFirstTurnTokenExactSGLangServer" if forced else "TokenExactSGLangServer"
-    return "ForcedFirstTurnStockSGLangServer" if forced else None
+    return default_loop_kind(_get(rollout_config, "agent"))[1] is LoopKind.TOKEN_EXACT
 
 
 def _get(obj: Any, key: str) -> Any:

@@ -7,7 +7,8 @@ It registers, cheaply (names and import paths only; the heavy modules load when 
   hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
 * the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
 * verl_ext's SGLang server for ``actor_rollout_ref.rollout.name=sglang`` (verl_ext.engines.sglang_server), used when
-  the rollout runs a verl_ext loop; SGLang itself is imported only when verl builds an SGLang replica;
+  the rollout runs ``verl_ext_tool_agent`` or a subclass (the rule of verl_ext.plugin.loop_routing.LoopKind); SGLang
+  itself is imported only when verl builds an SGLang replica;
 * the ``cpu`` platform and its workarounds, only when ``VERL_PLATFORM=cpu`` (verl_ext.plugin.cpu_platform).
 
 verl logs a failing plugin import at DEBUG only, so a failure here is logged at ERROR with its cause and the module

@@ -65,6 +65,7 @@ class _Runtime:
     checker: ConsistencyChecker
     enforcer: Enforcer
     writer: RecordWriter | None
+    record_failures_logged: set[str] = field(default_factory=set)  # the causes already logged in this process
 
     @functools.cached_property
     def end_of_turn_ids(self) -> frozenset[int]:
@@ -93,15 +94,25 @@ class _Runtime:
         return result
 
     def write_record(self, rollout: Rollout, result: CheckResult, counters: Counter[str]) -> None:
-        """Records are diagnostics: a record that cannot be built or written is logged with its cause and counted,
-        and training goes on."""
+        """Records are diagnostics: a record that cannot be built or written (the folder cannot be created on this
+        node, the disk is full, ...) is counted in ``records/write_failures`` and training goes on. Each new cause is
+        logged at ERROR once per process; repeats of it only count (a read-only folder fails every rollout)."""
         if self.writer is None:
             return
         try:
             self.writer.write(rollout.record(result))
         except (OSError, TypeError, ValueError) as exc:
-            counters["records/write_errors"] += 1
-            log.error("verl_ext: could not write a rollout record to %s: %s", self.writer.path, exc)
+            counters["records/write_failures"] += 1
+            cause = f"{type(exc).__name__}: {exc}"
+            if cause not in self.record_failures_logged:
+                self.record_failures_logged.add(cause)
+                log.error(
+                    "verl_ext: could not write a rollout record to %s (%s); training goes on, each failure is "
+                    "counted in tito/records/write_failures. Fix: make verl_ext.records.dir a folder every node "
+                    "can create and write, or set it to null",
+                    self.writer.path,
+                    cause,
+                )
 
 
 _RUNTIMES: dict[tuple[int, str, str], _Runtime] = {}

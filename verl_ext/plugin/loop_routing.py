@@ -15,14 +15,21 @@ and verl_ext would be silently off. The plugin wraps ``_run_agent_loop`` (the on
 Every rollout is counted as ``tito/loop/<name>`` (plus ``tito/loop/switched`` and ``tito/loop/bypassed``), and the
 tracker hook warns once per step when any rollout bypassed verl_ext (metrics_sink). Nothing changes when the default
 loop is not a verl_ext loop.
+
+What a loop name means is decided here once, for the routing, the driver's preflight and the SGLang server switch
+alike (``LoopKind``, ``loop_kind``, ``default_loop_kind``): a registered loop whose ``_target_`` is (a subclass of)
+``VerlExtToolAgentLoop`` is token-exact (verl_ext's SGLang server), of ``AuditedToolAgentLoop`` audited (verl's own
+server), anything else registered another loop, and a name no loop is registered under an error.
 """
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from verl_ext.core.errors import VerlExtError
@@ -31,31 +38,151 @@ from verl_ext.plugin.options import AgentNameColumn, LoopOptions
 log = logging.getLogger("verl_ext.plugin")
 
 STOCK_TOOL_AGENT = "tool_agent"  # the loop verl_ext_tool_agent (and its audited twin) stands in for
-VERL_EXT_LOOP_TARGETS = frozenset(
-    {"verl_ext.plugin.agent_loop.VerlExtToolAgentLoop", "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"}
-)
 DEFAULT_LOOP_KEY = "actor_rollout_ref.rollout.agent.default_agent_loop"
+_CONFIG_PATH_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
+
+
+class LoopKind(StrEnum):
+    """What a loop name means to verl_ext: the one rule behind loop routing, the preflight and the SGLang server
+    switch (``loop_kind``)."""
+
+    TOKEN_EXACT = "token_exact"  # verl_ext_tool_agent or a subclass: verl_ext's token-exact SGLang server
+    AUDITED = "audited"  # verl_ext_audited_tool_agent or a subclass: verl's own server, as it is, check watching
+    OTHER = "other"  # a registered loop that is not verl_ext's
+    UNREGISTERED = "unregistered"  # no loop has this name: verl would fail on it inside a worker
+
+    @property
+    def verl_ext(self) -> bool:
+        """A verl_ext loop runs (the check watches its rollouts)."""
+        return self in (LoopKind.TOKEN_EXACT, LoopKind.AUDITED)
+
+
+_KNOWN_TARGETS = {
+    "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop": LoopKind.TOKEN_EXACT,
+    "verl_ext.plugin.audit_loop.AuditedToolAgentLoop": LoopKind.AUDITED,
+}
+VERL_EXT_LOOP_TARGETS = frozenset(_KNOWN_TARGETS)
+
+
+class UnknownLoopError(VerlExtError, ValueError):
+    """``default_agent_loop`` names no registered agent loop (a misspelling, a missing ``agent_loop_config_path``)."""
+
+
+def target_kind(target: str | None) -> LoopKind:
+    """The kind of a registry entry's ``_target_``: verl_ext's loop, its audited twin, a subclass of either (found by
+    importing the target), or another loop. A target that does not import is another loop: verl reports it."""
+    if not target:
+        return LoopKind.OTHER
+    if target in _KNOWN_TARGETS:
+        return _KNOWN_TARGETS[target]
+    module_name, _, attr = target.rpartition(".")
+    if not module_name:
+        return LoopKind.OTHER
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        # verl fails on this name with its own error when a row uses it; here it cannot be one of ours
+        log.debug("verl_ext: agent loop target %s does not import (%s)", target, exc)
+        return LoopKind.OTHER
+    from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
+    from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
+
+    if isinstance(cls, type) and issubclass(cls, VerlExtToolAgentLoop):
+        return LoopKind.TOKEN_EXACT
+    if isinstance(cls, type) and issubclass(cls, AuditedToolAgentLoop):
+        return LoopKind.AUDITED
+    return LoopKind.OTHER
 
 
 def is_verl_ext_target(target: str | None) -> bool:
     """A registry entry's ``_target_`` is verl_ext's loop, its audited twin, or a subclass of either."""
-    if not target:
-        return False
-    if target in VERL_EXT_LOOP_TARGETS:
-        return True
-    if not target.startswith("verl_ext.") and "." in target:
-        module_name, _, attr = target.rpartition(".")
-        try:
-            cls = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            # verl fails on this name with its own error when a row uses it; here it cannot be one of ours
-            log.debug("verl_ext: agent loop target %s does not import (%s)", target, exc)
-            return False
-        from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
-        from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
+    return target_kind(target).verl_ext
 
-        return isinstance(cls, type) and issubclass(cls, (VerlExtToolAgentLoop, AuditedToolAgentLoop))
-    return False
+
+def loop_kind(name: str, registry: Mapping[str, Any]) -> LoopKind:
+    """The kind of the loop registered as ``name`` in ``registry`` (``registered_loops``)."""
+    entry = registry.get(name)
+    if entry is None:
+        return LoopKind.UNREGISTERED
+    target = entry.get("_target_") if hasattr(entry, "get") else None
+    return target_kind(None if target is None else str(target))
+
+
+def registered_loops(agent_config: Any) -> dict[str, Mapping[str, Any]]:
+    """Every agent-loop name verl's workers will know, with its registry entry: verl's own loops (and any a
+    ``VERL_USE_EXTERNAL_MODULES`` module registers), verl_ext's, and the entries of ``agent_loop_config_path``
+    (``agent_config`` is ``actor_rollout_ref.rollout.agent``, a mapping or verl's dataclass). Raises
+    ``PreflightError`` naming the file for an ``agent_loop_config_path`` verl could not load."""
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    from verl_ext.plugin import _AGENT_LOOP_PATH, _AUDIT_LOOP_PATH, AGENT_LOOP_NAME, AUDIT_LOOP_NAME
+
+    registry: dict[str, Mapping[str, Any]] = {str(k): v for k, v in _agent_loop_registry.items()}
+    registry[AGENT_LOOP_NAME] = {"_target_": _AGENT_LOOP_PATH}
+    registry[AUDIT_LOOP_NAME] = {"_target_": _AUDIT_LOOP_PATH}
+    path = _get(agent_config, "agent_loop_config_path")
+    if path:
+        for entry in agent_loop_entries(str(path)):
+            registry[str(entry["name"])] = entry
+    return registry
+
+
+def agent_loop_entries(path: str) -> list[Mapping[str, Any]]:
+    """The entries of ``rollout.agent.agent_loop_config_path``: a YAML list of mappings, each with a ``name``.
+    Anything else is a PreflightError naming the file and the fix (verl would fail on it later, in a worker)."""
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+    from verl.utils.import_utils import resolve_config_path
+
+    from verl_ext.plugin.preflight import PreflightError
+
+    shape = "a YAML list of agent loops, each a mapping with 'name' and '_target_'"
+    try:
+        loaded = OmegaConf.load(resolve_config_path(path))
+    except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not UTF-8, not a YAML container
+        raise PreflightError(
+            f"{_CONFIG_PATH_KEY}={path}: cannot be read ({type(exc).__name__}: {exc}); pass {shape}"
+        ) from None
+    except Exception as exc:  # the YAML parser's errors (yaml.YAMLError) span lines: the problem and its line
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or " ".join(str(exc).split()) or type(exc).__name__
+        raise PreflightError(f"{_CONFIG_PATH_KEY}={path}: not valid YAML{where} ({problem}); pass {shape}") from None
+    if isinstance(loaded, DictConfig) and not loaded:
+        return []  # an empty file registers nothing
+    if not isinstance(loaded, ListConfig):
+        raise PreflightError(f"{_CONFIG_PATH_KEY}={path}: expected {shape}, found a mapping")
+    entries = []
+    for k, entry in enumerate(loaded):
+        if not isinstance(entry, DictConfig) or not isinstance(entry.get("name"), str):
+            raise PreflightError(
+                f"{_CONFIG_PATH_KEY}={path}: entry {k} must be a mapping with a string 'name', got {entry!r}"
+            )
+        entries.append(entry)
+    return entries
+
+
+def default_loop_kind(agent_config: Any) -> tuple[str, LoopKind]:
+    """``default_agent_loop`` and its kind, for the preflight and the SGLang server switch alike. Raises
+    ``UnknownLoopError`` (naming the closest registered names) when no loop has that name."""
+    name = str(_get(agent_config, "default_agent_loop") or "")
+    registry = registered_loops(agent_config)
+    kind = loop_kind(name, registry)
+    if kind is LoopKind.UNREGISTERED:
+        close = difflib.get_close_matches(name, list(registry), n=2, cutoff=0.6)
+        hint = f"did you mean {' or '.join(close)}? " if close else ""
+        raise UnknownLoopError(
+            f"{DEFAULT_LOOP_KEY}={name} is not a registered agent loop ({hint}registered: "
+            f"{', '.join(sorted(registry))}); verl would fail on it inside a worker, after Ray started. Fix: name "
+            f"one of those, or register yours in {_CONFIG_PATH_KEY}."
+        )
+    return name, kind
+
+
+def _get(obj: Any, key: str) -> Any:
+    """``obj[key]`` for a mapping, an OmegaConf config or verl's config dataclasses (which have ``get``)."""
+    if obj is None:
+        return None
+    return obj.get(key) if hasattr(obj, "get") else getattr(obj, key, None)
 
 
 class BypassError(VerlExtError, ValueError):
@@ -117,9 +244,7 @@ class LoopRouter:
     def is_verl_ext(self, name: str) -> bool:
         """Whether the registered loop ``name`` is one of verl_ext's (False for an unregistered name)."""
         if name not in self._is_ours:
-            entry = self._registry.get(name)
-            target = entry.get("_target_") if entry is not None and hasattr(entry, "get") else None
-            self._is_ours[name] = is_verl_ext_target(None if target is None else str(target))
+            self._is_ours[name] = loop_kind(name, self._registry).verl_ext
         return self._is_ours[name]
 
     def route(self, agent_name: str) -> Route:

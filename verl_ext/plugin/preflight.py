@@ -7,6 +7,9 @@ minutes later, in an agent-loop worker, with the message buried in the log. Here
 - every verl_ext option (the top-level ``verl_ext:`` section merged with each verl_ext loop's entry in
   ``rollout.agent.agent_loop_config_path``) is validated; an error is printed as the last line and the process
   exits with status 2, without a traceback (it is the user's input, not a crash);
+- what turns verl_ext off or breaks it on every node, one line each: a ``default_agent_loop`` no loop is registered
+  under (``verl_ext_tool_agnet``), ``multi_turn.enable=false`` or ``calculate_log_probs=false`` with a verl_ext loop
+  (the presets set both; a later override can undo them), a ``verl_ext.records.dir`` the driver cannot create;
 - the local parquet files of ``data.train_files`` / ``data.val_files`` are read for an ``agent_name`` column: with
   ``verl_ext.agent_name_column=stop`` a row naming a loop that is not verl_ext's stops the run here; otherwise one
   line says which rows switch to verl_ext's loop and which will bypass it.
@@ -16,22 +19,19 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verl_ext.core.errors import VerlExtError
-from verl_ext.plugin import _AGENT_LOOP_PATH, _AUDIT_LOOP_PATH, AGENT_LOOP_NAME, AUDIT_LOOP_NAME
 
 if TYPE_CHECKING:
     from verl_ext.plugin.loop_routing import LoopRouter
+    from verl_ext.plugin.options import LoopOptions
 
 # verl imports verl.utils.config in every process: this module stays light; the checks import what they need
-
-_BUILTIN = {  # the loops the plugin registers, under the names and paths it registers them with
-    AGENT_LOOP_NAME: {"_target_": _AGENT_LOOP_PATH},
-    AUDIT_LOOP_NAME: {"_target_": _AUDIT_LOOP_PATH},
-}
 
 
 class PreflightError(VerlExtError, ValueError):
@@ -39,43 +39,100 @@ class PreflightError(VerlExtError, ValueError):
 
 
 def check_config(config: Any) -> list[str]:
-    """Validate verl_ext's options and the datasets' ``agent_name`` column; return the lines to print.
-    Raises OptionsError or PreflightError with a message that names the problem and the fix."""
-    from verl_ext.plugin.loop_routing import DEFAULT_LOOP_KEY, LoopRouter
-    from verl_ext.plugin.options import AgentNameColumn, LoopOptions, OptionsError
+    """Validate verl_ext's side of the config and the datasets' ``agent_name`` column; return the lines to print.
+    Raises OptionsError, UnknownLoopError or PreflightError with a message that names the problem and the fix."""
+    from verl_ext.plugin.loop_routing import (
+        DEFAULT_LOOP_KEY,
+        LoopKind,
+        LoopRouter,
+        default_loop_kind,
+        loop_kind,
+        registered_loops,
+    )
+    from verl_ext.plugin.options import LoopOptions
 
-    registry = _registry_view(config)
+    agent = config.actor_rollout_ref.rollout.agent
+    registry = registered_loops(agent)
     section = config.get("verl_ext")
-    default_loop = str(config.actor_rollout_ref.rollout.agent.default_agent_loop)
-    names = LoopRouter(default_loop, AgentNameColumn.SWITCH, registry)
-    ours = {name for name in registry if names.is_verl_ext(name)}
-    if section is None and default_loop not in ours:
+    default_loop = str(agent.default_agent_loop)
+    kind = loop_kind(default_loop, registry)
+    if section is None and not kind.verl_ext and not default_loop.startswith("verl_ext"):
         return []  # verl_ext is installed, not used: nothing to say
+    if kind is LoopKind.UNREGISTERED:
+        default_loop_kind(agent)  # raises UnknownLoopError, naming the closest registered loops
+    ours = {name for name in registry if loop_kind(name, registry).verl_ext}
     options = LoopOptions.from_sources(section)  # the top-level section alone, then as each loop merges it
-    for name in sorted(ours):
-        options_of_loop = registry[name].get("verl_ext")
-        if options_of_loop is not None:
-            try:
-                LoopOptions.from_sources(section, options_of_loop)
-            except OptionsError as exc:  # say where: the loop's entry, not the top-level section
-                path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
-                raise OptionsError(f"{path}: the verl_ext key of agent loop {name!r}: {exc}") from None
+    merged = {name: _loop_options(config, section, name, registry[name]) for name in sorted(ours)}
     router = LoopRouter.from_config(config, registry)
-    lines = []
     if router is None:
-        lines.append(
+        return [
             f"verl_ext: options are set but {DEFAULT_LOOP_KEY}={default_loop}: verl_ext runs only on rows whose "
             "agent_name column names its loop. Set default_agent_loop=verl_ext_tool_agent (or select a preset: "
             "+verl_ext=warn) to switch it on."
-        )
-    else:
-        lines.append(
-            f"verl_ext: options checked before Ray starts: loop {default_loop}, check {options.check.mode.value}, "
-            f"records {options.records.dir or 'off'}, agent_name column: {router.column.value}"
-        )
-        for key in ("train_files", "val_files"):
-            lines += _dataset_lines(f"data.{key}", config.data.get(key), router)
+        ]
+    loop_options = merged.get(default_loop, options)
+    _check_rollout_settings(config, default_loop, loop_options)
+    for records_dir in sorted({o.records.dir for o in (options, *merged.values()) if o.records.dir}):
+        _check_records_dir(records_dir)
+    lines = [
+        f"verl_ext: options checked before Ray starts: loop {default_loop}, check {loop_options.check.mode.value}, "
+        f"records {loop_options.records.dir or 'off'}, agent_name column: {router.column.value}"
+    ]
+    for key in ("train_files", "val_files"):
+        lines += _dataset_lines(f"data.{key}", config.data.get(key), router)
     return lines
+
+
+def _loop_options(config: Any, section: Any, name: str, entry: Mapping[str, Any]) -> LoopOptions:
+    """The options loop ``name`` runs with (the top-level section, then its own entry's ``verl_ext`` key); an error
+    in its entry says where."""
+    from verl_ext.plugin.options import LoopOptions, OptionsError
+
+    own = entry.get("verl_ext") if hasattr(entry, "get") else None
+    try:
+        return LoopOptions.from_sources(section, own)
+    except OptionsError as exc:
+        if own is None:
+            raise
+        path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
+        raise OptionsError(f"{path}: the verl_ext key of agent loop {name!r}: {exc}") from None
+
+
+def _check_rollout_settings(config: Any, loop: str, options: LoopOptions) -> None:
+    """The rollout settings a verl_ext loop needs, which a later override can undo after a preset set them."""
+    from verl_ext.check.policy import CheckMode
+
+    rollout = config.actor_rollout_ref.rollout
+    if not rollout.multi_turn.get("enable"):
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.multi_turn.enable=false with default_agent_loop={loop}: {loop} is a "
+            "multi-turn tool-calling loop, and with the flag off verl marks the batch single-turn (its fully-async "
+            "trainer runs every row with single_turn_agent, bypassing verl_ext). Fix: "
+            "actor_rollout_ref.rollout.multi_turn.enable=true (every verl_ext preset sets it; an override after the "
+            "preset turned it off), with a multi_turn.format and tools."
+        )
+    if options.check.mode is not CheckMode.OFF and not rollout.get("calculate_log_probs"):
+        raise PreflightError(
+            f"actor_rollout_ref.rollout.calculate_log_probs=false with default_agent_loop={loop}: the check compares "
+            "the engine's logprobs with the trainer's, and without them it fails every rollout. Fix: "
+            "actor_rollout_ref.rollout.calculate_log_probs=true (every verl_ext preset sets it), or "
+            "verl_ext.check.mode=off to run without the check."
+        )
+
+
+def _check_records_dir(path: str) -> None:
+    """Create ``verl_ext.records.dir`` here, in the driver, and write a file in it; a folder that cannot be is a
+    PreflightError (on the workers a write that fails is only counted: records never stop training)."""
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".verl_ext-write-check-"):
+            pass
+    except OSError as exc:
+        raise PreflightError(
+            f"verl_ext.records.dir={path}: cannot be created or written in the driver ({type(exc).__name__}: "
+            f"{exc.strerror or exc}). Fix: a folder every node can create and write (shared storage on a multi-node "
+            "cluster), or verl_ext.records.dir=null for no records."
+        ) from None
 
 
 def _dataset_lines(key: str, files: Any, router: LoopRouter) -> list[str]:
@@ -127,45 +184,6 @@ def _agent_names(path: str) -> Counter[str] | None:
     return Counter(str(name) for name in column if name is not None)
 
 
-def _registry_view(config: Any) -> dict[str, Mapping[str, Any]]:
-    """The agent-loop names verl's workers will know: verl_ext's, plus the entries of agent_loop_config_path."""
-    registry: dict[str, Mapping[str, Any]] = dict(_BUILTIN)
-    path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
-    if path:
-        for entry in _agent_loop_entries(str(path)):
-            registry[str(entry["name"])] = entry
-    return registry
-
-
-def _agent_loop_entries(path: str) -> list[Mapping[str, Any]]:
-    """The entries of ``rollout.agent.agent_loop_config_path``: a YAML list of mappings, each with a ``name``.
-    Anything else is a PreflightError naming the file and the fix (verl would fail on it later, in a worker)."""
-    from omegaconf import DictConfig, ListConfig, OmegaConf
-    from verl.utils.import_utils import resolve_config_path
-
-    key = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
-    shape = "a YAML list of agent loops, each a mapping with 'name' and '_target_'"
-    try:
-        loaded = OmegaConf.load(resolve_config_path(path))
-    except (OSError, UnicodeDecodeError) as exc:  # missing, a folder, not UTF-8, not a YAML container
-        raise PreflightError(f"{key}={path}: cannot be read ({type(exc).__name__}: {exc}); pass {shape}") from None
-    except Exception as exc:  # the YAML parser's errors (yaml.YAMLError) span lines: the problem and its line
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or " ".join(str(exc).split()) or type(exc).__name__
-        raise PreflightError(f"{key}={path}: not valid YAML{where} ({problem}); pass {shape}") from None
-    if isinstance(loaded, DictConfig) and not loaded:
-        return []  # an empty file registers nothing
-    if not isinstance(loaded, ListConfig):
-        raise PreflightError(f"{key}={path}: expected {shape}, found a mapping")
-    entries = []
-    for k, entry in enumerate(loaded):
-        if not isinstance(entry, DictConfig) or not isinstance(entry.get("name"), str):
-            raise PreflightError(f"{key}={path}: entry {k} must be a mapping with a string 'name', got {entry!r}")
-        entries.append(entry)
-    return entries
-
-
 def wrap_validate_config(config_module: Any) -> None:
     """Run ``check_config`` first inside ``verl.utils.config.validate_config`` (called by verl's drivers)."""
     original: Callable[..., Any] = config_module.validate_config
@@ -173,11 +191,12 @@ def wrap_validate_config(config_module: Any) -> None:
         return
 
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
+        from verl_ext.plugin.loop_routing import UnknownLoopError
         from verl_ext.plugin.options import OptionsError
 
         try:
             lines = check_config(config)
-        except (OptionsError, PreflightError) as exc:
+        except (OptionsError, PreflightError, UnknownLoopError) as exc:
             # the user's input, not a crash: no traceback, the message last, before Ray starts
             print(f"\nverl_ext: configuration error (checked before Ray starts):\n  {exc}", file=sys.stderr, flush=True)
             raise SystemExit(2) from None

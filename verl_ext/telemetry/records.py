@@ -6,6 +6,9 @@ A file starts with a header line (``"type": "header"``: the template profile); r
 are strict JSON: a float that is not finite (a NaN logprob) is written as the string ``"NaN"``, ``"Infinity"`` or
 ``"-Infinity"``, which the record's loader reads back as that float. When a file would exceed ``max_bytes`` it is
 rotated to ``.1``, ``.2``, ...; the oldest beyond ``max_files`` is deleted, and that deletion is logged.
+
+The writer touches the file system only in ``write``: building one never fails on a folder a node cannot create
+(a read-only or unmounted path), so the agent loop that owns it can count the failure and keep training.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ def to_json_line(record: RolloutRecord | RecordHeader | Mapping[str, Any]) -> st
 
 
 class RecordWriter:
-    """Appends records as JSON lines to this process's file under ``directory``, with size-capped rotation."""
+    """Appends records as JSON lines to this process's file under ``directory``, with size-capped rotation. The
+    folder is created by the first ``write`` (never by the constructor)."""
 
     def __init__(
         self,
@@ -55,7 +59,6 @@ class RecordWriter:
         if max_bytes <= 0 or max_files < 1:
             raise ValueError(f"records need max_bytes > 0 and max_files >= 1, got {max_bytes} and {max_files}")
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / f"{prefix}-{socket.gethostname()}-{os.getpid()}.jsonl"
         self.header = header
         self.max_bytes = max_bytes
@@ -64,8 +67,10 @@ class RecordWriter:
 
     def write(self, record: RolloutRecord | Mapping[str, Any]) -> None:
         """Append one record (a ``RolloutRecord``, or any JSON object) as a line; rotate first when it would pass
-        ``max_bytes``. Raises OSError when the file cannot be written, TypeError for a value JSON cannot hold."""
+        ``max_bytes``. Raises OSError when the folder cannot be created or the file written, TypeError for a value
+        JSON cannot hold."""
         data = to_json_line(record).encode("utf-8")
+        self.directory.mkdir(parents=True, exist_ok=True)
         size = self.path.stat().st_size if self.path.exists() else 0
         if size and size + len(data) > self.max_bytes:
             self._rotate()

@@ -9,7 +9,9 @@ tokens are meant for training.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from verl_ext.gateway.engine import Sampled, Sampling
 
@@ -28,7 +30,7 @@ class CPUEngine:
         self.eos_ids = frozenset(eos_ids_of(self.model))
         self.max_context: int | None = getattr(self.model.config, "max_position_embeddings", None)
         self._generator = torch.Generator().manual_seed(seed)
-        self._lock = asyncio.Lock()
+        self._lock = threading.Lock()  # held in the worker thread: any event loop, one generation at a time
         self.teacher_force = teacher_force
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampled:
@@ -47,9 +49,12 @@ class CPUEngine:
         )
         prompt = list(prompt_ids)
         forced = list(self.teacher_force(prompt)) if self.teacher_force else []
-        async with self._lock:
-            generator = torch.Generator().manual_seed(sampling.seed) if sampling.seed is not None else self._generator
-            out = await asyncio.to_thread(
-                generate_tokens, self.model, prompt, config, forced_ids=forced, generator=generator
-            )
+
+        def run() -> Any:
+            with self._lock:
+                seeded = sampling.seed is not None
+                generator = torch.Generator().manual_seed(sampling.seed) if seeded else self._generator
+                return generate_tokens(self.model, prompt, config, forced_ids=forced, generator=generator)
+
+        out = await asyncio.to_thread(run)
         return Sampled(tuple(out.token_ids), tuple(out.log_probs))

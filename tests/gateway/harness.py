@@ -67,3 +67,31 @@ def react_calculator(client: OpenAI, question: str, tools: list[dict[str, Any]],
             result = calculate(json.loads(c.function.arguments)["expression"])
             messages.append({"role": "tool", "tool_call_id": c.id, "content": result})
     return {"answer": None, "messages": messages, "responses": responses}
+
+
+def loop_react(base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The ReAct calculator as ``verl_ext_gateway_agent`` calls a harness (sync): the row's last user message is
+    the question; the tools are the calculator's schema."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    question = [m for m in row["raw_prompt"] if m["role"] == "user"][-1]["content"]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "calculator",
+                "description": "Evaluate an arithmetic expression.",
+                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+            },
+        }
+    ]
+    out = react_calculator(client, question, tools)
+    return {"answer": out["answer"], "turns": len(out["responses"])}
+
+
+async def loop_failing(base_url: str, api_key: str, row: dict[str, Any]) -> None:
+    """A harness that raises after one call."""
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+    raise RuntimeError("the harness gave up")

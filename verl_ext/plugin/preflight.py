@@ -21,7 +21,14 @@ from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from verl_ext.core.errors import VerlExtError
-from verl_ext.plugin import _AGENT_LOOP_PATH, _AUDIT_LOOP_PATH, AGENT_LOOP_NAME, AUDIT_LOOP_NAME
+from verl_ext.plugin import (
+    _AGENT_LOOP_PATH,
+    _AUDIT_LOOP_PATH,
+    _GATEWAY_LOOP_PATH,
+    AGENT_LOOP_NAME,
+    AUDIT_LOOP_NAME,
+    GATEWAY_LOOP_NAME,
+)
 
 if TYPE_CHECKING:
     from verl_ext.plugin.loop_routing import LoopRouter
@@ -31,6 +38,7 @@ if TYPE_CHECKING:
 _BUILTIN = {  # the loops the plugin registers, under the names and paths it registers them with
     AGENT_LOOP_NAME: {"_target_": _AGENT_LOOP_PATH},
     AUDIT_LOOP_NAME: {"_target_": _AUDIT_LOOP_PATH},
+    GATEWAY_LOOP_NAME: {"_target_": _GATEWAY_LOOP_PATH},
 }
 
 

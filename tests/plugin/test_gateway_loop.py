@@ -4,6 +4,7 @@ written against the OpenAI SDK that reaches the loop's gateway over HTTP."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,13 +31,15 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
     monkeypatch.syspath_prepend(str(REPO / "tests" / "gateway"))  # the harness module
 
-    def make(harness: str) -> tuple[Any, RecordingServer]:
+    def make(
+        harness: str | None = None, command: str | None = None, prompt_length: int = 512
+    ) -> tuple[Any, RecordingServer]:
         cfg = verl_config(
             [
                 f"actor_rollout_ref.model.path={tiny_qwen3_dir}",
                 "actor_rollout_ref.rollout.multi_turn.enable=true",
                 "actor_rollout_ref.rollout.multi_turn.format=hermes",
-                "actor_rollout_ref.rollout.prompt_length=512",
+                f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
                 "actor_rollout_ref.rollout.response_length=96",
             ]
         )
@@ -53,7 +56,7 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
             tools=ToolListWrap(load_tools(REPO / "verl_ext" / "demo" / "tools.py")),
             hf_model_type="qwen3",
             verl_ext={"records": {"dir": str(tmp_path / "records")}},
-            harness={"function": harness},
+            harness={"function": harness} if harness else {"command": command, "timeout_s": 120},
         )
         return loop, server
 
@@ -90,6 +93,44 @@ def test_failing_harness_trains_nothing_and_says_why(gateway_loop: Any, tmp_path
     assert m["tito/gateway/harness_failed"] == 1
     lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
     assert "the harness gave up" in lines[1]["gateway"]["ended"]  # its one branch is still recorded
+
+
+SDK_COMMAND = """
+import json, openai
+client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the loop
+response = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+print("progress line")
+print(json.dumps({"tokens": response.usage.completion_tokens}))
+"""
+
+
+def test_command_harness_gets_the_session_url_and_its_last_line_is_the_result(
+    gateway_loop: Any, tmp_path: Path
+) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(SDK_COMMAND)
+    loop, server = gateway_loop(command=f"{sys.executable} {script}")
+    out = run_loop(loop, PROMPT)
+    assert out.extra_fields["harness_result"] == {"tokens": len(server.requests[0]["output_ids"])}
+    assert sum(out.response_mask) == len(server.requests[0]["output_ids"])
+
+
+def test_command_harness_exiting_non_zero_trains_nothing(gateway_loop: Any) -> None:
+    metrics_sink.drain()
+    loop, _ = gateway_loop(command=f"{sys.executable} -c 'import sys; print(\"no\", file=sys.stderr); sys.exit(3)'")
+    out = run_loop(loop, PROMPT)
+    assert sum(out.response_mask) == 0
+    assert out.extra_fields["verl_ext_gateway"]["failed"] == "the harness command exited with status 3: no"
+    assert metrics_sink.drain()["tito/gateway/harness_failed"] == 1
+
+
+def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> None:
+    metrics_sink.drain()
+    loop, _ = gateway_loop("harness:loop_react", prompt_length=64)
+    out = run_loop(loop, PROMPT)
+    assert sum(out.response_mask) == 0
+    assert "more than rollout.prompt_length=64" in out.extra_fields["verl_ext_gateway"]["failed"]
+    assert metrics_sink.drain()["tito/gateway/prompt_over_length"] == 1
 
 
 @pytest.mark.parametrize(

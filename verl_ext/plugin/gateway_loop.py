@@ -140,6 +140,16 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             metrics_sink.count(counters)
             return self._untrained(kwargs, failure or "the harness made no chat-completions call", result)
         chosen = results[-1]
+        prompt_length = len(chosen.rollout.sample.prompt_ids)
+        if prompt_length > self.prompt_length:
+            # verl would cut the prompt to rollout.prompt_length: the trainer would see other tokens than the engine
+            counters["gateway/prompt_over_length"] += 1
+            metrics_sink.report(chosen.result, counters)
+            why = (
+                f"the harness's first prompt renders to {prompt_length} tokens, more than rollout.prompt_length="
+                f"{self.prompt_length}; raise data.max_prompt_length (and rollout.prompt_length)"
+            )
+            return self._untrained(kwargs, why, result)
         metrics_sink.report(chosen.result, counters)
         for other in results[:-1]:
             metrics_sink.report(other.result, {})

@@ -11,8 +11,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from conftest import CALL, TOOLS
-from harness import react_calculator
+from gateway_fixtures import CALL, TOOLS
+from sdk_harness import react_calculator
 
 from verl_ext.gateway.server import ServerThread, create_app
 

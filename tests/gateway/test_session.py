@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 import pytest
-from conftest import CALL, TOOLS
+from gateway_fixtures import CALL, TOOLS
 
 from verl_ext.gateway.errors import GatewayError
 from verl_ext.gateway.request import parse_chat_request

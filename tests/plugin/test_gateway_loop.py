@@ -65,7 +65,7 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
 
 def test_harness_rollout_is_the_engines_tokens_checked_and_recorded(gateway_loop: Any, tmp_path: Path) -> None:
     metrics_sink.drain()
-    loop, server = gateway_loop("harness:loop_react")
+    loop, server = gateway_loop("sdk_harness:loop_react")
     out = run_loop(loop, PROMPT)
     assert out.extra_fields["harness_result"]["turns"] == 2
     assert out.extra_fields["verl_ext_check"]["engine_ok"], out.extra_fields["verl_ext_check"]
@@ -85,7 +85,7 @@ def test_harness_rollout_is_the_engines_tokens_checked_and_recorded(gateway_loop
 
 def test_failing_harness_trains_nothing_and_says_why(gateway_loop: Any, tmp_path: Path) -> None:
     metrics_sink.drain()
-    loop, _ = gateway_loop("harness:loop_failing")
+    loop, _ = gateway_loop("sdk_harness:loop_failing")
     out = run_loop(loop, PROMPT)
     assert sum(out.response_mask) == 0
     assert "the harness gave up" in out.extra_fields["verl_ext_gateway"]["failed"]
@@ -126,7 +126,7 @@ def test_command_harness_exiting_non_zero_trains_nothing(gateway_loop: Any) -> N
 
 def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> None:
     metrics_sink.drain()
-    loop, _ = gateway_loop("harness:loop_react", prompt_length=64)
+    loop, _ = gateway_loop("sdk_harness:loop_react", prompt_length=64)
     out = run_loop(loop, PROMPT)
     assert sum(out.response_mask) == 0
     assert "more than rollout.prompt_length=64" in out.extra_fields["verl_ext_gateway"]["failed"]

@@ -36,7 +36,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     import uvicorn
 
     from verl_ext.gateway.local import local_gateway
-    from verl_ext.gateway.server import create_app
+    from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
     from verl_ext.gateway.service import GatewayConfig
 
     if args.response_length < 1 or args.max_branches < 1:
@@ -61,7 +61,11 @@ def run_gateway(args: argparse.Namespace) -> int:
     host, port = sock.getsockname()[:2]
     print(f"verl-ext gateway: serving {args.model} at http://{host}:{port}/sessions/{{id}}/v1", flush=True)
     print("  any new id opens a session; POST /sessions/{id}/end ends it (Ctrl-C ends them all)", flush=True)
-    server = uvicorn.Server(uvicorn.Config(create_app(gateway, str(args.model)), log_level="warning", lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(gateway, str(args.model)), log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+        )
+    )
     # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again under the handler it found:
     # both become KeyboardInterrupt here, so the open sessions are still recorded (SIGTERM's default would kill).
     signal.signal(signal.SIGTERM, _interrupted)

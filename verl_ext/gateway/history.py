@@ -29,23 +29,26 @@ def canonical_arguments(arguments: Any) -> str:
     return json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def _calls_key(message: Mapping[str, Any]) -> list[list[str]]:
-    return [
-        [c["id"], c["function"]["name"], canonical_arguments(c["function"].get("arguments"))]
-        for c in message.get("tool_calls") or ()
-    ]
+def _field(text: str | None) -> str:
+    """One field of a key, length-prefixed, so that no two different messages share a key (``None`` differs from
+    "")."""
+    return "-" if text is None else f"{len(text)}:{text}"
 
 
 def message_key(message: Mapping[str, Any]) -> bytes:
-    """The bytes a message is matched by (a normalized message: ``verl_ext.gateway.request``); no reasoning."""
-    key = [
-        message["role"],
-        message.get("content") or "",
-        _calls_key(message),
-        message.get("tool_call_id"),
-        message.get("name"),
-    ]
-    return json.dumps(key, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+    """The bytes a message is matched by (a normalized message: ``verl_ext.gateway.request``); no reasoning.
+    Length-prefixed fields rather than JSON: a key is built for every message of every request."""
+    parts = [_field(message["role"]), _field(message.get("content") or "")]
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        parts += [
+            "c",
+            _field(call["id"]),
+            _field(function["name"]),
+            _field(canonical_arguments(function.get("arguments"))),
+        ]
+    parts += ["|", _field(message.get("tool_call_id")), _field(message.get("name"))]
+    return "".join(parts).encode("utf-8")
 
 
 def tools_key(tools: Sequence[Mapping[str, Any]] | None) -> bytes:

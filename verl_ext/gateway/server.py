@@ -26,6 +26,10 @@ from verl_ext.gateway.request import error_for_bad_json, parse_chat_request
 from verl_ext.gateway.response import completion_body, stream_events
 from verl_ext.gateway.service import Gateway
 
+# uvicorn closes an idle keep-alive connection after 5 s by default; a harness waiting longer than that between calls
+# (a slow tool, a busy engine) can then send on a connection the server is closing and get a read error.
+KEEP_ALIVE_S = 300
+
 
 def create_app(gateway: Gateway, model_name: str) -> FastAPI:
     """The FastAPI app serving ``gateway``'s sessions under ``/sessions/{id}``."""
@@ -101,7 +105,7 @@ class ServerThread:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((host, port))  # port 0: a free port, known before the server starts
         self.host, self.port = self.socket.getsockname()[:2]
-        config = uvicorn.Config(app, log_level="warning", lifespan="off")
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
         self.server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
 

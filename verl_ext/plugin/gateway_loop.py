@@ -174,7 +174,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
     async def _start_worker(self, sampling_params: Mapping[str, Any]) -> _WorkerGateway:
         import uvicorn
 
-        from verl_ext.gateway.server import create_app
+        from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
 
         engine = ServerManagerEngine(self.server_manager, sampling_params)
         config = GatewayConfig(
@@ -193,7 +193,11 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
-        server = uvicorn.Server(uvicorn.Config(create_app(gateway, "policy"), log_level="warning", lifespan="off"))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(gateway, "policy"), log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+            )
+        )
         server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the worker owns its signals
         asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
         while not server.started:

@@ -212,3 +212,30 @@ def test_multi_token_stop_is_refused_before_anything_changes(make_gateway: Any) 
         ask(gateway, "s", [{"role": "user", "content": "hi"}], stop=["The answer"])
     assert info.value.status == 400 and info.value.param == "stop"
     assert not gateway.sessions["s"].branches
+
+
+class _NanEngine:
+    """A fault stand-in: the engine returns a turn whose second logprob is NaN (as SGLang does after a NaN)."""
+
+    max_context = None
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+
+    async def generate(self, prompt_ids: Any, sampling: Any) -> Any:
+        from verl_ext.gateway.engine import Sampled
+
+        return Sampled(tuple(self.ids), tuple(float("nan") if i == 1 else -0.5 for i in range(len(self.ids))))
+
+
+def test_invalid_engine_output_ends_the_branch_and_the_check_names_it(make_gateway: Any, gateway_parts: Any) -> None:
+    gateway = make_gateway()
+    ids = gateway_parts["tokenizer"].encode("Hello there.<|im_end|>", add_special_tokens=False)
+    gateway.engine = _NanEngine(ids)
+    messages, done = first_turn(gateway)
+    assert done.finish_reason == "length" and done.message["content"] == ""
+    assert gateway.counters["invalid_engine_output"] == 1
+    again = ask(gateway, "s", [*messages, done.message, {"role": "user", "content": "more?"}])
+    assert again.finish_reason == "length" and again.token_ids == ()  # the branch takes no further turn
+    (result,) = gateway.end("s")
+    assert not result.result.engine_ok  # the check names the invalid output: nothing of it is trained unseen

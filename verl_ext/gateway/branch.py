@@ -37,7 +37,7 @@ class _Turn:
     """A logged assistant turn: the engine call and the messages (template's and client's) it produced."""
 
     call: EngineCall
-    message: Mapping[str, Any]  # for the template: content as sampled, reasoning included
+    message: Mapping[str, Any] | None  # for the template: content as sampled, reasoning included
     visible: Mapping[str, Any]  # as the client got it
     end: int  # the number of client messages once this turn's message is added
 
@@ -74,8 +74,9 @@ class Branch:
         self._add_messages(messages)
         return prompt
 
-    def add_turn(self, call: EngineCall, message: Mapping[str, Any], visible: Mapping[str, Any]) -> None:
-        """Keep an engine call's output as sampled, with the message it parses to (and the client's view of it)."""
+    def add_turn(self, call: EngineCall, message: Mapping[str, Any] | None, visible: Mapping[str, Any]) -> None:
+        """Keep an engine call's output as sampled, with the message it parses to (and the client's view of it);
+        ``message`` None for an output that is not a message (invalid engine output: the trajectory cuts it)."""
         self.trajectory.add_sampled(call.output_ids, call.logprobs, FinishReason(call.finish_reason), message=message)
         self.calls.append(call)
         self._add_messages([visible])

@@ -14,6 +14,7 @@ from typing import Any
 
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.inputs import EngineCall
+from verl_ext.core.engine_output import validate_engine_output
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
@@ -148,6 +149,15 @@ class Gateway:
                 raise GatewayError(503, session.ended, type="server_error", code="engine_error") from exc
             finish = judge_finish(sampled.token_ids, max_tokens, stop_ids, self.profile)
             call = EngineCall.of(prompt, sampled.token_ids, sampled.log_probs, finish.value)
+            if self._invalid(call):
+                # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
+                # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
+                branch.add_turn(call, None, {"role": "assistant", "content": ""})
+                session.register(branch)
+                branch.exhausted = True
+                self.counters["invalid_engine_output"] += 1
+                empty = {"role": "assistant", "content": ""}
+                return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
             parse = bool(request.tools) and request.tool_choice != "none"
             body = message_body(call.output_ids, self._end_ids)
             turn = await self.reader.read(body, request.tools, len(branch.turns), self.renderer.decode, parse)
@@ -194,6 +204,13 @@ class Gateway:
                 out.append(result)
         self.results += out
         return out
+
+    def _invalid(self, call: EngineCall) -> bool:
+        """Whether the engine's output has a problem the trajectory would cut (the agent loop's own test)."""
+        problems = validate_engine_output(
+            call.output_ids, call.logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set
+        )
+        return bool(problems)
 
     def _new_trajectory(self) -> TokenTrajectory:
         return TokenTrajectory(self.renderer, self.profile)

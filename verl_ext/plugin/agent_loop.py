@@ -37,7 +37,7 @@ from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_templa
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
-from verl_ext.core.turn_end import end_of_turn_ids, judge_finish, message_body
+from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
 from verl_ext.plugin.options import LoopOptions
@@ -311,7 +311,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         """The assistant message for the template (content and tool calls), from the ids minus the stop token;
         the calls to run; and how many tool calls the model wrote that the parser could not read."""
         # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
-        body = message_body(ids, self.rt.end_of_turn_ids)
+        body = ids[:-1] if ids and ids[-1] in self.rt.end_of_turn_ids else ids
         schemas = [tool.tool_schema for tool in active.values()]
         content, found = await self.tool_parser.extract_tool_calls(body, schemas)
         parsed = [

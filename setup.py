@@ -24,7 +24,7 @@ setup(
         "rapidfuzz>=3.9",  # the check's alignment: banded edit distance in C, near-linear on long rollouts
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff"],
+        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff", "openai"],
         # verl 0.9.1 + sglang 0.5.12 do not resolve together (transformers pins): see recipes/sglang/install.sh
         "sglang": ["sglang==0.5.12"],
     },

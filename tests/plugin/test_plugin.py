@@ -62,6 +62,7 @@ def test_entry_point_registers_both_agent_loops_and_the_metrics_hook() -> None:
     registry = agent_loop._agent_loop_registry
     assert registry["verl_ext_tool_agent"]["_target_"] == "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
     assert registry["verl_ext_audited_tool_agent"]["_target_"] == "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"
+    assert registry["verl_ext_gateway_agent"]["_target_"] == "verl_ext.plugin.gateway_loop.VerlExtGatewayAgentLoop"
     assert getattr(tracking.Tracking.log, "_verl_ext", False)
     # the per-row loop routing (v1's AgentLoopWorkerTQ inherits it) and the driver-side preflight
     assert getattr(agent_loop.AgentLoopWorker._run_agent_loop, "_verl_ext", False)

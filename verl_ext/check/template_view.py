@@ -147,17 +147,18 @@ class _Rules:
         call = self.loc.calls[part.turn]
         s, e = call.output_start, call.output_end
         touches = s < d.i2 and d.i1 < e if d.i1 < d.i2 else s <= d.i1 <= e
-        if not touches:
+        if not touches and not (d.i1 < d.i2 <= s and self._in_prefill(d, s)):
             return False  # entirely in the gap's edge next to the turn: the gap's
         lead = self.r.decode(self.stream[d.i1 : min(d.i2, call.output_start)]) if d.i1 < call.output_start else ""
         trail = self.r.decode(self.stream[max(d.i1, call.output_end) : d.i2]) if d.i2 > call.output_end else ""
         return (d.dr.startswith(lead) or self._in_prefill(d, call.output_start)) and d.dr.endswith(trail)
 
     def _in_prefill(self, d: Divergence, output_start: int) -> bool:
-        """The divergence's part before the turn's output is the end of the generation prompt (its pre-fill)."""
+        """The divergence's part before the turn's output lies in the generation prompt right before it (its
+        pre-fill, which a template may not re-render once the turn is history)."""
         gen = tuple(self.profile.generation_prompt_ids)
-        head = tuple(self.stream[d.i1 : min(d.i2, output_start)])
-        return bool(head) and len(head) <= len(gen) and gen[len(gen) - len(head) :] == head
+        begin = output_start - len(gen)
+        return bool(gen) and begin <= d.i1 < output_start and tuple(self.stream[begin:output_start]) == gen
 
     def sampled_cause(self, d: Divergence, part: Segment, cause: Cause, detail: str) -> tuple[Cause, str]:
         """The cause of a divergence inside a sampled turn. The stream is the engine's there: a rule's innocent

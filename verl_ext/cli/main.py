@@ -1,5 +1,6 @@
 """``verl-ext``: audit a chat template before training, replay recorded rollouts token by token, report on the
-consistency check's records, and run the CPU demo of verl's GRPO trainer with verl_ext switched on."""
+consistency check's records, serve a harness through the token-keeping gateway, and run the CPU demo of verl's GRPO
+trainer with verl_ext switched on."""
 
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("--examples", type=int, default=5, metavar="N", help="worst rollouts shown token by token")
 
+    from verl_ext.cli.gateway import add_gateway_parser
+
+    add_gateway_parser(sub)
+
     demo = sub.add_parser(
         "demo",
         help="run verl's GRPO trainer on CPU with verl_ext (tiny random Qwen3), print tito/ metrics, write the report",
@@ -81,6 +86,10 @@ def _run(args: argparse.Namespace) -> int:
         from verl_ext.cli.report import run_report
 
         return run_report(args)
+    if args.command == "gateway":
+        from verl_ext.cli.gateway import run_gateway
+
+        return run_gateway(args)
     from verl_ext.cli.replay import run_replay
 
     return run_replay(args)

@@ -17,7 +17,7 @@ def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
     rollouts used, which is the right one when the report is built on the training host."""
     if args.tokenizer:
         return load_renderer(args.tokenizer)
-    names = {str(p.get("tokenizer_name", "")) for p in records.profiles}
+    names = {p.tokenizer_name for p in records.profiles}
     for name in sorted(names):
         if name and Path(name).is_dir():
             return load_renderer(name)

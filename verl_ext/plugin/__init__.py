@@ -3,7 +3,8 @@
 It registers, cheaply (names and import paths only; the heavy modules load when verl first uses them):
 
 * the agent loop ``rollout.agent.default_agent_loop=verl_ext_tool_agent`` (verl_ext.plugin.agent_loop),
-  its audit-only twin ``verl_ext_audited_tool_agent`` (verl's stock ``tool_agent`` with the check watching), and a
+  its audit-only twin ``verl_ext_audited_tool_agent`` (verl's stock ``tool_agent`` with the check watching), the
+  gateway loop ``verl_ext_gateway_agent`` (a harness per row through the OpenAI-compatible gateway), and a
   hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
 * the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
 * verl_ext's SGLang server for ``actor_rollout_ref.rollout.name=sglang`` (verl_ext.engines.sglang_server), used when
@@ -33,6 +34,8 @@ AGENT_LOOP_NAME = "verl_ext_tool_agent"
 _AGENT_LOOP_PATH = "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
 AUDIT_LOOP_NAME = "verl_ext_audited_tool_agent"
 _AUDIT_LOOP_PATH = "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"
+GATEWAY_LOOP_NAME = "verl_ext_gateway_agent"
+_GATEWAY_LOOP_PATH = "verl_ext.plugin.gateway_loop.VerlExtGatewayAgentLoop"
 _CPU_ADAPTER_PATH = "verl_ext.engines.cpu.CPUServerAdapter"
 
 
@@ -80,6 +83,7 @@ def register_agent_loops() -> None:
     def add_loop(module: Any) -> None:
         module._agent_loop_registry[AGENT_LOOP_NAME] = {"_target_": _AGENT_LOOP_PATH}
         module._agent_loop_registry[AUDIT_LOOP_NAME] = {"_target_": _AUDIT_LOOP_PATH}
+        module._agent_loop_registry[GATEWAY_LOOP_NAME] = {"_target_": _GATEWAY_LOOP_PATH}
         from verl_ext.plugin.loop_routing import install_routing
 
         install_routing(module)  # rows whose agent_name column names another loop cannot bypass verl_ext unseen
@@ -108,7 +112,7 @@ def _load() -> None:
         register_sglang_rollout()
         registered.append("rollout=sglang")
         register_agent_loops()
-        registered.append(f"agent_loops={AGENT_LOOP_NAME},{AUDIT_LOOP_NAME}")
+        registered.append(f"agent_loops={AGENT_LOOP_NAME},{AUDIT_LOOP_NAME},{GATEWAY_LOOP_NAME}")
         from verl_ext.plugin import cpu_platform
 
         if cpu_platform.requested():

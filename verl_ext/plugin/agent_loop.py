@@ -37,6 +37,7 @@ from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_templa
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
+from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
 from verl_ext.plugin.options import LoopOptions
@@ -69,9 +70,8 @@ class _Runtime:
 
     @functools.cached_property
     def end_of_turn_ids(self) -> frozenset[int]:
-        """Stop ids that end a turn (template closes, eos and its aliases): not message content. A stop id only
-        the user configured (e.g. </tool_call>) is part of the text the tool parser needs."""
-        return frozenset(s.id for s in self.profile.stop_ids if set(s.sources) - {"user"})
+        """Stop ids that end a turn (``verl_ext.core.turn_end.end_of_turn_ids``): not message content."""
+        return end_of_turn_ids(self.profile)
 
     def output_problems(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> tuple[OutputProblem, ...]:
         """What is invalid in one engine output (the same test the trajectory and the check apply)."""
@@ -161,10 +161,8 @@ def runtime_for(
 def finish_reason(
     ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int], profile: TemplateProfile
 ) -> FinishReason:
-    """From the ids, not the engine's label: vLLM reports "completed" for both a stop and the length limit."""
-    if ids and (ids[-1] in profile.stop_id_set or ids[-1] in stop_ids):
-        return FinishReason.STOP
-    return FinishReason.LENGTH if len(ids) >= max_tokens else FinishReason.STOP
+    """From the ids, not the engine's label (``verl_ext.core.turn_end.judge_finish``)."""
+    return judge_finish(ids, max_tokens, stop_ids, profile)
 
 
 def _token_id(tokenizer: Any, token: str) -> int:

@@ -1,0 +1,148 @@
+"""verl_ext_gateway_agent in process: verl's loop config and tools, the CPU engine as verl's server, and a harness
+written against the OpenAI SDK that reaches the loop's gateway over HTTP."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from loop_harness import RecordingServer, load_tools, run_loop, verl_config
+
+from verl_ext.core.errors import OptionsError
+from verl_ext.plugin import metrics_sink
+from verl_ext.plugin.gateway_loop import HarnessOptions
+
+REPO = Path(__file__).resolve().parents[2]
+PROMPT = [{"role": "system", "content": "Use the calculator tool."}, {"role": "user", "content": "What is 12 * 7?"}]
+CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
+
+
+@pytest.fixture
+def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_ext.engines.cpu import CPUGenerationServer
+    from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
+
+    monkeypatch.syspath_prepend(str(REPO / "tests" / "gateway"))  # the harness module
+
+    def make(
+        harness: str | None = None, command: str | None = None, prompt_length: int = 512
+    ) -> tuple[Any, RecordingServer]:
+        cfg = verl_config(
+            [
+                f"actor_rollout_ref.model.path={tiny_qwen3_dir}",
+                "actor_rollout_ref.rollout.multi_turn.enable=true",
+                "actor_rollout_ref.rollout.multi_turn.format=hermes",
+                f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
+                "actor_rollout_ref.rollout.response_length=96",
+            ]
+        )
+        server = RecordingServer(
+            CPUGenerationServer(str(tiny_qwen3_dir), prompt_length=512, response_length=96, force_text=CALL)
+        )
+        loop = VerlExtGatewayAgentLoop(
+            trainer_config=DictConfigWrap(cfg),
+            server_manager=server,
+            tokenizer=AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)),
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap(load_tools(REPO / "verl_ext" / "demo" / "tools.py")),
+            hf_model_type="qwen3",
+            verl_ext={"records": {"dir": str(tmp_path / "records")}},
+            harness={"function": harness} if harness else {"command": command, "timeout_s": 120},
+        )
+        return loop, server
+
+    return make
+
+
+def test_harness_rollout_is_the_engines_tokens_checked_and_recorded(gateway_loop: Any, tmp_path: Path) -> None:
+    metrics_sink.drain()
+    loop, server = gateway_loop("sdk_harness:loop_react")
+    out = run_loop(loop, PROMPT)
+    assert out.extra_fields["harness_result"]["turns"] == 2
+    assert out.extra_fields["verl_ext_check"]["engine_ok"], out.extra_fields["verl_ext_check"]
+    first, second = server.requests
+    assert "<tool_response>\n84\n</tool_response>" in loop.tokenizer.decode(second["prompt_ids"])
+    stream = out.prompt_ids + out.response_ids
+    assert stream[: len(first["prompt_ids"])] == first["prompt_ids"]  # one stream: each prompt extends the last
+    assert stream[: len(second["prompt_ids"])] == second["prompt_ids"]
+    assert sum(out.response_mask) == len(first["output_ids"]) + len(second["output_ids"])
+    m = metrics_sink.drain()
+    assert m["tito/rollouts_checked"] == 1 and m["tito/engine_view_failures"] == 0
+    assert m["tito/gateway/forks"] == 0 and m[f"tito/loop/{'verl_ext_gateway_agent'}"] == 1
+    lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
+    assert [r["type"] for r in lines] == ["header", "rollout"]
+    assert lines[1]["gateway"]["ended"] == "the harness finished"
+
+
+def test_failing_harness_trains_nothing_and_says_why(gateway_loop: Any, tmp_path: Path) -> None:
+    metrics_sink.drain()
+    loop, _ = gateway_loop("sdk_harness:loop_failing")
+    out = run_loop(loop, PROMPT)
+    assert sum(out.response_mask) == 0
+    assert "the harness gave up" in out.extra_fields["verl_ext_gateway"]["failed"]
+    m = metrics_sink.drain()
+    assert m["tito/gateway/harness_failed"] == 1
+    lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
+    assert "the harness gave up" in lines[1]["gateway"]["ended"]  # its one branch is still recorded
+
+
+SDK_COMMAND = """
+import json, openai
+client = openai.OpenAI(max_retries=0)  # OPENAI_BASE_URL and OPENAI_API_KEY come from the loop
+response = client.chat.completions.create(model="p", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+print("progress line")
+print(json.dumps({"tokens": response.usage.completion_tokens}))
+"""
+
+
+def test_command_harness_gets_the_session_url_and_its_last_line_is_the_result(
+    gateway_loop: Any, tmp_path: Path
+) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(SDK_COMMAND)
+    loop, server = gateway_loop(command=f"{sys.executable} {script}")
+    out = run_loop(loop, PROMPT)
+    assert out.extra_fields["harness_result"] == {"tokens": len(server.requests[0]["output_ids"])}
+    assert sum(out.response_mask) == len(server.requests[0]["output_ids"])
+
+
+def test_command_harness_exiting_non_zero_trains_nothing(gateway_loop: Any) -> None:
+    metrics_sink.drain()
+    loop, _ = gateway_loop(command=f"{sys.executable} -c 'import sys; print(\"no\", file=sys.stderr); sys.exit(3)'")
+    out = run_loop(loop, PROMPT)
+    assert sum(out.response_mask) == 0
+    assert out.extra_fields["verl_ext_gateway"]["failed"] == "the harness command exited with status 3: no"
+    assert metrics_sink.drain()["tito/gateway/harness_failed"] == 1
+
+
+def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> None:
+    metrics_sink.drain()
+    loop, _ = gateway_loop("sdk_harness:loop_react", prompt_length=64)
+    out = run_loop(loop, PROMPT)
+    assert sum(out.response_mask) == 0
+    assert "more than rollout.prompt_length=64" in out.extra_fields["verl_ext_gateway"]["failed"]
+    assert metrics_sink.drain()["tito/gateway/prompt_over_length"] == 1
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"function": "a:b", "command": "x"},
+        {"function": "nocolon"},
+        {"function": "a:b", "branches": "all"},
+        {"x": 1},
+    ],
+)
+def test_bad_harness_options_are_named(options: dict[str, Any]) -> None:
+    with pytest.raises(OptionsError, match="verl_ext_gateway_agent harness"):
+        HarnessOptions.from_mapping(options)

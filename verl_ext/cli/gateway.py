@@ -1,0 +1,98 @@
+"""``verl-ext gateway``: serve OpenAI-compatible sessions on the CPU engine, to try a harness before training.
+
+Any new session id opens a session; ``POST /sessions/{id}/end`` ends one, and every session still open is ended
+on shutdown (Ctrl-C): each branch is checked and, with ``--records``, written as a record ``verl-ext report``
+reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import socket
+
+from verl_ext.core.errors import OptionsError
+
+
+def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
+    """The ``gateway`` subcommand's arguments."""
+    gw = sub.add_parser("gateway", help="serve OpenAI-compatible sessions that keep the engine's tokens (CPU engine)")
+    gw.add_argument("--model", required=True, metavar="DIR", help="a local Hugging Face model folder")
+    gw.add_argument("--tokenizer", metavar="DIR", help="tokenizer folder (default: the model's)")
+    gw.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    gw.add_argument("--port", type=int, default=0, help="port (default: a free one, printed)")
+    gw.add_argument("--records", metavar="DIR", help="write a record per branch here when its session ends")
+    gw.add_argument("--response-length", type=int, default=1024, help="token budget per branch (default 1024)")
+    gw.add_argument("--max-branches", type=int, default=8, help="branches per session before it ends (default 8)")
+    gw.add_argument("--tool-parser", default="hermes", help="verl's tool-call format (default hermes)")
+    gw.add_argument("--template-kwargs", metavar="JSON", help="a JSON object passed to the chat template")
+    gw.add_argument("--seed", type=int, default=0, help="sampling seed for requests that give none")
+
+
+def run_gateway(args: argparse.Namespace) -> int:
+    """Serve until interrupted; then end every open session (records written) and print what was recorded."""
+    import uvicorn
+
+    from verl_ext.gateway.local import local_gateway
+    from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
+    from verl_ext.gateway.service import GatewayConfig
+
+    if args.response_length < 1 or args.max_branches < 1:
+        raise OptionsError("--response-length and --max-branches must be at least 1")
+    kwargs = _template_kwargs(args.template_kwargs)
+    config = GatewayConfig(response_length=args.response_length, max_branches=args.max_branches)
+    gateway = local_gateway(
+        args.model,
+        tokenizer_dir=args.tokenizer,
+        records_dir=args.records,
+        config=config,
+        template_kwargs=kwargs,
+        tool_parser=args.tool_parser,
+        seed=args.seed,
+    )
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((args.host, args.port))
+    except OSError as exc:
+        raise OptionsError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another --port") from exc
+    host, port = sock.getsockname()[:2]
+    print(f"verl-ext gateway: serving {args.model} at http://{host}:{port}/sessions/{{id}}/v1", flush=True)
+    print("  any new id opens a session; POST /sessions/{id}/end ends it (Ctrl-C ends them all)", flush=True)
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(gateway, str(args.model)), log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+        )
+    )
+    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then raises the signal again under the handler it found:
+    # both become KeyboardInterrupt here, so the open sessions are still recorded (SIGTERM's default would kill).
+    signal.signal(signal.SIGTERM, _interrupted)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+    results = gateway.end_all()
+    failures = sum(1 for r in results if not r.result.engine_ok)
+    where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
+    print(
+        f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
+        f"forks {gateway.counters['forks']}, engine-view failures {failures}",
+        flush=True,
+    )
+    return 0
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _template_kwargs(text: str | None) -> dict[str, object] | None:
+    if not text:
+        return None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise OptionsError(f"--template-kwargs is not JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise OptionsError(f"--template-kwargs must be a JSON object, got {text!r}")
+    return value

@@ -1,0 +1,60 @@
+"""The gateway's engine on CPU: verl_ext's CPU engine (``verl_ext.engines.cpu``) serving one local model folder.
+
+One generation at a time (the model is not thread-safe), run in a worker thread so the server keeps answering.
+``teacher_force`` is a TEST/DEMO hook, as the CPU engine's own: it names ids to force as a turn's first tokens
+(a random model never writes a tool call); they are scored by the model like sampled ids. Never set it when the
+tokens are meant for training.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from verl_ext.gateway.engine import Sampled, Sampling
+
+TeacherForce = Callable[[Sequence[int]], Sequence[int]]
+
+
+class CPUEngine:
+    """A transformers model from a local folder, sampled token by token on CPU (fp32 logprobs)."""
+
+    def __init__(self, model_dir: str, *, seed: int = 0, teacher_force: TeacherForce | None = None) -> None:
+        import torch
+
+        from verl_ext.engines.cpu import eos_ids_of, load_model
+
+        self.model = load_model(model_dir)
+        self.eos_ids = frozenset(eos_ids_of(self.model))
+        self.max_context: int | None = getattr(self.model.config, "max_position_embeddings", None)
+        self._generator = torch.Generator().manual_seed(seed)
+        self._lock = threading.Lock()  # held in the worker thread: any event loop, one generation at a time
+        self.teacher_force = teacher_force
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampled:
+        """Sample one turn; stops on ``sampling.stop_ids`` and the model's eos ids, which are kept in the output."""
+        import torch
+
+        from verl_ext.engines.cpu import SamplingConfig, generate_tokens
+
+        config = SamplingConfig(
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop_ids=frozenset(sampling.stop_ids) | self.eos_ids,
+            logprobs=True,
+            seed=sampling.seed,
+        )
+        prompt = list(prompt_ids)
+        forced = list(self.teacher_force(prompt)) if self.teacher_force else []
+
+        def run() -> Any:
+            with self._lock:
+                seeded = sampling.seed is not None
+                generator = torch.Generator().manual_seed(sampling.seed) if seeded else self._generator
+                return generate_tokens(self.model, prompt, config, forced_ids=forced, generator=generator)
+
+        out = await asyncio.to_thread(run)
+        return Sampled(tuple(out.token_ids), tuple(out.log_probs))

@@ -1,0 +1,249 @@
+"""A chat-completions request body, checked field by field: every problem is a 400 naming the field.
+
+What the gateway serves is the OpenAI chat-completions shape with one choice (``n`` = 1). Messages come out
+normalized: ``content`` is text (text parts joined; null is ""), ``developer`` is ``system``, an assistant's
+``reasoning`` is ``reasoning_content``. Nothing a request asks for is silently ignored: a field the engine cannot
+honour (``n`` > 1, ``logprobs``, penalties, a forced ``tool_choice``) is refused with the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.core.messages import json_type, message_problem
+from verl_ext.gateway.errors import GatewayError, bad_request
+
+ROLES = ("system", "user", "assistant", "tool")
+_ROLE_ALIASES = {"developer": "system"}
+# Fields whose non-default value changes sampling in a way the engine cannot honour.
+_REFUSED_IF_SET = {
+    "logprobs": (False, None),
+    "top_logprobs": (None, 0),
+    "logit_bias": (None,),
+    "frequency_penalty": (None, 0, 0.0),
+    "presence_penalty": (None, 0, 0.0),
+}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """One checked chat-completions request (messages normalized as the module says)."""
+
+    messages: tuple[dict[str, Any], ...]
+    tools: tuple[dict[str, Any], ...] | None
+    max_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    seed: int | None
+    stop: tuple[str, ...]
+    stream: bool
+    include_usage: bool
+    model: str | None
+    tool_choice: str
+
+
+def parse_chat_request(body: Any) -> ChatRequest:
+    """The checked request. Raises ``GatewayError`` (400) naming the first bad field and the fix."""
+    if not isinstance(body, Mapping):
+        raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
+    _refuse_unsupported(body)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("messages", "'messages' must be a non-empty list of chat messages")
+    normalized = tuple(_message(m, i) for i, m in enumerate(messages))
+    _check_tool_replies(normalized)
+    if normalized[-1]["role"] == "assistant":
+        raise bad_request(
+            f"messages[{len(normalized) - 1}]",
+            "the last message is an assistant message: the gateway generates the next assistant turn, so end the "
+            "list with the user, tool or system message it answers",
+        )
+    stream_options = body.get("stream_options") or {}
+    if not isinstance(stream_options, Mapping):
+        raise bad_request("stream_options", f"'stream_options' must be an object, got {json_type(stream_options)}")
+    return ChatRequest(
+        messages=normalized,
+        tools=_tools(body.get("tools")),
+        max_tokens=_max_tokens(body),
+        temperature=_number(body, "temperature", 0.0, 2.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+        seed=_integer(body, "seed"),
+        stop=_stop(body.get("stop")),
+        stream=_boolean(body, "stream"),
+        include_usage=bool(stream_options.get("include_usage", False)),
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        tool_choice=_tool_choice(body.get("tool_choice")),
+    )
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    n = body.get("n")
+    if n is not None and n != 1:
+        raise bad_request("n", f"'n' must be 1 (one choice per request; a session is one rollout), got {n!r}")
+    for key, defaults in _REFUSED_IF_SET.items():
+        if body.get(key) not in defaults:
+            raise bad_request(key, f"'{key}' is not supported by the gateway's engine; leave it out", "unsupported")
+    response_format = body.get("response_format")
+    if response_format is not None and (response_format or {}).get("type") != "text":
+        raise bad_request("response_format", "only the text response format is served (no constrained decoding)")
+
+
+def _message(message: Any, index: int) -> dict[str, Any]:
+    where = f"messages[{index}]"
+    problem = message_problem(message)
+    if problem:
+        raise bad_request(where, f"{where}: {problem}")
+    role = _ROLE_ALIASES.get(message["role"], message["role"])
+    if role not in ROLES:
+        raise bad_request(f"{where}.role", f"{where}: unknown role {message['role']!r}; use one of {list(ROLES)}")
+    out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
+    if role == "assistant":
+        reasoning = message.get("reasoning_content", message.get("reasoning"))
+        if reasoning is not None:
+            if not isinstance(reasoning, str):
+                raise bad_request(f"{where}.reasoning_content", f"{where}: 'reasoning_content' must be a string")
+            out["reasoning_content"] = reasoning
+        if message.get("tool_calls"):
+            out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(message["tool_calls"])]
+    if role == "tool":
+        if not isinstance(message.get("tool_call_id"), str):
+            raise bad_request(f"{where}.tool_call_id", f"{where}: a tool message needs the 'tool_call_id' it answers")
+        out["tool_call_id"] = message["tool_call_id"]
+    if isinstance(message.get("name"), str) and role in ("tool", "user", "system"):
+        out["name"] = message["name"]
+    return out
+
+
+def _text(content: Any, where: str) -> str:
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = []
+    for k, part in enumerate(content):
+        if part.get("type") != "text":
+            raise bad_request(
+                f"{where}.content[{k}]",
+                f"{where}: content part {k} is {part.get('type')!r}; only text parts are served",
+            )
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _tool_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(call.get("id"), str) or not call["id"]:
+        raise bad_request(f"{where}.id", f"{where}: a tool call needs its 'id' (tool messages answer it by that id)")
+    function = call["function"]
+    arguments = function.get("arguments")
+    return {"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": arguments}}
+
+
+def _check_tool_replies(messages: Sequence[Mapping[str, Any]]) -> None:
+    """Every tool message answers a call of an earlier assistant message."""
+    known: set[str] = set()
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant":
+            known |= {c["id"] for c in message.get("tool_calls") or ()}
+        elif message["role"] == "tool" and message["tool_call_id"] not in known:
+            raise bad_request(
+                f"messages[{i}].tool_call_id",
+                f"messages[{i}]: tool_call_id {message['tool_call_id']!r} answers no tool call of an earlier "
+                f"assistant message (calls so far: {sorted(known)})",
+            )
+
+
+def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request("tools", f"'tools' must be a list of function tools, got {json_type(tools)}")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if (
+            not isinstance(tool, Mapping)
+            or tool.get("type") != "function"
+            or not isinstance(tool.get("function"), Mapping)
+        ):
+            raise bad_request(where, f'{where}: must be {{"type": "function", "function": {{"name": ...}}}}')
+        function = tool["function"]
+        if not isinstance(function.get("name"), str) or not function["name"]:
+            raise bad_request(f"{where}.function.name", f"{where}: 'function'.'name' must be a non-empty string")
+        parameters = function.get("parameters")
+        if parameters is not None and (
+            not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object"
+        ):
+            raise bad_request(
+                f"{where}.function.parameters",
+                f'{where}: \'parameters\' must be a JSON Schema object ({{"type": "object", ...}}), '
+                f"got {json_type(parameters)}",
+            )
+        description = function.get("description")
+        if description is not None and not isinstance(description, str):
+            raise bad_request(f"{where}.function.description", f"{where}: 'description' must be a string")
+        out.append({"type": "function", "function": dict(function)})
+    return tuple(out) or None
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = _integer(body, key)
+        if value is not None:
+            if value < 1:
+                raise bad_request(key, f"'{key}' must be at least 1, got {value}")
+            return value
+    return None
+
+
+def _integer(body: Mapping[str, Any], key: str) -> int | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(key, f"'{key}' must be an integer, got {json_type(value)}")
+    return value
+
+
+def _number(body: Mapping[str, Any], key: str, low: float, high: float, low_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(key, f"'{key}' must be a number, got {json_type(value)}")
+    if value > high or value < low or (low_open and value == low):
+        raise bad_request(key, f"'{key}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
+    return float(value)
+
+
+def _boolean(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(key, f"'{key}' must be true or false, got {json_type(value)}")
+    return value
+
+
+def _stop(stop: Any) -> tuple[str, ...]:
+    if stop is None:
+        return ()
+    values = [stop] if isinstance(stop, str) else stop
+    if not isinstance(values, list) or not all(isinstance(s, str) and s for s in values) or len(values) > 4:
+        raise bad_request("stop", "'stop' must be a non-empty string or a list of at most 4 of them")
+    return tuple(values)
+
+
+def _tool_choice(choice: Any) -> str:
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
+    raise bad_request(
+        "tool_choice",
+        f"tool_choice {choice!r} is not served: the engine samples freely and cannot be forced to call a tool; "
+        'use "auto" (or "none")',
+        "unsupported",
+    )
+
+
+def error_for_bad_json(detail: str) -> GatewayError:
+    """400 for a body that is not UTF-8 JSON."""
+    return bad_request(None, f"the request body is not UTF-8 JSON: {detail}", "invalid_json")

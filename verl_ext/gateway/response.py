@@ -1,0 +1,83 @@
+"""A served turn in the OpenAI shape: a ``chat.completion`` body, or the ``chat.completion.chunk`` events of a
+stream (server-sent events ending in ``data: [DONE]``, as the OpenAI SDK reads them).
+
+Extensions, in the places SGLang's and vLLM's servers use: ``choices[0].token_ids`` (the sampled ids, stop
+included) and ``verl_ext`` (the session, the branch, and the fork the request started, if any).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from verl_ext.gateway.service import Completion
+
+
+def _usage(done: Completion) -> dict[str, int]:
+    completion = len(done.token_ids)
+    return {
+        "prompt_tokens": done.prompt_tokens,
+        "completion_tokens": completion,
+        "total_tokens": done.prompt_tokens + completion,
+    }
+
+
+def _extension(done: Completion, session_id: str) -> dict[str, Any]:
+    return {"session": session_id, "branch": done.branch, "fork": done.fork.to_json() if done.fork else None}
+
+
+def completion_body(done: Completion, session_id: str, model: str) -> dict[str, Any]:
+    """The non-streaming response body."""
+    message = dict(done.message)
+    if message.get("tool_calls") and not message.get("content"):
+        message["content"] = None  # as OpenAI answers a turn that only calls tools
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": done.finish_reason,
+                "logprobs": None,
+                "token_ids": list(done.token_ids),
+            }
+        ],
+        "usage": _usage(done),
+        "verl_ext": _extension(done, session_id),
+    }
+
+
+def stream_events(done: Completion, session_id: str, model: str, include_usage: bool) -> Iterator[str]:
+    """The streaming response: server-sent events, one chunk per part of the message, then the finish, the usage
+    (when asked for) and ``[DONE]``. The turn is complete before the first event (the session's tokens are kept
+    before anything is sent)."""
+    base = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
+
+    def event(delta: dict[str, Any], finish: str | None = None, **choice: Any) -> str:
+        chunk = {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None, **choice}]}
+        return f"data: {json.dumps(chunk, ensure_ascii=False)}\n\n"
+
+    message = done.message
+    yield event({"role": "assistant", "content": ""})
+    if message.get("reasoning_content"):
+        yield event({"reasoning_content": message["reasoning_content"]})
+    if message.get("content"):
+        yield event({"content": message["content"]})
+    for k, call in enumerate(message.get("tool_calls") or ()):
+        yield event({"tool_calls": [{"index": k, **call}]})
+    yield event({}, done.finish_reason, token_ids=list(done.token_ids))
+    if include_usage:
+        usage = {**base, "choices": [], "usage": _usage(done), "verl_ext": _extension(done, session_id)}
+        yield f"data: {json.dumps(usage)}\n\n"
+    yield "data: [DONE]\n\n"

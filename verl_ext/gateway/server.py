@@ -1,0 +1,131 @@
+"""The gateway's HTTP layer (FastAPI): OpenAI-shaped endpoints per session, errors in OpenAI's error shape.
+
+- ``POST /sessions/{id}/v1/chat/completions``: one turn (``stream`` true: server-sent events);
+- ``GET /sessions/{id}/v1/models``: the served model;
+- ``POST /sessions/{id}/open``: open a session (where sessions are opened explicitly);
+- ``POST /sessions/{id}/end``: end it; every branch is checked and recorded, and summarized in the answer.
+
+``ServerThread`` runs an app with uvicorn in a thread of its own, on a port given or a free one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from verl_ext.gateway.conclude import BranchResult
+from verl_ext.gateway.errors import GatewayError
+from verl_ext.gateway.request import error_for_bad_json, parse_chat_request
+from verl_ext.gateway.response import completion_body, stream_events
+from verl_ext.gateway.service import Gateway
+
+# uvicorn closes an idle keep-alive connection after 5 s by default; a harness waiting longer than that between calls
+# (a slow tool, a busy engine) can then send on a connection the server is closing and get a read error.
+KEEP_ALIVE_S = 300
+
+
+def create_app(gateway: Gateway, model_name: str) -> FastAPI:
+    """The FastAPI app serving ``gateway``'s sessions under ``/sessions/{id}``."""
+    app = FastAPI(title="verl_ext gateway")
+
+    @app.exception_handler(GatewayError)
+    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    @app.post("/sessions/{session_id}/v1/chat/completions")
+    async def chat_completions(session_id: str, request: Request) -> Any:
+        body = await _json_body(request)
+        chat = parse_chat_request(body)
+        done = await gateway.complete(session_id, chat)
+        if chat.stream:
+            events = stream_events(done, session_id, model_name, chat.include_usage)
+            return StreamingResponse(events, media_type="text/event-stream")
+        return JSONResponse(completion_body(done, session_id, model_name))
+
+    @app.get("/sessions/{session_id}/v1/models")
+    async def models(session_id: str) -> dict[str, Any]:
+        gateway.session(session_id)  # 404 / 409 as for a completion
+        return {"object": "list", "data": [{"id": model_name, "object": "model", "created": 0, "owned_by": "verl_ext"}]}
+
+    @app.post("/sessions/{session_id}/open")
+    async def open_session(session_id: str) -> dict[str, Any]:
+        gateway.open(session_id)
+        return {"session": session_id, "opened": True}
+
+    @app.post("/sessions/{session_id}/end")
+    async def end_session(session_id: str) -> dict[str, Any]:
+        session = gateway.sessions.get(session_id)
+        lock = session.lock if session is not None else asyncio.Lock()
+        async with lock:  # a turn in flight finishes first
+            results = gateway.end(session_id)
+        return {"session": session_id, "branches": [branch_summary(r) for r in results]}
+
+    return app
+
+
+def branch_summary(result: BranchResult) -> dict[str, Any]:
+    """What ``/end`` says of one branch: its check verdict, turns, tokens and fork."""
+    check = result.result
+    return {
+        "branch": result.branch,
+        "ok": check.ok,
+        "engine_ok": check.engine_ok,
+        "engine_failures": [f.detail for f in check.engine_failures],
+        "findings": [f.cause.value for f in check.findings],
+        "turns": check.num_turns,
+        "sampled_tokens": check.num_sampled,
+        "fork": result.rollout.extra.get("gateway", {}).get("fork"),
+    }
+
+
+async def _json_body(request: Request) -> Any:
+    raw = await request.body()
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise error_for_bad_json(f"byte {exc.start} is not UTF-8") from exc
+    except json.JSONDecodeError as exc:
+        raise error_for_bad_json(str(exc)) from exc
+
+
+class ServerThread:
+    """An app served by uvicorn in a daemon thread (``start`` returns once it accepts connections)."""
+
+    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+        import uvicorn
+
+        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((host, port))  # port 0: a free port, known before the server starts
+        self.host, self.port = self.socket.getsockname()[:2]
+        config = uvicorn.Config(app, log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S)
+        self.server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True)
+
+    @property
+    def url(self) -> str:
+        """``http://host:port``."""
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> ServerThread:
+        """Start serving; raises RuntimeError when the server is not up within ``timeout_s``."""
+        self._thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"the gateway server did not start on {self.url}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Stop serving and wait for the thread."""
+        self.server.should_exit = True
+        self._thread.join(timeout=30)
+        self.socket.close()

@@ -1,0 +1,146 @@
+"""A session: the branches one client conversation has produced, and which branch a request continues.
+
+A request continues the branch whose messages it repeats in full (and adds tool, user or system messages to).
+Any other request departs from the session: it forks a new branch from the longest matching prefix (over every
+branch), named by the message index and field that differed. Nothing is merged silently and no branch is
+changed by another's request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.core.prompt_ids import PromptIds
+from verl_ext.core.trajectory import TokenTrajectory
+from verl_ext.gateway.branch import Branch, Fork
+from verl_ext.gateway.errors import GatewayError
+from verl_ext.gateway.history import ROOT, Divergence, chain, divergence, message_key, reasoning_differs, tools_key
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """Where a request's turn goes: the branch, the prompt for the engine (None when the branch's token budget
+    is spent), and the fork the request started (None when it continued a branch)."""
+
+    branch: Branch
+    prompt: PromptIds | None
+    fork: Fork | None
+
+
+class Session:
+    """One client conversation (module docstring). Requests are served one at a time (``lock``)."""
+
+    def __init__(
+        self, session_id: str, new_trajectory: Callable[[], TokenTrajectory], *, max_branches: int = 8
+    ) -> None:
+        self.id = session_id
+        self.new_trajectory = new_trajectory
+        self.max_branches = max_branches
+        self.branches: list[Branch] = []
+        self.ended: str | None = None  # why the session ended, once it has
+        self.concluded = False  # its branches are checked and recorded
+        self.lock = asyncio.Lock()
+        self._index: dict[bytes, tuple[int, int]] = {}  # digest of (tools, first n messages) -> (branch, n)
+        self._registered: dict[int, int] = {}  # branch -> digests registered so far
+
+    def match(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[Branch | None, int]:
+        """The branch holding the longest prefix of ``messages`` (with the same tools), and its length in
+        messages: one hash and one lookup per request message."""
+        digest = chain(ROOT, tools_key(tools))
+        if digest not in self._index:
+            return None, 0
+        best: tuple[Branch | None, int] = (self.branches[self._index[digest][0]], 0)
+        for i, message in enumerate(messages):
+            digest = chain(digest, message_key(message))
+            hit = self._index.get(digest)
+            if hit is None:
+                break
+            branch = self.branches[hit[0]]
+            if message["role"] == "assistant" and reasoning_differs(message, branch.messages[i]):
+                break
+            best = (branch, i + 1)
+        return best
+
+    def prepare(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> Prepared:
+        """Continue the branch the request repeats, or fork one (raises ``GatewayError`` 409 over the branch cap)."""
+        branch, matched = self.match(messages, tools)
+        if not self.branches:
+            return Prepared(self._new_branch(messages, tools, None), self.branches[-1].trajectory.prompt_ids(), None)
+        if branch is not None and matched == len(branch.messages):
+            pending = messages[matched:]
+            if branch.exhausted:
+                return Prepared(branch, None, None)
+            unsampled = _first_assistant(pending)
+            if unsampled is None:
+                prompt = branch.append(pending)
+                self._register(branch)
+                return Prepared(branch, prompt, None)
+            why = Divergence(matched + unsampled, "role", "an assistant message the engine did not sample")
+        elif branch is None:
+            branch = self.branches[0]
+            why = Divergence(0, "tools", "the request's tools differ from the session's")
+        else:
+            why = divergence(messages, branch.messages, matched)
+        return self._fork(branch, matched, messages, tools, why)
+
+    def _fork(
+        self,
+        parent: Branch,
+        matched: int,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        why: Divergence,
+    ) -> Prepared:
+        if len(self.branches) >= self.max_branches:
+            self.ended = f"over its limit of {self.max_branches} branches"
+            raise GatewayError(
+                409,
+                f"session {self.id!r}: the request departs from the session at messages[{why.index}] ({why.field}: "
+                f"{why.detail}), which would start branch {len(self.branches) + 1}, over the session's limit of "
+                f"{self.max_branches}; the session has ended and its branches are recorded. Send the history the "
+                "gateway returned (or raise the branch limit)",
+                type="invalid_request_error",
+                param=f"messages[{why.index}]",
+                code="too_many_branches",
+            )
+        keep = parent.kept_end(matched) if tools_key(tools) == tools_key(parent.tools) else 0
+        if keep and _first_assistant(messages[keep:]) is not None:
+            keep = 0  # an assistant message the engine did not sample: the new branch starts from the request
+        child = Branch(len(self.branches), self.new_trajectory(), None)
+        if keep:
+            parent.replay_into(child, keep)
+            prompt = child.append(messages[keep:])
+        else:
+            prompt = child.start(messages, tools)
+        child.fork = Fork(parent.number, why, len(child.turns))
+        self.branches.append(child)
+        self._register(child)
+        return Prepared(child, prompt, child.fork)
+
+    def _new_branch(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, fork: Fork | None
+    ) -> Branch:
+        branch = Branch(len(self.branches), self.new_trajectory(), fork)
+        branch.start(messages, tools)
+        self.branches.append(branch)
+        self._register(branch)
+        return branch
+
+    def register(self, branch: Branch) -> None:
+        """Index the branch's messages added since the last call (after a turn was added to it)."""
+        self._register(branch)
+
+    def _register(self, branch: Branch) -> None:
+        start = self._registered.get(branch.number, 0)
+        for n in range(start, len(branch.digests)):
+            self._index.setdefault(branch.digests[n], (branch.number, n))
+        self._registered[branch.number] = len(branch.digests)
+
+
+def _first_assistant(messages: Sequence[Mapping[str, Any]]) -> int | None:
+    return next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)

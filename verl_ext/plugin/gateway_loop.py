@@ -1,0 +1,290 @@
+"""``verl_ext_gateway_agent``: verl rollouts driven by a harness verl_ext did not write, through the gateway.
+
+Each agent-loop worker process starts one gateway server (on a free port, in the worker's own event loop, the first
+time a rollout runs); its engine is verl's rollout server (``generate_turn``, as ``verl_ext_tool_agent`` calls it),
+with verl's sampling parameters. For each row the loop opens a session, runs the harness against the session's base
+URL and, when the harness is done, ends the session: each branch is checked and recorded as one rollout, and the
+last branch is the row's training sample. The harness is a Python callable (``module:function``, async or sync,
+called with ``base_url``, ``api_key`` and ``row``) or a command line run with ``OPENAI_BASE_URL`` and
+``OPENAI_API_KEY`` set (and the row as JSON in ``VERL_EXT_ROW``). Its result goes to
+``extra_fields["harness_result"]`` (the callable's return value, or the command's last stdout line, parsed as JSON
+where it parses). A harness that raises, runs past its timeout or exits non-zero ends the rollout with the reason
+in its record and ``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is
+trained.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import inspect
+import json
+import logging
+import os
+import socket
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import uuid4
+
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+from verl_ext.core.errors import OptionsError
+from verl_ext.gateway.conclude import BranchResult
+from verl_ext.gateway.engine import Sampled, Sampling
+from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
+from verl_ext.gateway.service import Gateway, GatewayConfig
+from verl_ext.plugin import metrics_sink
+from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop, training_step
+from verl_ext.plugin.engine_turn import generate_turn
+
+log = logging.getLogger("verl_ext.plugin")
+
+AGENT_NAME = "verl_ext_gateway_agent"
+
+
+@dataclass(frozen=True)
+class HarnessOptions:
+    """``harness`` in the loop's entry of ``agent_loop_config_path`` (verl passes an entry's keys to the loop): the
+    harness (exactly one of ``function``, a ``module:function``, and ``command``), its timeout, the branch that
+    becomes the training sample (``last``), the branch cap per session."""
+
+    function: str | None = None
+    command: str | None = None
+    timeout_s: float = 600.0
+    branches: str = "last"
+    max_branches: int = 8
+
+    @classmethod
+    def from_mapping(cls, value: Mapping[str, Any] | None) -> HarnessOptions:
+        """Raises ``OptionsError`` naming the key for anything unknown or out of range."""
+        data = dict(value or {})
+        unknown = set(data) - {"function", "command", "timeout_s", "branches", "max_branches"}
+        if unknown:
+            raise OptionsError(f"{AGENT_NAME} harness: unknown keys {sorted(unknown)}")
+        options = cls(**data)
+        if (options.function is None) == (options.command is None):
+            raise OptionsError(f"{AGENT_NAME} harness: set exactly one of function (module:function) and command")
+        if options.function is not None and ":" not in options.function:
+            raise OptionsError(f"{AGENT_NAME} harness.function must be module:function, got {options.function!r}")
+        if options.branches != "last":
+            raise OptionsError(
+                f"{AGENT_NAME} harness.branches={options.branches!r}: only 'last' (verl 0.9.1's agent loop returns "
+                "one sample per row; every branch is still checked and recorded)"
+            )
+        if options.timeout_s <= 0 or options.max_branches < 1:
+            raise OptionsError(f"{AGENT_NAME} harness: timeout_s must be > 0 and max_branches >= 1")
+        return options
+
+
+class ServerManagerEngine:
+    """The gateway's engine over verl's rollout server: verl's sampling parameters, one whole turn per call."""
+
+    max_context: int | None = None
+
+    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any]) -> None:
+        self.server_manager = server_manager
+        self.sampling_params = dict(sampling_params)
+        self.counters: Counter[str] = Counter()
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampled:
+        """One turn with verl's rollout sampling parameters (a harness's temperature does not change the policy's
+        sampling), the gateway's budget and stop ids."""
+        params = dict(self.sampling_params)
+        stops = set(params.get("stop_token_ids") or ()) | set(sampling.stop_ids)
+        if stops:
+            params["stop_token_ids"] = sorted(stops)
+        out = await generate_turn(
+            self.server_manager, uuid4().hex, prompt_ids, params, sampling.max_tokens, self.counters
+        )
+        return Sampled(tuple(out.token_ids), None if out.log_probs is None else tuple(out.log_probs))
+
+
+@dataclass
+class _WorkerGateway:
+    gateway: Gateway
+    engine: ServerManagerEngine
+    url: str
+    server: Any
+
+
+_WORKERS: dict[int, _WorkerGateway] = {}  # event loop id -> its gateway (one per worker process in practice)
+
+
+class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
+    """Registered as ``verl_ext_gateway_agent`` (module docstring); the harness comes from the ``harness`` key of
+    the loop's entry (``HarnessOptions``), verl_ext's options from its ``verl_ext`` key as for the built-in loop."""
+
+    def __init__(self, *args: Any, harness: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
+        self.harness = HarnessOptions.from_mapping(harness)
+        super().__init__(*args, **kwargs)
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """One row: open a session, run the harness, end the session, return the last branch as the sample."""
+        worker = await self._worker(sampling_params)
+        session_id = uuid4().hex
+        worker.gateway.open(session_id)
+        base_url = f"{worker.url}/sessions/{session_id}/v1"
+        result, failure = await run_harness(self.harness, base_url, session_id, kwargs)
+        session = worker.gateway.sessions[session_id]
+        async with session.lock:
+            results = worker.gateway.end(session_id, failure or "the harness finished")
+        counters: Counter[str] = Counter({f"loop/{AGENT_NAME}": 1})
+        counters["gateway/forks"] = sum(1 for r in results if "fork" in r.rollout.extra["gateway"])
+        counters["gateway/branches"] = len(results)
+        counters.update(worker.engine.counters)
+        worker.engine.counters.clear()
+        if failure is not None or not results:
+            counters["gateway/harness_failed" if failure else "gateway/no_engine_call"] += 1
+            metrics_sink.count(counters)
+            return self._untrained(kwargs, failure or "the harness made no chat-completions call", result)
+        chosen = results[-1]
+        prompt_length = len(chosen.rollout.sample.prompt_ids)
+        if prompt_length > self.prompt_length:
+            # verl would cut the prompt to rollout.prompt_length: the trainer would see other tokens than the engine
+            counters["gateway/prompt_over_length"] += 1
+            metrics_sink.report(chosen.result, counters)
+            why = (
+                f"the harness's first prompt renders to {prompt_length} tokens, more than rollout.prompt_length="
+                f"{self.prompt_length}; raise data.max_prompt_length (and rollout.prompt_length)"
+            )
+            return self._untrained(kwargs, why, result)
+        metrics_sink.report(chosen.result, counters)
+        for other in results[:-1]:
+            metrics_sink.report(other.result, {})
+        self.rt.enforcer.enforce(chosen.result, training_step(kwargs, None))
+        return self._output(chosen, result)
+
+    async def _worker(self, sampling_params: Mapping[str, Any]) -> _WorkerGateway:
+        loop = asyncio.get_running_loop()
+        worker = _WORKERS.get(id(loop))
+        if worker is None:
+            worker = await self._start_worker(sampling_params)
+            _WORKERS[id(loop)] = worker
+        # Loop instances of one worker share these in a run; set them per rollout all the same (they are this
+        # instance's: its server manager, sampling parameters, check, records and limits).
+        worker.engine.server_manager = self.server_manager
+        worker.engine.sampling_params = dict(sampling_params)
+        worker.gateway.checker, worker.gateway.writer = self.rt.checker, self.rt.writer
+        worker.gateway.config.response_length = self.response_length
+        worker.gateway.config.max_branches = self.harness.max_branches
+        return worker
+
+    async def _start_worker(self, sampling_params: Mapping[str, Any]) -> _WorkerGateway:
+        import uvicorn
+
+        from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
+
+        engine = ServerManagerEngine(self.server_manager, sampling_params)
+        config = GatewayConfig(
+            response_length=self.response_length, max_branches=self.harness.max_branches, open_on_demand=False
+        )
+        reader = ToolCallReader(self.tokenizer, self.config.actor_rollout_ref.rollout.multi_turn.format or "hermes")
+        gateway = Gateway(
+            engine,
+            self.rt.renderer,
+            self.rt.profile,
+            reader,
+            config,
+            checker=self.rt.checker,
+            writer=self.rt.writer,
+            markers=reasoning_markers(self.tokenizer),
+        )
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(
+            uvicorn.Config(
+                create_app(gateway, "policy"), log_level="warning", lifespan="off", timeout_keep_alive=KEEP_ALIVE_S
+            )
+        )
+        server.install_signal_handlers = lambda: None  # type: ignore[method-assign]  # the worker owns its signals
+        asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+        log.info("%s: gateway serving on %s (pid %d)", AGENT_NAME, url, os.getpid())
+        return _WorkerGateway(gateway, engine, url, server)
+
+    def _output(self, chosen: BranchResult, harness_result: Any) -> AgentLoopOutput:
+        sample = chosen.rollout.sample
+        return AgentLoopOutput(
+            prompt_ids=list(sample.prompt_ids),
+            response_ids=list(sample.response_ids),
+            response_mask=list(sample.response_mask),
+            response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
+            num_turns=1 + 2 * len(chosen.rollout.calls),
+            metrics=AgentLoopMetrics(),
+            extra_fields={
+                "verl_ext_check": chosen.result.verdict_fields(),
+                "harness_result": harness_result,
+                "verl_ext_gateway": dict(chosen.rollout.extra["gateway"]),
+                "turn_scores": [],
+                "tool_rewards": [],
+            },
+        )
+
+    def _untrained(self, kwargs: Mapping[str, Any], why: str, harness_result: Any) -> AgentLoopOutput:
+        """A rollout whose harness failed: the row's prompt and one end-of-turn token, all masked out."""
+        from verl_ext.core.trajectory import TokenTrajectory
+
+        log.warning("%s: %s; the rollout is not trained", AGENT_NAME, why)
+        prompt = TokenTrajectory(self.rt.renderer, self.rt.profile).start(list(kwargs["raw_prompt"]))
+        end = self.rt.profile.stop_ids[0].id
+        return AgentLoopOutput(
+            prompt_ids=list(prompt),
+            response_ids=[end],
+            response_mask=[0],
+            response_logprobs=[0.0],
+            num_turns=1,
+            metrics=AgentLoopMetrics(),
+            extra_fields={"harness_result": harness_result, "verl_ext_gateway": {"failed": why}, "turn_scores": []},
+        )
+
+
+async def run_harness(
+    options: HarnessOptions, base_url: str, api_key: str, row: Mapping[str, Any]
+) -> tuple[Any, str | None]:
+    """Run the harness against one session; returns (its result, None) or (None, why it failed)."""
+    try:
+        if options.function is not None:
+            return await asyncio.wait_for(_call(options.function, base_url, api_key, row), options.timeout_s), None
+        return await _command(options.command or "", base_url, api_key, row, options.timeout_s)
+    except TimeoutError:
+        return None, f"the harness ran past its timeout of {options.timeout_s:g} s"
+    except Exception as exc:  # the harness is user code: its failure ends this rollout, not the step
+        return None, f"the harness raised {type(exc).__name__}: {exc}"
+
+
+async def _call(target: str, base_url: str, api_key: str, row: Mapping[str, Any]) -> Any:
+    module, _, name = target.partition(":")
+    function = getattr(importlib.import_module(module), name)
+    if inspect.iscoroutinefunction(function):
+        return await function(base_url=base_url, api_key=api_key, row=row)
+    return await asyncio.to_thread(function, base_url=base_url, api_key=api_key, row=row)
+
+
+async def _command(
+    command: str, base_url: str, api_key: str, row: Mapping[str, Any], timeout_s: float
+) -> tuple[Any, str | None]:
+    env = {**os.environ, "OPENAI_BASE_URL": base_url, "OPENAI_API_KEY": api_key}
+    env["VERL_EXT_ROW"] = json.dumps(dict(row), default=str)
+    process = await asyncio.create_subprocess_shell(
+        command, env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        out, err = await asyncio.wait_for(process.communicate(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+        raise
+    if process.returncode != 0:
+        tail = err.decode(errors="replace").strip().splitlines()[-1:] or ["(no stderr)"]
+        return None, f"the harness command exited with status {process.returncode}: {tail[0]}"
+    lines = out.decode(errors="replace").strip().splitlines()
+    if not lines:
+        return None, None
+    try:
+        return json.loads(lines[-1]), None
+    except json.JSONDecodeError:
+        return lines[-1], None

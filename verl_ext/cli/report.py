@@ -17,9 +17,9 @@ def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
     rollouts used, which is the right one when the report is built on the training host."""
     if args.tokenizer:
         return load_renderer(args.tokenizer)
-    names = {str(p.get("tokenizer_name", "")) for p in records.profiles}
+    names = {p.tokenizer_name for p in records.profiles if p.tokenizer_name}
     for name in sorted(names):
-        if name and Path(name).is_dir():
+        if Path(name).is_dir():
             return load_renderer(name)
     named = (
         f"the records name {', '.join(repr(n) for n in sorted(names))}, which is not a folder here"

@@ -37,7 +37,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise MissingFileError(f"cannot write {args.output!r}: folder {str(folder)!r} does not exist; create it first")
     records = load_records(args.records)
     renderer = _renderer(args, records)
-    report = build_report(records, renderer.decode, examples=args.examples)
+    report = build_report(records, renderer.decode, examples=args.examples, vocab_size=renderer.vocab_size)
     out = write_html(args.output, report.html)
     for warning in report.warnings:
         print(f"verl-ext report: warning: {warning}", file=sys.stderr)

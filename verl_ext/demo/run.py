@@ -203,7 +203,11 @@ def write_report(out: Path, tokenizer_dir: Path, say: Callable[[str], None]) -> 
         return None
     # The report only decodes ids for display: the tokenizers library alone, not transformers (seconds to import).
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    report = build_report(load_records(files), lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+    report = build_report(
+        load_records(files),
+        lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+    )
     path = write_html(out / "report.html", report.html)
     say(f"report: {path} ({report.summary.one_line()})")
     return path

@@ -187,7 +187,8 @@ def test_the_readme_demo_output_is_what_the_demo_prints(demo_runs: Callable[[str
     (command,) = [c for c in documented_commands() if c.line == "make demo" and c.shown is not None]
     run = demo_runs("v1")
     out = str(run.result.out)
-    printed = [line.replace(out, "build/demo") for line in run.lines]
+    # a step's line and its tito/ metrics are one message of the run, printed as several lines
+    printed = [line.replace(out, "build/demo") for message in run.lines for line in message.split("\n")]
 
     def shape(lines: list[str] | tuple[str, ...]) -> list[str]:
         # the step lines and the tito/ metrics under them: which metrics a step logs depends on what it found

@@ -378,9 +378,10 @@ def _json_fields(obj: Any) -> dict[str, Any]:
     return out
 
 
-# The keys a loop may add to a rollout line (``Rollout.extra``): the dataset row's source and index, and the turns
-# a resumed rollout replayed. The reader refuses any key that is neither one of these nor a record key.
-EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns"})
+# The keys a loop may add to a rollout line (``Rollout.extra``): the dataset row's source and index, the turns a
+# resumed rollout replayed, and the gateway's session and branch (``gateway``). The reader refuses any key that is
+# neither one of these nor a record key.
+EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway"})
 
 # The record's own keys; the others a rollout line may hold are ``EXTRA_KEYS``.
 _KEYS = frozenset(

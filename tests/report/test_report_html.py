@@ -50,6 +50,16 @@ def test_cli_prints_where_and_a_summary(built_report):
     )
 
 
+def test_without_tokenizer_the_folder_the_header_names_decodes(built_report, tmp_path, capsys):
+    # every file the check writes has a header naming its tokenizer folder: no --tokenizer needed
+    header = json.loads(built_report.records.read_text().splitlines()[0])
+    assert Path(header["template_profile"]["tokenizer_name"]) == built_report.tokenizer_dir
+    out = tmp_path / "report.html"
+    assert main(["report", str(built_report.records), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == built_report.stdout.strip().replace(str(built_report.html_path), str(out))
+    assert out.read_text(encoding="utf-8") == built_report.html
+
+
 def test_every_section_is_there(built_report):
     html = built_report.html
     for name in SECTIONS:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from functools import cached_property
@@ -55,12 +55,11 @@ from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.engine_output import NAN_HAPPENED
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.messages import json_type
-from verl_ext.core.replay import NON_FINITE_JSON, RecordError, ReplayRecord
+from verl_ext.core.replay import NON_FINITE_JSON, SCHEMA_VERSION, RecordError, ReplayRecord, unknown_key_error
 
 if TYPE_CHECKING:
     from verl_ext.core.probe import TemplateProfile
 
-SCHEMA_VERSION = 2
 _REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
 
 
@@ -104,7 +103,13 @@ class Rollout:
         extra: Mapping[str, Any] | None = None,
     ) -> Rollout:
         """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
-        needed)."""
+        needed), and for an ``extra`` key that is not one of ``EXTRA_KEYS`` (the reader refuses unknown keys)."""
+        unknown = sorted(set(extra or {}) - EXTRA_KEYS)
+        if unknown:
+            raise TrajectoryError(
+                f"Rollout: extra keys {unknown} are not record keys; the record's extras are {sorted(EXTRA_KEYS)} "
+                "(add a new one to EXTRA_KEYS, which the reader checks)"
+            )
         if kinds is not None and len(kinds) < len(sample.stream):
             raise TrajectoryError(
                 f"Rollout: {len(kinds)} kinds for a stream of {len(sample.stream)} tokens; pass one per token"
@@ -221,6 +226,9 @@ class RecordedCall:
         return _json_fields(self)
 
 
+_CALL_KEYS = frozenset(f.name for f in fields(RecordedCall))
+
+
 @dataclass(frozen=True)
 class RecordedFailure:
     """An engine-view failure (``EngineFailure``, field for field); ``position`` None: a failure of the whole
@@ -288,7 +296,9 @@ class RecordedCheck:
 
     @classmethod
     def from_json(cls, obj: Any, where: str) -> RecordedCheck:
+        """The ``check`` object of a record line, every key type-checked; an unknown key is refused."""
         f = _Fields(obj, where, "check")
+        f.only({x.name for x in fields(cls)}, "the check's result")
         findings = tuple(
             RecordedFinding(
                 cause=g.str("cause", default="unknown"),
@@ -306,7 +316,7 @@ class RecordedCheck:
                 context_after=g.str("context_after", default=""),
                 detail=g.str("detail", default=""),
             )
-            for g in _objects(f, "findings")
+            for g in _objects(f, "findings", RecordedFinding)
         )
         failures = tuple(
             RecordedFailure(
@@ -315,7 +325,7 @@ class RecordedCheck:
                 position=g.int("position", default=None),
                 detail=g.str("detail", default=""),
             )
-            for g in _objects(f, "engine_failures")
+            for g in _objects(f, "engine_failures", RecordedFailure)
         )
         return cls(
             ok=f.bool("ok", default=False),
@@ -368,7 +378,12 @@ def _json_fields(obj: Any) -> dict[str, Any]:
     return out
 
 
-# The record's own keys; any other key of a rollout line (data_source, index, resumed_turns, ...) is ``extra``.
+# The keys a loop may add to a rollout line (``Rollout.extra``): the dataset row's source and index, the turns a
+# resumed rollout replayed, and the gateway's session and branch (``gateway``). The reader refuses any key that is
+# neither one of these nor a record key.
+EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway"})
+
+# The record's own keys; the others a rollout line may hold are ``EXTRA_KEYS``.
 _KEYS = frozenset(
     {
         "type",
@@ -473,11 +488,13 @@ class RolloutRecord:
         the key and the fix. Keys a version-less (pre-version-1) record lacks take their defaults."""
         f = _Fields(obj, where, "")
         version = _read_version(f, where)
+        f.only(_KEYS | EXTRA_KEYS, "a rollout record")
         input_ids = f.ints("input_ids", default=())
         n = len(input_ids)
         calls = []
         for k, item in enumerate(f.list("engine_calls", default=[])):
             g = _Fields(item, where, f"engine_calls[{k}]")
+            g.only(_CALL_KEYS, "an engine call")
             calls.append(
                 RecordedCall(
                     prompt_length=g.int("prompt_length", default=0) or 0,
@@ -630,11 +647,15 @@ def _plain_json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=lambda o: dict(o) if isinstance(o, Mapping) else str(o)))
 
 
-def _objects(f: _Fields, key: str) -> Iterator[_Fields]:
+def _objects(f: _Fields, key: str, typed: type | None = None) -> Iterator[_Fields]:
     """The JSON objects of the list at ``key`` (none when it is missing), each ready for typed reads; one at a time,
-    so the first problem in file order is the one reported (an item that is no object, or a bad key of one)."""
+    so the first problem in file order is the one reported (an item that is no object, or a bad key of one). With
+    ``typed`` (a dataclass), a key that is not one of its fields is refused."""
     for k, item in enumerate(f.list(key, default=[])):
-        yield _Fields(item, f.where, f"{f._key(key)}[{k}]")
+        g = _Fields(item, f.where, f"{f._key(key)}[{k}]")
+        if typed is not None:
+            g.only({x.name for x in fields(typed)}, f"{f._key(key)}[{k}]")
+        yield g
 
 
 @dataclass(frozen=True)
@@ -662,6 +683,7 @@ class RecordHeader:
         this verl_ext reads."""
         f = _Fields(obj, where, "")
         version = _read_version(f, where)
+        f.only(("type", "version", "template_profile"), "a record header")
         raw = f.dict("template_profile", default={})
         return cls(version, raw, HeaderProfile.from_json(raw, where))
 
@@ -697,6 +719,12 @@ class _Fields:
 
     def _key(self, key: str) -> str:
         return f"{self.path}.{key}" if self.path else key
+
+    def only(self, known: Collection[str], what: str) -> None:
+        """Refuse a key not in ``known`` (a misspelled key would otherwise be read as missing, with its default)."""
+        for key in self.obj:
+            if key not in known:
+                raise unknown_key_error(self.where, key, sorted(known), what, f"{self.path}." if self.path else "")
 
     def error(self, key: str, expected: str, value: Any) -> RecordError:
         return RecordError(

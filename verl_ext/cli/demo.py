@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from verl_ext.core.errors import OptionsError
-from verl_ext.demo.run import run_demo
+from verl_ext.demo.run import run_demo, shown
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -24,6 +24,6 @@ def run_demo_command(args: argparse.Namespace) -> int:
     failures = sum(m.get("tito/engine_view_failures", 0) for m in result.steps.values())
     print(
         f"done in {result.seconds:.0f}s: {len(result.steps)} steps, engine-view failures {failures:g}"
-        + (f", report {result.report}" if result.report else "")
+        + (f", report {shown(result.report)}" if result.report else "")
     )
     return 0 if failures == 0 else 1

@@ -6,11 +6,15 @@ import argparse
 import json
 import sys
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
-from verl_ext.check.record import RolloutRecord
+from verl_ext.check.record import RecordedFailure, RecordHeader, RolloutRecord
+from verl_ext.check.replay_diff import fingerprint_difference, stream_difference
+from verl_ext.check.revalidate import revalidated
 from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
-from verl_ext.core.invariants import check_invariants
+from verl_ext.core.invariants import InvariantReport, check_invariants
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import RecordError, ReplayRecord, read_json_lines, replay
 from verl_ext.core.trajectory import TokenTrajectory
@@ -18,55 +22,148 @@ from verl_ext.core.trajectory import TokenTrajectory
 LARGE_RECORD_IDS = 20_000  # about a second of replay on a contended 2-core machine
 
 
-def read_records(path: str) -> Iterator[tuple[int, ReplayRecord]]:
-    """(line number, conversation) for each record of a replay file or a check's record file (whose header line
-    is skipped). Raises RecordError naming file:line for a malformed record, and for a file with none."""
+@dataclass(frozen=True)
+class ReplayItem:
+    """One conversation of a replay file: its line, what to replay, and, for a check's record, what was trained (to
+    compare the replay with) and the file's header (the tokenizer and template the records were checked with)."""
+
+    line: int
+    record: ReplayRecord
+    recorded: RolloutRecord | None = None
+    header: RecordHeader | None = None
+
+
+def read_records(path: str) -> Iterator[ReplayItem]:
+    """Each conversation of a replay file or a check's record file (whose header line is read, not replayed).
+    Raises RecordError naming file:line for a malformed record (an unknown key or ``type``, a newer version), and
+    for a file with none."""
     count = 0
+    header: RecordHeader | None = None
     for line_no, obj in read_json_lines(path, "replay file"):
-        if isinstance(obj, dict) and obj.get("type") == "header":
-            continue  # a rollout records file's header (the template profile); not a conversation
-        count += 1
         where = f"{path}:{line_no}"
-        if isinstance(obj, dict) and obj.get("type") == "rollout":  # a check's record: the typed record's loader
-            yield line_no, RolloutRecord.from_json(obj, where).replay_record(where)
+        kind = obj.get("type") if isinstance(obj, dict) else None
+        if kind == "header":  # a check's record file: the template profile its rollouts were checked against
+            header = RecordHeader.from_json(obj, where)
+            continue
+        count += 1
+        if kind == "rollout":  # a check's record: the typed record's loader
+            recorded = RolloutRecord.from_json(obj, where)
+            yield ReplayItem(line_no, recorded.replay_record(where), recorded, header)
+        elif kind is not None:
+            raise RecordError(
+                f'{where}: "type" {kind!r} is not a record type: a check\'s record file has "header" and "rollout" '
+                'lines; a replay record has no "type" (remove it)'
+            )
         else:
-            yield line_no, ReplayRecord.from_json(obj, where=where)
+            yield ReplayItem(line_no, ReplayRecord.from_json(obj, where=where), None, header)
     if count == 0:
         raise RecordError(f"{path}: no records (the file is empty); write one JSON object per line")
+
+
+@dataclass
+class _Replayed:
+    """One replayed conversation: the trajectory, its invariants, and how it compares with the record."""
+
+    item: ReplayItem
+    trajectory: TokenTrajectory
+    report: InvariantReport
+    differences: list[str] = field(default_factory=list)  # replay vs record: what was trained is not reproduced
+    engine_failures: tuple[RecordedFailure, ...] = ()  # the stored verdict's and those re-validating finds
+
+    @property
+    def ok(self) -> bool:
+        """Invariants hold, the engine output is valid, and the record (if any) is reproduced."""
+        t = self.trajectory
+        return self.report.ok and not t.output_problems and not self.differences and not self.engine_failures
+
+
+def _replay_one(renderer: ChatRenderer, stops: list[int], item: ReplayItem, where: str) -> _Replayed:
+    """Replay one conversation and, for a check's record, compare it with what was trained."""
+    n_sampled = sum(len(ids) for ids in item.record.sampled.values())
+    if n_sampled >= LARGE_RECORD_IDS:  # seconds of work: say so, on stderr (stdout stays the result)
+        print(f"replaying {where}: {len(item.record.messages)} messages, {n_sampled} sampled ids ...", file=sys.stderr)
+        sys.stderr.flush()
+    t = replay(renderer, item.record, stops)
+    done = _Replayed(item, t, check_invariants(t))
+    if item.recorded is not None:
+        diff = stream_difference(item.recorded, t.input_ids, t.loss_mask, renderer)
+        if diff:
+            done.differences.append(f"{where}: {diff}")
+        stop_ids = probe_template(renderer, stops).stop_id_set
+        done.engine_failures = revalidated(item.recorded, renderer.vocab_size, stop_ids).check.engine_failures
+    return done
 
 
 def run_replay(args: argparse.Namespace) -> int:
     renderer = renderer_from_args(args.tokenizer, args)
     stops = stop_ids_from_args(renderer, args.stop)
-    results: list[dict[str, Any]] = []
-    all_ok = True
-    for line_no, record in read_records(args.file):
-        n_sampled = sum(len(ids) for ids in record.sampled.values())
-        if n_sampled >= LARGE_RECORD_IDS:  # seconds of work: say so, on stderr (stdout stays the result)
-            print(
-                f"replaying {args.file}:{line_no}: {len(record.messages)} messages, {n_sampled} sampled ids ...",
-                file=sys.stderr,
-                flush=True,
-            )
-        t = replay(renderer, record, stops)
-        report = check_invariants(t)
-        ok = report.ok and not t.output_problems  # an invalid engine output is never a clean replay
-        all_ok &= ok
-        if args.json:
-            results.append({"line": line_no, **t.to_dict(), "ok": ok, "failures": list(report.failures)})
-        else:
-            print(format_trajectory(renderer, t, f"{args.file}:{line_no}", per_token=args.tokens))
-            if t.output_problems:
-                print("engine output: REJECTED (these tokens are not trained)")
-                for turn, problem in t.output_problems:
-                    print(f"  - turn {turn} [{problem.kind.value}]: {problem.detail}")
-            print("invariants: " + ("all hold" if report.ok else "FAILED"))
-            for failure in report.failures:
-                print(f"  - {failure}")
-            print()
+    given = f"--tokenizer {args.tokenizer!r}"
+    if args.chat_template:
+        given += f" --chat-template {args.chat_template!r}"
+    done: list[_Replayed] = []
+    headers: list[str] = []  # header differences, once per header
+    seen: set[int] = set()
+    for item in read_records(args.file):
+        if item.header is not None and id(item.header) not in seen:
+            seen.add(id(item.header))
+            diff = fingerprint_difference(item.header, renderer, given)
+            if diff:
+                headers.append(f"{args.file}: {diff}")
+        done.append(_replay_one(renderer, stops, item, f"{args.file}:{item.line}"))
+    differences = headers + [d for r in done for d in r.differences]
     if args.json:
-        print(json.dumps(results))
-    return 0 if all_ok else 1
+        for line in differences:
+            print(f"verl-ext replay: {_DIFFERS}: {line}", file=sys.stderr)
+        print(json.dumps([_json_result(r, headers) for r in done]))
+    else:
+        _print_text(renderer, done, differences, args)
+    return 0 if all(r.ok for r in done) and not headers else 1
+
+
+_DIFFERS = "REPLAY DIFFERS FROM THE RECORD"
+
+
+def _json_result(r: _Replayed, headers: list[str]) -> dict[str, Any]:
+    """One record's object of ``--json``: the trajectory, invariants, and the comparison with the record."""
+    out: dict[str, Any] = {"line": r.item.line, **r.trajectory.to_dict(), "ok": r.ok and not headers}
+    out["failures"] = list(r.report.failures)
+    if r.item.recorded is not None:
+        out["recorded"] = {
+            "same": not r.differences and not headers,
+            "differences": headers + r.differences,
+            "engine_failures": [{"kind": f.kind, "turn": f.turn, "detail": f.detail} for f in r.engine_failures],
+        }
+    return out
+
+
+def _print_text(
+    renderer: ChatRenderer, done: list[_Replayed], differences: list[str], args: argparse.Namespace
+) -> None:
+    """The text output: every difference from the records first (the first line says so), then one block per
+    record."""
+    if differences:
+        print(f"{_DIFFERS}: {differences[0]}")
+        for line in differences[1:]:
+            print(f"  also: {line}")
+        print()
+    for r in done:
+        t = r.trajectory
+        print(format_trajectory(renderer, t, f"{args.file}:{r.item.line}", per_token=args.tokens))
+        if t.output_problems:
+            print("engine output: REJECTED (these tokens are not trained)")
+            for turn, problem in t.output_problems:
+                print(f"  - turn {turn} [{problem.kind.value}]: {problem.detail}")
+        if r.item.recorded is not None:
+            same = f"the same {len(r.item.recorded.input_ids)} tokens and loss mask"
+            print(f"recorded stream: {'DIFFERS (see the first lines)' if r.differences else same}")
+            if r.engine_failures:
+                print(f"engine view (stored and re-validated): {len(r.engine_failures)} failures")
+                for f in r.engine_failures:
+                    print(f"  - turn {f.turn} [{f.kind}]: {f.detail}")
+        print("invariants: " + ("all hold" if r.report.ok else "FAILED"))
+        for failure in r.report.failures:
+            print(f"  - {failure}")
+        print()
 
 
 def format_trajectory(renderer: ChatRenderer, t: TokenTrajectory, title: str, per_token: bool) -> str:

@@ -17,9 +17,9 @@ def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
     rollouts used, which is the right one when the report is built on the training host."""
     if args.tokenizer:
         return load_renderer(args.tokenizer)
-    names = {p.tokenizer_name for p in records.profiles}
+    names = {p.tokenizer_name for p in records.profiles if p.tokenizer_name}
     for name in sorted(names):
-        if name and Path(name).is_dir():
+        if Path(name).is_dir():
             return load_renderer(name)
     named = (
         f"the records name {', '.join(repr(n) for n in sorted(names))}, which is not a folder here"
@@ -37,7 +37,7 @@ def run_report(args: argparse.Namespace) -> int:
         raise MissingFileError(f"cannot write {args.output!r}: folder {str(folder)!r} does not exist; create it first")
     records = load_records(args.records)
     renderer = _renderer(args, records)
-    report = build_report(records, renderer.decode, examples=args.examples)
+    report = build_report(records, renderer.decode, examples=args.examples, vocab_size=renderer.vocab_size)
     out = write_html(args.output, report.html)
     for warning in report.warnings:
         print(f"verl-ext report: warning: {warning}", file=sys.stderr)

@@ -8,12 +8,15 @@ One JSON object per line (see docs/replay-format.md):
 - ``logprobs`` (optional): same keys -> one logprob per output id (``"NaN"``, ``"Infinity"``, ``"-Infinity"``: a float
   that is not finite, as record files write it);
 - ``finish`` (optional): same keys -> ``"stop"``, ``"length"`` or SGLang's ``finish_reason`` object;
-- ``prompt_messages`` (optional): how many messages the first prompt has (chat history with assistant turns).
-An assistant message without sampled ids is taken as the model's canonical output.
+- ``prompt_messages`` (optional): how many messages the first prompt has (chat history with assistant turns);
+- ``version`` (optional): the record schema version the line was written for (at most ``SCHEMA_VERSION``).
+An assistant message without sampled ids is taken as the model's canonical output. Any other key is refused: a
+misspelled ``sampled`` would otherwise replay the template's output instead of the engine's ids.
 """
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import os
@@ -37,6 +40,49 @@ class RecordError(VerlExtError, ValueError):
 # Strict JSON has no NaN or Infinity: record files (schema version 2, ``verl_ext.check.record``) write a float that
 # is not finite as one of these strings, and every float field of the replay format reads them back.
 NON_FINITE_JSON: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
+# The record schema version (``verl_ext.check.record`` documents each): the replay format is its subset, so a replay
+# line may carry the version of the record file it came from; a newer one is refused, not guessed at.
+SCHEMA_VERSION = 2
+
+# The replay format's keys, in the order docs/replay-format.md documents them.
+REPLAY_KEYS = (
+    "messages",
+    "tools",
+    "chat_template_kwargs",
+    "sampled",
+    "logprobs",
+    "finish",
+    "prompt_messages",
+    "version",
+)
+
+
+def unknown_key_error(where: str, key: str, known: Sequence[str], what: str, path: str = "") -> RecordError:
+    """The error for a key ``what`` does not have: names the key (under ``path``, e.g. ``engine_calls[0].``), the
+    nearest known key, and the fix."""
+    near = difflib.get_close_matches(str(key), known, n=1, cutoff=0.6)
+    hint = f" (did you mean {path + near[0]!r}?)" if near else ""
+    return RecordError(
+        f"{where}: unknown key {path + str(key)!r}{hint} in {what}; its keys are {', '.join(known)}. Rename or "
+        "remove it (an unknown key is refused, not ignored: a misspelled key would silently replay something else)"
+    )
+
+
+def check_version(where: str, version: Any) -> int:
+    """A line's ``version`` (1 when absent: files from before it was written). Raises RecordError for one that is not
+    a positive integer, and for one newer than this verl_ext reads, with the fix."""
+    if version is None:
+        return 1
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise RecordError(f"{where}: 'version' must be a positive integer, got {json_type(version)} ({version!r})")
+    if version > SCHEMA_VERSION:
+        raise RecordError(
+            f"{where}: record schema version {version} is newer than this verl_ext reads (up to {SCHEMA_VERSION}); "
+            "upgrade verl_ext to read it"
+        )
+    return version
+
 
 # One line is one record held in memory at once; a longer line is refused rather than read whole.
 MAX_LINE_BYTES = 256 * 1024 * 1024
@@ -107,6 +153,10 @@ class ReplayRecord:
         """Every field checked for its type; an error names the field (and message index) and the fix."""
         if not isinstance(obj, Mapping):
             raise RecordError(f"{where}: expected a JSON object with a 'messages' list, got {json_type(obj)}")
+        for key in obj:
+            if key not in REPLAY_KEYS:
+                raise unknown_key_error(where, key, REPLAY_KEYS, "a replay record")
+        check_version(where, obj.get("version"))
         messages = obj.get("messages")
         if not isinstance(messages, list) or not messages:
             got = "an empty list" if messages == [] else json_type(messages)

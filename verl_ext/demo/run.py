@@ -95,6 +95,15 @@ def shipped_tokenizers() -> dict[str, Path]:
     return module.ensure_unpacked()
 
 
+def shown(path: Path) -> Path:
+    """``path`` as a person typed it: relative to the working folder when it lies inside it (build/demo/report.html),
+    else as it is."""
+    try:
+        return path.relative_to(Path.cwd())
+    except ValueError:
+        return path
+
+
 def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
     from verl_ext.demo.data import write_dataset
 
@@ -106,7 +115,9 @@ def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
 
         build_tiny_qwen3(model, tokenizer, seed=0)
     data = write_dataset(out / "data")
-    say(f"prepared a tiny random Qwen3 model ({model}) with the real Qwen3 tokenizer, and the calculator dataset")
+    say(
+        f"prepared a tiny random Qwen3 model ({shown(model)}) with the real Qwen3 tokenizer, and the calculator dataset"
+    )
     return {"model": model, "train": data["train"], "val": data["val"]}
 
 
@@ -165,7 +176,7 @@ def run_demo(
         "VERL_EXT_CPU_FORCE_FIRST_TURN": os.environ.get("VERL_EXT_CPU_FORCE_FIRST_TURN", FORCED_TOOL_CALL),
     }
     command = trainer_command(paths, out, steps, trainer, extra_overrides)
-    stamp(f"starting verl's trainer ({trainer}, {steps} GRPO steps, Ray on CPU); full log: {log}")
+    stamp(f"starting verl's trainer ({trainer}, {steps} GRPO steps, Ray on CPU); full log: {shown(log)}")
     result = DemoResult(returncode=-1, out=out, log=log)
     with log.open("w", encoding="utf-8") as fh:
         fh.write(" ".join(command) + "\n")
@@ -187,7 +198,7 @@ def run_demo(
                 stamp(format_step(step, steps, metrics))
         result.returncode = proc.wait()
     if result.returncode != 0:
-        stamp(f"the trainer failed (exit {result.returncode}); last lines of {log}:")
+        stamp(f"the trainer failed (exit {result.returncode}); last lines of {shown(log)}:")
         for line in log.read_text(encoding="utf-8", errors="replace").splitlines()[-25:]:
             say("    " + line)
         result.seconds = time.monotonic() - started
@@ -204,15 +215,20 @@ def write_report(out: Path, tokenizer_dir: Path, say: Callable[[str], None]) -> 
     from verl_ext.report import build_report, write_html
     from verl_ext.report.load import load_records
 
-    files = sorted((out / "records").glob("*.jsonl"))
+    # named as `verl-ext report build/demo/records/*.jsonl` names them, so both write the same page
+    files = [shown(f) for f in sorted((out / "records").glob("*.jsonl"))]
     if not files:
         say("no rollout records were written; no report")
         return None
     # The report only decodes ids for display: the tokenizers library alone, not transformers (seconds to import).
     tokenizer = Tokenizer.from_file(str(tokenizer_dir / "tokenizer.json"))
-    report = build_report(load_records(files), lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False))
+    report = build_report(
+        load_records(files),
+        lambda ids: tokenizer.decode(list(ids), skip_special_tokens=False),
+        vocab_size=tokenizer.get_vocab_size(with_added_tokens=True),
+    )
     path = write_html(out / "report.html", report.html)
-    say(f"report: {path} ({report.summary.one_line()})")
+    say(f"report: {shown(path)} ({report.summary.one_line()})")
     return path
 
 

@@ -5,12 +5,25 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from verl_ext.check.record import HeaderProfile
 from verl_ext.report.text import shorten
 
 Decode = Callable[[Sequence[int]], str]
+
+
+def as_typed(folder: str) -> str:
+    """A folder the header names, as a person here would type it: relative to the working folder when it lies inside
+    it (the demo's build/demo/tiny-qwen3, which the trainer was given as an absolute path), else as it is."""
+    path = Path(folder)
+    if path.is_absolute():
+        try:
+            return str(path.relative_to(Path.cwd()))
+        except ValueError:
+            pass
+    return folder
 
 
 @dataclass(frozen=True)
@@ -78,7 +91,7 @@ def audit_view(profile: HeaderProfile, decode: Decode, source: str | None = None
     if profile.template_kwargs:
         facts.append(("template kwargs", json.dumps(profile.template_kwargs, sort_keys=True)))
     return Audit(
-        source=source or profile.tokenizer_name,
+        source=as_typed(source or profile.tokenizer_name),
         fingerprint=profile.fingerprint,
         verdict=profile.verdict,
         stop_ids=stops,

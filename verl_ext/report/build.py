@@ -14,7 +14,7 @@ from verl_ext.report.examples import worst_examples
 from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
 from verl_ext.report.html import render
 from verl_ext.report.listing import filter_options, rollout_rows
-from verl_ext.report.load import Records, load_records
+from verl_ext.report.load import Records, load_records, revalidated_records
 from verl_ext.report.plots import findings_over_steps
 from verl_ext.report.summary import Summary, summarize
 from verl_ext.report.tokens import Decode
@@ -40,10 +40,17 @@ def decoding_mismatches(records: Records, decode: Decode, limit: int = 50) -> in
     return bad
 
 
-def build_report(records: Records | Sequence[str | os.PathLike[str]], decode: Decode, examples: int = 5) -> Report:
-    """``records``: loaded (``load_records``) or record file paths."""
+def build_report(
+    records: Records | Sequence[str | os.PathLike[str]],
+    decode: Decode,
+    examples: int = 5,
+    vocab_size: int | None = None,
+) -> Report:
+    """``records``: loaded (``load_records``) or record file paths. Every rollout's stored engine calls are
+    re-validated (``revalidated_records``; ``vocab_size``: the decoding tokenizer's, None to skip the id range)."""
     if not isinstance(records, Records):
         records = load_records(records)
+    records = revalidated_records(records, vocab_size)
     summary = summarize(records.rollouts)
     warnings = []
     if decoding_mismatches(records, decode):

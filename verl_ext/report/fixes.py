@@ -28,8 +28,8 @@ CAUSE_FIXES: dict[str, str] = {
     "template_refused": "The template cannot render these messages (e.g. two tool calls in one turn): set "
     "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1; the engine view still proves the tokens.",
     "boundary_missing": SWITCH + ": the stock loop drops text the template renders after a turn's close (Qwen's \\n).",
-    "close_missing": SWITCH + " and list extra engine stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens, "
-    "or pass the template's end-of-turn token to the engine as a stop (--stop).",
+    "close_missing": SWITCH + " and list the engine's extra stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens: "
+    "a turn that stops on one then gets the template's close (`verl-ext check-template DIR --stop TOKEN` shows it).",
     "ambiguous_stop_duplicated": SWITCH + ": it keeps a stop that also opens the next message once, not twice.",
     "special_token_injected": SWITCH + " with verl_ext.escape_special_tokens=true (default): tool text then stays "
     "text instead of becoming a fake turn boundary.",
@@ -37,8 +37,9 @@ CAUSE_FIXES: dict[str, str] = {
     "with other arguments): build each message from the sampled ids with the tool parser, as verl_ext_tool_agent "
     "does (actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent).",
     "stop_text_in_message": SWITCH + ": the stock hermes parser decodes the stop token into the assistant message.",
-    "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE` replays every "
-    "record, numbered by line. Report it with the record if the template view is wrong.",
+    "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE --tokenizer DIR` "
+    "replays every record, numbered by line, and names where it differs from what was trained. Report it with the "
+    "record if the template view is wrong.",
 }
 
 ENGINE_BROKEN = "The engine output is unusable: "

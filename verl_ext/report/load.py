@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from verl_ext.check.record import HeaderProfile, RolloutRecord
+from verl_ext.check.revalidate import revalidated
 from verl_ext.core.replay import RecordError
 from verl_ext.telemetry.records import read_records
 
@@ -52,3 +54,14 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
             '(lines with "type": "rollout"), not only their headers'
         )
     return Records(tuple(str(p) for p in paths), tuple(profiles.values()), tuple(rollouts))
+
+
+def revalidated_records(records: Records, vocab_size: int | None) -> Records:
+    """``records`` with every rollout's stored engine calls checked again (``check.revalidate``): a failure the
+    stored verdict does not name is added to it, so the report never trusts a verdict its data contradicts.
+    ``vocab_size`` is the decoding tokenizer's (None: ids are not checked against a vocabulary)."""
+    stop_ids = {s.id for p in records.profiles for s in p.stop_ids}
+    rollouts = tuple(
+        dataclasses.replace(ref, record=revalidated(ref.record, vocab_size, stop_ids)) for ref in records.rollouts
+    )
+    return dataclasses.replace(records, rollouts=rollouts)

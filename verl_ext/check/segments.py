@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from verl_ext.check.align import Opcode, align
 
 EDGE_TRIM = 2  # tokens of a gap next to a sampled output that may merge with it in the render
+_PROMPT_TAILS = 32  # control tokens of the prompt tried as the start of its tail
 _SLACK = 512  # render tokens a gap may lie further than twice the sampled body before it (a template's own text)
 
 
@@ -53,12 +54,15 @@ def segments(
     end_tail: int = 0,
     deadline: float | None = None,
     prefill: int = 0,
+    control_ids: Collection[int] = (),
 ) -> list[Segment]:
     """The stream/render partition: gap, sampled, gap, ..., gap (``outputs``: each call's ``(start, end)`` in the
     stream, in order). Gaps are matched in the render in order; a gap not found verbatim is placed through the
     whole-rollout alignment. The last gap (what follows the last output) is the render's last ``end_tail`` tokens:
     the close and trailer the template writes after the last message. ``prefill``: how many tokens of the generation
-    prompt the template may not re-render once a turn is history (a pre-filled empty think block)."""
+    prompt the template may not re-render once a turn is history (a pre-filled empty think block). ``control_ids``:
+    where the prompt is not in the render whole (a block the template writes elsewhere once more messages follow,
+    Mistral's tool list), its end is found from the last control tokens on."""
     finder = _Finder(rendered)
     gaps = [(0, outputs[0][0] if outputs else len(stream))]
     gaps += [(e, outputs[k + 1][0] if k + 1 < len(outputs) else len(stream)) for k, (_s, e) in enumerate(outputs)]
@@ -76,6 +80,8 @@ def segments(
         body = outputs[g - 1][1] - outputs[g - 1][0] if g > 0 else 0
         window = cursor + 2 * body + (g2 - g1) + _SLACK
         found = _find_gap(stream, finder, g1, g2, lead, trail, cursor, window)
+        if found is None and g == 0:
+            found = _find_prompt_end(stream, finder, g2, trail, control_ids, window)
         if found is None:
             # A gap the render does not hold (a moved tool list, an altered message): every boundary is placed by
             # one whole-rollout alignment instead, and each segment is aligned inside what it pairs with.
@@ -136,6 +142,27 @@ def _find_gap(
             at = finder.find(core, cursor, window)
             if at is not None:
                 return (g1 + a, g2 - b, at, at + len(core), True)
+    return None
+
+
+def _find_prompt_end(
+    stream: Sequence[int],
+    finder: _Finder,
+    g2: int,
+    trail: int,
+    control_ids: Collection[int],
+    window: int,
+) -> tuple[int, int, int, int, bool] | None:
+    """The prompt ``stream[0:g2]`` placed in the render by its end: the longest tail that starts at a control token
+    and is found verbatim (the render's start is the prompt's; what lies between is aligned inside the segment)."""
+    starts = [p for p in range(g2) if stream[p] in control_ids][-_PROMPT_TAILS:]
+    for b in range(0, min(trail, g2 - 1) + 1):
+        for p in starts:
+            if p >= g2 - b:
+                break
+            at = finder.find(stream[p : g2 - b], 0, window)
+            if at is not None:
+                return (0, g2 - b, 0, at + (g2 - b - p), True)
     return None
 
 

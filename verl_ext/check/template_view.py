@@ -128,7 +128,9 @@ class _Rules:
         # ran: the final messages do not render it, and nothing was sampled after it. Compared apart, then skipped.
         self.prompt_cut = _trailing_generation_prompt(stream, profile.generation_prompt_ids, outputs)
         prefill = len(profile.generation_prompt_ids)
-        self.parts = segments(stream[: self.prompt_cut], rendered, outputs, self.turn_ends, tail, deadline, prefill)
+        self.parts = segments(
+            stream[: self.prompt_cut], rendered, outputs, self.turn_ends, tail, deadline, prefill, renderer.control_ids
+        )
         if self.prompt_cut < len(stream):
             self.parts.append(Segment(self.prompt_cut, len(stream), len(rendered), len(rendered)))
         # the alignment, segment by segment: computed once, read by every rule

@@ -6,12 +6,15 @@ import argparse
 import json
 import sys
 
-from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
+from verl_ext.cli.options import check_output_file, renderer_from_args, stop_ids_from_args
 from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 
 
 def run_check_template(args: argparse.Namespace) -> int:
+    """Probe the template, print the audit (words or ``--json``), write ``--html``; exit code 1 when unsupported."""
+    if args.html:
+        check_output_file(args.html, "--html", example="audit.html")  # before the probe, so a wrong path costs nothing
     renderer = renderer_from_args(args.tokenizer_dir, args)
     profile = probe_template(renderer, stop_ids_from_args(renderer, args.stop))
     if args.json:

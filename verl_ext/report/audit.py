@@ -15,12 +15,16 @@ Decode = Callable[[Sequence[int]], str]
 
 @dataclass(frozen=True)
 class Tokens:
+    """Ids and their decoded text, as the audit shows them."""
+
     ids: tuple[int, ...]
     text: str  # repr of the decoded ids, as ``verl-ext check-template`` prints them
 
 
 @dataclass(frozen=True)
 class BoundaryRow:
+    """One row of the audit's boundary table: what the template renders after an assistant turn."""
+
     where: str
     close: Tokens
     repair: Tokens
@@ -31,6 +35,8 @@ class BoundaryRow:
 
 @dataclass(frozen=True)
 class Audit:
+    """The template audit as the report's page shows it."""
+
     source: str
     fingerprint: str
     verdict: str

@@ -35,13 +35,10 @@ def run_check_template(args: argparse.Namespace) -> int:
         from verl_ext.report.build import write_html
         from verl_ext.report.html import render
 
-        audit = audit_view(
-            HeaderProfile.of(profile),
-            renderer.decode,
-            source=args.chat_template or args.tokenizer_dir,
-            tool_parsers=parsers.summary() if parsers is not None else None,
-        )
-        out = write_html(args.html, render("audit_page.html.j2", audit=audit))
+        audit = audit_view(HeaderProfile.of(profile), renderer.decode, source=args.chat_template or args.tokenizer_dir)
+        # the audit section is the report's own; what only a live tokenizer can tell goes in a section of its own
+        parser_line = parsers.summary() if parsers is not None else None
+        out = write_html(args.html, render("audit_page.html.j2", audit=audit, tool_parsers=parser_line))
         # stderr, so that --json output on stdout stays one JSON object
         print(f"wrote {out}", file=sys.stderr)
     return 1 if profile.verdict is Verdict.UNSUPPORTED else 0

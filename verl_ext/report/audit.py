@@ -53,12 +53,9 @@ def _tokens(decode: Decode, ids: Sequence[int]) -> Tokens:
     return Tokens(ids, repr(decode(ids)) if ids else "(nothing)")
 
 
-def audit_view(
-    profile: HeaderProfile, decode: Decode, source: str | None = None, tool_parsers: str | None = None
-) -> Audit:
+def audit_view(profile: HeaderProfile, decode: Decode, source: str | None = None) -> Audit:
     """The audit rows of ``profile`` (a record header's ``RecordHeader.profile``, or ``HeaderProfile.of`` a probe's
-    profile), ids decoded by ``decode``; ``source`` names the template (default: the profile's tokenizer);
-    ``tool_parsers`` says which of verl's tool parsers reads the template's calls (``ParserFit.summary``)."""
+    profile), ids decoded by ``decode``; ``source`` names the template (default: the profile's tokenizer)."""
     aliases = set(profile.alias_stop_ids)
     stops = [
         {"text": s.text, "id": s.id, "alias": s.id in aliases, "sources": ", ".join(s.sources)}
@@ -86,8 +83,6 @@ def audit_view(
     ]
     if profile.template_kwargs:
         facts.append(("template kwargs", json.dumps(profile.template_kwargs, sort_keys=True)))
-    if tool_parsers:
-        facts.insert(0, ("verl tool parser (multi_turn.format)", tool_parsers))
     return Audit(
         source=source or profile.tokenizer_name,
         fingerprint=profile.fingerprint,

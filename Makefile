@@ -34,14 +34,17 @@ tokenizers: venv
 lint: venv
 	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes bench
 
-# The report's browser test needs Debian's headless chromium. With VERL_EXT_REQUIRE_BROWSER=1 (the default here)
-# the test fails rather than skips without it; `make test VERL_EXT_REQUIRE_BROWSER=0` skips it on a machine where
-# chromium cannot be installed.
+# The report's browser test needs a headless chromium. With VERL_EXT_REQUIRE_BROWSER=1 (the default here) the test
+# fails rather than skips without it, and a missing chromium is installed with apt-get (Debian's), which needs root.
+# Without root: put chromium (or chromium-browser) on PATH, or `make test VERL_EXT_REQUIRE_BROWSER=0` to skip the test.
 VERL_EXT_REQUIRE_BROWSER ?= 1
 export VERL_EXT_REQUIRE_BROWSER
 browser:
-	@command -v chromium >/dev/null || [ "$(VERL_EXT_REQUIRE_BROWSER)" != 1 ] || \
-	  (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null)
+	@command -v chromium >/dev/null || command -v chromium-browser >/dev/null || [ "$(VERL_EXT_REQUIRE_BROWSER)" != 1 ] || \
+	  { [ "$$(id -u)" = 0 ] || { echo "make: the report's browser test needs chromium, and installing it with apt-get \
+	needs root: put chromium (or chromium-browser) on PATH, or run 'make test VERL_EXT_REQUIRE_BROWSER=0' to skip \
+	that test" >&2; exit 1; }; \
+	  apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 # SGLang 0.5.12 for the CPU tests of verl_ext's SGLang server: --no-deps (never its GPU stack or CUDA torch) plus the
 # light modules its token path imports. The tests fail rather than skip without it (VERL_EXT_REQUIRE_SGLANG=1).

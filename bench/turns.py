@@ -17,7 +17,7 @@ Every figure is read as a ratio to a baseline measured in the same run: the meth
 (verl_ext, the floor, verl's builder, then the next run), and each turn's time is the fastest of the runs, so a
 moment when other processes hold the CPU counts against no method in particular. Each timed run follows 8 untimed
 turns of the same method, and the set-up objects are frozen out of the garbage collector while methods are timed.
-The goals of issue 10 are checked at the end (flat: turns 60-64 at most 1.2x turns 2-6; at most 0.5x verl's
+The performance goals are checked at the end (flat: turns 60-64 at most 1.2x turns 2-6; at most 0.5x verl's
 builder; at most 2x the floor from 200 tokens; the check at most 1x one render). Prints the tables, writes
 build/bench/turns.{md,json} and the growth curves build/bench/turns.png.
 Usage: ``python bench/turns.py [--turns 256] [--reps 3] [--out build/bench]``.
@@ -495,7 +495,7 @@ def render_table(results: Sequence[dict[str, Any]], turns: int, reps: int, notes
             f"| {r['hf_render_s'] * 1000:,.1f} | {r['render_s'] * 1000:,.1f} | {r['check_cpu_s'] * 1000:,.1f} "
             f"| {r['render_cpu_s'] * 1000:,.1f} | {r['learn_ms']:,.1f} |"
         )
-    lines += ["", "Goals (issue 10):", "", *goal_lines(results)]
+    lines += ["", "Goals:", "", *goal_lines(results)]
     return "\n".join(lines)
 
 

@@ -22,7 +22,7 @@ def chromium() -> str:
     found = shutil.which("chromium") or shutil.which("chromium-browser")
     if found:
         return found
-    if os.environ.get("VERL_EXT_REQUIRE_BROWSER"):
+    if os.environ.get("VERL_EXT_REQUIRE_BROWSER", "0") not in ("", "0"):  # `make test VERL_EXT_REQUIRE_BROWSER=0`
         pytest.fail("VERL_EXT_REQUIRE_BROWSER is set but chromium is not installed (apt-get install -y chromium)")
     pytest.skip("chromium is not installed (apt-get install -y chromium); set VERL_EXT_REQUIRE_BROWSER=1 to fail")
 

@@ -5,19 +5,30 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import TYPE_CHECKING
 
-from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
+from verl_ext.cli.options import check_output_file, renderer_from_args, stop_ids_from_args
 from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 
+if TYPE_CHECKING:
+    from verl_ext.plugin.tool_parser_fit import ParserFit
+
 
 def run_check_template(args: argparse.Namespace) -> int:
+    """Probe the template, print the audit (words or ``--json``), write ``--html``; exit code 1 when unsupported."""
+    if args.html:
+        check_output_file(args.html, "--html", example="audit.html")  # before the probe, so a wrong path costs nothing
     renderer = renderer_from_args(args.tokenizer_dir, args)
     profile = probe_template(renderer, stop_ids_from_args(renderer, args.stop))
+    parsers = parser_fit(renderer, profile)
     if args.json:
-        print(json.dumps(profile.to_dict(), indent=2, default=str))
+        data = profile.to_dict()
+        if parsers is not None:
+            data["verl_tool_parsers"] = parsers.to_dict()
+        print(json.dumps(data, indent=2, default=str))
     else:
-        print(format_profile(renderer, profile, source=args.chat_template or args.tokenizer_dir))
+        print(format_profile(renderer, profile, source=args.chat_template or args.tokenizer_dir, parsers=parsers))
     if args.html:
         from verl_ext.check.record import HeaderProfile
         from verl_ext.report.audit import audit_view
@@ -25,18 +36,35 @@ def run_check_template(args: argparse.Namespace) -> int:
         from verl_ext.report.html import render
 
         audit = audit_view(HeaderProfile.of(profile), renderer.decode, source=args.chat_template or args.tokenizer_dir)
-        out = write_html(args.html, render("audit_page.html.j2", audit=audit))
+        # the audit section is the report's own; what only a live tokenizer can tell goes in a section of its own
+        parser_line = parsers.summary() if parsers is not None else None
+        out = write_html(args.html, render("audit_page.html.j2", audit=audit, tool_parsers=parser_line))
         # stderr, so that --json output on stdout stays one JSON object
         print(f"wrote {out}", file=sys.stderr)
     return 1 if profile.verdict is Verdict.UNSUPPORTED else 0
+
+
+def parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserFit | None:
+    """Which of verl's tool parsers reads the template's tool calls; None for a template rollouts cannot use (its
+    verdict says why) or that cannot take a tool message at all."""
+    if profile.verdict is Verdict.UNSUPPORTED or "tool" in profile.unsupported_roles:
+        return None
+    from verl_ext.plugin.tool_parser_fit import tool_parser_fit  # imports verl (and torch): only when needed
+
+    return tool_parser_fit(renderer, profile)
 
 
 def _tok(renderer: ChatRenderer, ids: tuple[int, ...]) -> str:
     return repr(renderer.decode(ids)) if ids else "(nothing)"
 
 
-def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str) -> str:
-    lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}", ""]
+def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str, parsers: ParserFit | None = None) -> str:
+    """The audit as ``verl-ext check-template`` prints it: verdict (and the verl tool parser that reads the
+    template's calls), stop ids, boundaries, conventions, then every reason."""
+    lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}"]
+    if parsers is not None:
+        lines.append(f"verl tool parser: {parsers.summary()}")
+    lines.append("")
     lines.append("stop ids an engine may end a turn on:")
     aliases = p.alias_id_set
     for s in p.stop_ids:

@@ -10,6 +10,7 @@ from verl_ext.demo.run import run_demo, shown
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    """``verl-ext demo``: run the CPU GRPO demo; exit code 1 when any step had an engine-view failure."""
     if args.steps < 1:
         raise OptionsError(f"--steps must be at least 1, got {args.steps}")
     print(

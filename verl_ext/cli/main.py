@@ -16,6 +16,7 @@ from verl_ext import __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``verl-ext`` argument parser: check-template, replay, report, demo."""
     parser = argparse.ArgumentParser(prog="verl-ext", description=__doc__)
     parser.add_argument("--version", action="version", version=f"verl-ext {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -104,6 +105,7 @@ def _stdout_closed() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``verl-ext`` with ``argv``; returns the exit code (2 with one line on stderr for a user error)."""
     args = build_parser().parse_args(argv)
     from verl_ext.core.errors import VerlExtError
 

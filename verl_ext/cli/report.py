@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from verl_ext.core.errors import MissingFileError, OptionsError
+from verl_ext.cli.options import check_output_file
+from verl_ext.core.errors import OptionsError
 from verl_ext.core.rendering import ChatRenderer, load_renderer
 from verl_ext.report import build_report, write_html
 from verl_ext.report.load import Records, load_records
@@ -32,9 +33,7 @@ def _renderer(args: argparse.Namespace, records: Records) -> ChatRenderer:
 def run_report(args: argparse.Namespace) -> int:
     if args.examples < 0:
         raise OptionsError(f"--examples must be 0 or more, got {args.examples}")
-    folder = Path(args.output).parent
-    if not folder.is_dir():  # before the slow part, so a typo costs nothing
-        raise MissingFileError(f"cannot write {args.output!r}: folder {str(folder)!r} does not exist; create it first")
+    check_output_file(args.output, "-o")  # before the slow part, so a typo costs nothing
     records = load_records(args.records)
     renderer = _renderer(args, records)
     report = build_report(records, renderer.decode, examples=args.examples, vocab_size=renderer.vocab_size)

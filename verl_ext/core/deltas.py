@@ -32,6 +32,7 @@ class ContextDelta:
 
     @property
     def boundary_ids(self) -> tuple[int, ...]:
+        """Every id the delta appends: close, trailer, then the context."""
         return self.close_ids + self.trailer_ids + self.context_ids
 
 

@@ -76,6 +76,8 @@ def _field_alternative(j: int, n: int) -> str:
 
 @dataclass(frozen=True)
 class DeltaResult:
+    """A context delta and, when it came from a render instead of the learned pieces, why."""
+
     delta: ContextDelta
     rendered_because: str | None = None  # why the learned pieces were not used (None: learned, or first use)
 
@@ -97,6 +99,8 @@ class _Shape:
 
 @dataclass
 class DeltaStats:
+    """How the appends of a process were built: from learned pieces, from renders, verified."""
+
     learned: int = 0  # appends built from learned pieces
     rendered: int = 0  # appends taken from a render (first uses, fallbacks)
     verified: int = 0  # learned appends also rendered and compared

@@ -19,6 +19,7 @@ from typing import Any
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.rendering import ChatRenderer, Message, round_trip_failures
 from verl_ext.core.tool_call_shape import RENDERS_NAME, RENDERS_NOTHING, ToolCallShape, derive_tool_call_shape
+from verl_ext.core.unsupported_causes import explain_unsupported
 
 APPEND_ROLES: tuple[str, ...] = ("tool", "user", "system")
 END = "end"  # pseudo-role: the assistant turn is the last message of the conversation
@@ -649,9 +650,11 @@ class _Prober:
     ) -> None:
         for role in ("tool", "user"):
             if role in unsupported:
-                self.note(Severity.UNSUPPORTED, f"cannot append a {role} message: {unsupported[role]}")
+                why = explain_unsupported(self, role, unsupported[role])
+                self.note(Severity.UNSUPPORTED, f"cannot append a {role} message: {why}")
         if END in unsupported:
-            self.note(Severity.UNSUPPORTED, f"cannot place the engine's output: {unsupported[END]}")
+            why = explain_unsupported(self, END, unsupported[END])
+            self.note(Severity.UNSUPPORTED, f"cannot place the engine's output: {why}")
         if "system" in unsupported:
             self.note(Severity.NOTE, f"system messages cannot be appended mid-conversation: {unsupported['system']}")
         for b in boundaries:

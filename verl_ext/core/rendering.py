@@ -34,6 +34,7 @@ from verl_ext.core.text_cut import (
     text_cuts,
 )
 from verl_ext.core.tokenizer_files import (
+    check_token_ids,
     check_tokenizer_folder,
     explain_load_failure,
     read_template_file,
@@ -108,6 +109,7 @@ def load_renderer(
         tokenizer = load_tokenizer(path)
     except Exception as exc:  # transformers raises many types for a damaged file; each is traced to the file
         raise explain_load_failure(path, exc) from exc
+    check_token_ids(path, tokenizer)
     origin = str(chat_template_file) if chat_template_file is not None else template_origin(path)
     if template is None and isinstance(tokenizer.chat_template, str):
         refuse_unparsable(tokenizer.chat_template, origin)

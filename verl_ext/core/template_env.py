@@ -51,6 +51,8 @@ class FastSandbox(ImmutableSandboxedEnvironment):
     _safe: dict[tuple[type, str], bool]
 
     def getattr(self, obj: Any, attribute: str) -> Any:
+        """The stock sandbox's attribute lookup, with a dict's keys read directly (as the stock sandbox falls back
+        to)."""
         if type(obj) is dict and attribute not in _DICT_ATTRIBUTES:
             try:  # the stock sandbox's own fallback once getattr has failed
                 return obj[attribute]
@@ -59,6 +61,7 @@ class FastSandbox(ImmutableSandboxedEnvironment):
         return super().getattr(obj, attribute)
 
     def is_safe_attribute(self, obj: Any, attr: str, value: Any) -> bool:
+        """The stock sandbox's answer, cached per (type, attribute) for the types whose answer cannot change."""
         kind = type(obj)
         if kind not in _FIXED_TYPES:
             return super().is_safe_attribute(obj, attr, value)
@@ -71,6 +74,7 @@ class FastSandbox(ImmutableSandboxedEnvironment):
         return safe
 
     def is_safe_callable(self, obj: Any) -> bool:
+        """The stock sandbox's answer; a builtin method is always safe there."""
         # A builtin method can carry no ``unsafe_callable``/``alters_data`` mark: the stock answer is always True.
         return type(obj) is _BUILTIN_METHOD or super().is_safe_callable(obj)
 
@@ -139,6 +143,8 @@ class ChatTemplateRenderer:
         return not overridden and not _NAMED_PARAMETERS & self.kwargs.keys() and isinstance(self.chat_template, str)
 
     def render(self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool) -> str:
+        """The template's text for these messages: the fast render once verified against transformers', transformers'
+        own otherwise."""
         fits = self.enabled and messages and all(type(t) is dict for t in tools or ())
         if fits and self.verified:
             return self.render_fast(messages, tools, add_generation_prompt)
@@ -150,6 +156,7 @@ class ChatTemplateRenderer:
     def render_stock(
         self, messages: list[dict[str, Any]], tools: Sequence[Any] | None, add_generation_prompt: bool
     ) -> str:
+        """transformers' ``apply_chat_template(..., tokenize=False)`` with this renderer's kwargs."""
         return self.tokenizer.apply_chat_template(
             messages,
             tools=tools,
@@ -160,6 +167,7 @@ class ChatTemplateRenderer:
         )
 
     def render_fast(self, messages: list[dict[str, Any]], tools: list[Any] | None, add_generation_prompt: bool) -> str:
+        """The same render through the faster sandbox overlay (raises ``LookupError`` where it cannot apply)."""
         template = fast_template(self.tokenizer.get_chat_template(self.chat_template, tools))
         if template is None:
             raise LookupError("transformers' template environment is not ImmutableSandboxedEnvironment")

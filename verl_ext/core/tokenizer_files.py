@@ -43,14 +43,36 @@ def _read_text(file: Path, not_utf8_fix: str, empty: str | None = None) -> str:
     """``file``'s text, decoded as UTF-8 with one leading byte-order mark dropped (as ``utf-8-sig`` does), the one
     place these files are decoded. Raises ``TemplateError`` ``FILE: not UTF-8 (byte N); <not_utf8_fix>``, N counted
     in the file, BOM included; and, when ``empty`` is given, ``FILE: <empty>`` for a file of only whitespace."""
+    data = file.read_bytes()
+    pointer = lfs_pointer_size(data)
+    if pointer is not None:
+        raise TemplateError(
+            f"{file}: a Git LFS pointer, not the file itself (the {pointer} it stands for was never downloaded); "
+            f"run `git lfs pull` in the model's clone, or download {file.name} itself"
+        )
     try:
         # decoded as plain UTF-8, not utf-8-sig, whose error offsets skip the BOM's three bytes
-        text = file.read_bytes().decode("utf-8").removeprefix("\ufeff")
+        text = data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:
         raise TemplateError(f"{file}: not UTF-8 (byte {err.start + 1}); {not_utf8_fix}") from None
     if empty is not None and not text.strip():
         raise TemplateError(f"{file}: {empty}")
     return text
+
+
+_LFS_POINTER = b"version https://git-lfs.github.com/spec/"
+
+
+def lfs_pointer_size(data: bytes) -> str | None:
+    """``"N bytes"`` (or ``"file"`` where no size is written) when ``data`` is a Git LFS pointer file: what a clone
+    without ``git lfs`` holds in place of a large file. None for any other content."""
+    if not data.startswith(_LFS_POINTER) or len(data) > 1024:  # pointers are a few lines, never more
+        return None
+    for line in data.decode("ascii", "replace").splitlines():
+        key, _, value = line.partition(" ")
+        if key == "size" and value.strip().isdigit():
+            return f"{int(value):,} bytes"
+    return "file"
 
 
 def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
@@ -106,6 +128,57 @@ def check_tokenizer_folder(folder: str | os.PathLike[str]) -> Path:
         )
         _read_text(jinja, _SAVE_AS_UTF8, empty)
     return path
+
+
+# The token ids other files of the folder name, checked against the loaded vocabulary: (file, keys).
+_ID_KEYS = (
+    ("generation_config.json", ("eos_token_id", "bos_token_id", "pad_token_id")),
+    ("config.json", ("eos_token_id",)),
+)
+_SAME_MODEL = "the files come from different models: copy {name} from the model of tokenizer.json (or remove it)"
+
+
+def check_token_ids(folder: str | os.PathLike[str], tokenizer: Any) -> None:
+    """Refuse a loaded folder whose files name token ids its vocabulary does not have: an eos id of
+    generation_config.json or config.json past the vocabulary, or an added token of tokenizer_config.json that the
+    loaded tokenizer holds under another id. Such a folder mixes files of two models (transformers loads it, and
+    an engine would stop on an id no token has). Raises ``TemplateError`` naming the file, the key and the fix."""
+    path = Path(folder)
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    size = int(backend.get_vocab_size(with_added_tokens=True)) if backend is not None else len(tokenizer)
+    for name, keys in _ID_KEYS:
+        config = read_json_object(path / name) if (path / name).is_file() else {}
+        for key in keys:
+            value = config.get(key)
+            for token_id in value if isinstance(value, list) else [value]:
+                if _is_id(token_id) and token_id >= size:
+                    raise TemplateError(
+                        f"{path / name}: {key} {token_id} is past the vocabulary of tokenizer.json ({size:,} ids, "
+                        f"0-{size - 1}); {_SAME_MODEL.format(name=name)}"
+                    )
+    config_file = path / "tokenizer_config.json"
+    decoder = read_json_object(config_file).get("added_tokens_decoder") if config_file.is_file() else None
+    for key, token in (decoder or {}).items():
+        loaded = tokenizer.convert_tokens_to_ids(token["content"])
+        if loaded != int(key):
+            where = (
+                f"past the vocabulary of tokenizer.json ({size:,} ids)"
+                if int(key) >= size
+                else f"but the loaded tokenizer has it as id {loaded}"
+            )
+            raise TemplateError(
+                f"{config_file}: 'added_tokens_decoder' gives {token['content']!r} id {key}, {where}; "
+                "tokenizer_config.json and tokenizer.json come from different models: copy both again from the "
+                "model's repository"
+            )
+
+
+def template_variables(template: str) -> frozenset[str]:
+    """The variables a chat template reads from its caller (``messages``, ``tools``, ``enable_thinking`` ...):
+    the names it uses without setting them. A template kwarg not among them changes nothing."""
+    import jinja2.meta
+
+    return frozenset(jinja2.meta.find_undeclared_variables(_PARSER.parse(template)))
 
 
 def _not_a_readable_file(file: Path) -> str | None:

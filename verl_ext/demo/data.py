@@ -61,6 +61,7 @@ def write_dataset(out_dir: str | Path, n_train: int = 8, n_val: int = 2, seed: i
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Write the calculator dataset (train and validation parquet files) to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True)
     parser.add_argument("--train", type=int, default=8)

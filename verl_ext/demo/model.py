@@ -75,6 +75,7 @@ def build_tiny_qwen3(
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Save a tiny random model of the Qwen3 architecture with the real Qwen3 tokenizer to ``--out``."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tokenizer", required=True, help="folder of the real Qwen3 tokenizer")
     parser.add_argument("--out", required=True, help="output folder")

@@ -25,4 +25,5 @@ def contains_number(text: str, number: str) -> bool:
 def compute_score(
     data_source: str, solution_str: str, ground_truth: str, extra_info: dict[str, Any] | None = None, **kwargs: Any
 ) -> float:
+    """verl's reward function: 1.0 when the final answer contains the ground-truth number, else 0.0."""
     return 1.0 if contains_number(final_answer(solution_str), str(ground_truth)) else 0.0

@@ -324,6 +324,8 @@ class CPUGenerationServer:
         video_data: Any = None,
         **kwargs: Any,
     ) -> TokenOutput:
+        """One engine call: sample from ``prompt_ids`` on CPU with verl's sampling params (text only), returning the
+        ids, their logprobs when asked, the finish reason and the weights' step."""
         if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
             raise NotImplementedError("verl_ext_cpu serves text only")
         prompt_ids = [int(i) for i in prompt_ids]
@@ -350,6 +352,7 @@ class CPUGenerationServer:
         )
 
     async def update_weights(self, weights: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
+        """Load the trainer's weights into the model (between steps); returns how many tensors were loaded."""
         async with self.lock:
             loaded = load_weights(self.model, weights)
             self.weight_syncs += 1
@@ -364,38 +367,49 @@ class CPUGenerationServer:
         return loaded
 
     async def set_global_steps(self, global_steps: int) -> None:
+        """The trainer step the current weights belong to (reported with each output)."""
         self.global_steps = global_steps
 
     async def stats(self) -> dict[str, Any]:
+        """Weight syncs, the weights' step and the forced-call ids, for tests and logs."""
         return {"weight_syncs": self.weight_syncs, "global_steps": self.global_steps, "force_ids": len(self.force_ids)}
 
     # Lifecycle calls verl's replica/checkpoint manager forward to every server. Nothing to free on CPU: the model
     # stays resident, there is no KV cache between requests and a request cannot be interrupted mid-way.
     async def wake_up(self, tags: list[str] | None = None) -> None:
+        """Nothing to wake: the model stays resident on CPU."""
         return None
 
     async def sleep(self) -> None:
+        """Nothing to free: the model stays resident on CPU."""
         return None
 
     async def clear_kv_cache(self) -> None:
+        """No KV cache is kept between requests."""
         return None
 
     async def release_kv_cache(self) -> None:
+        """No KV cache is kept between requests."""
         return None
 
     async def resume_kv_cache(self) -> None:
+        """No KV cache is kept between requests."""
         return None
 
     async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict[str, Any]:
+        """Nothing to abort: a CPU request cannot be interrupted mid-way (reports none aborted)."""
         return {"aborted_count": 0, "request_ids": []}
 
     async def resume_generation(self) -> None:
+        """Nothing was paused."""
         return None
 
     async def start_profile(self, **kwargs: Any) -> None:
+        """No engine profiler on CPU."""
         return None
 
     async def stop_profile(self) -> None:
+        """No engine profiler on CPU."""
         return None
 
 
@@ -403,6 +417,8 @@ class CPURolloutReplica(RolloutReplica):
     """One CPU server per replica; only a world size of 1 (tp = dp = pp = 1) is supported."""
 
     async def launch_servers(self) -> None:
+        """Start the one CPU server actor (on the node of the replica's first worker); refuses parallel sizes above
+        1."""
         if self.world_size != 1:
             raise OptionsError(f"verl_ext_cpu: tensor/data/pipeline parallel sizes must be 1 (world {self.world_size})")
         node_id = None
@@ -457,12 +473,16 @@ class CPUServerAdapter(BaseRollout):
         return self._server
 
     async def resume(self, tags: list[str]) -> None:
+        """Nothing to resume: the CPU server never releases its model."""
         return None
 
     async def release(self) -> None:
+        """Nothing to release: the CPU server keeps its model."""
         return None
 
     async def update_weights(self, weights: Any, wire_format: str = "named_tensors", **kwargs: Any) -> None:
+        """Send the trainer's named tensors to the CPU server (the only wire format it takes; LoRA adapters must be
+        merged)."""
         if wire_format != "named_tensors":
             raise NotImplementedError(f"verl_ext_cpu: weight wire format {wire_format!r} is not supported")
         if kwargs.get("peft_config") is not None:

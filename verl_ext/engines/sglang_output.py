@@ -68,6 +68,7 @@ class EngineReport:
     complete: bool  # False: the output stops short of what the engine meant to return (abort, or ids cut)
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as a JSON-ready dict (one key per field)."""
         return asdict(self)
 
 

@@ -42,6 +42,9 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
         bootstrap_port: int | None = None,
         bootstrap_room: int | None = None,
     ) -> Any:
+        """verl's ``generate``, token-exact: one SGLang request built from the prompt ids, answered with the ids and
+        logprobs SGLang sampled and its finish reason (see ``token_output_fields``). Requests verl_ext does not change
+        (images, disaggregation, prompt logprobs, routing replay, LoRA adapters) go to verl's own ``generate``."""
         from sglang.srt.managers.io_struct import GenerateReqInput
         from verl.workers.rollout.replica import TokenOutput
 

@@ -40,6 +40,9 @@ class _RecordingServer:
 
 
 class AuditedToolAgentLoop(ToolAgentLoop):
+    """verl's stock ``tool_agent`` with the end-of-rollout check watching (``warn`` or ``off``, never ``strict``): the
+    loop is verl's, the engine calls are recorded and checked."""
+
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
@@ -55,6 +58,8 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         return await super()._handle_pending_state(agent_data, sampling_params)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
+        """Run verl's loop with its server manager recorded, then check the rollout it produced (the verdict goes into
+        the output's ``extra_fields``)."""
         recorder = _RecordingServer(self.server_manager)
         self.server_manager = recorder
         try:

@@ -60,78 +60,97 @@ class CPUDeviceModule(types.ModuleType):
 
     @staticmethod
     def is_available() -> bool:
+        """``torch.cuda.is_available`` for the CPU: always True."""
         return True
 
     @staticmethod
     def device_count() -> int:
+        """One device: the process's CPU."""
         return 1
 
     @staticmethod
     def current_device() -> str:
+        """The torch device name ``"cpu"`` (an int would mean ``cuda:<int>`` to verl)."""
         return "cpu"
 
     @staticmethod
     def set_device(device: Any) -> None:
+        """Nothing to select on CPU."""
         return None
 
     @staticmethod
     def get_device_name(device: Any = None) -> str:
+        """``"cpu"``, as verl logs it."""
         return "cpu"
 
     @staticmethod
     def synchronize(device: Any = None) -> None:
+        """Nothing to wait for: CPU ops are synchronous."""
         return None
 
     @staticmethod
     def empty_cache() -> None:
+        """No device cache on CPU."""
         return None
 
     @staticmethod
     def ipc_collect() -> None:
+        """No CUDA IPC handles on CPU."""
         return None
 
     @staticmethod
     def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+        """No device memory pool to cap on CPU."""
         return None
 
     @staticmethod
     def mem_get_info(device: Any = None) -> tuple[int, int]:
+        """(available, total) system memory in bytes, as ``torch.cuda.mem_get_info`` gives a GPU's."""
         return _available_memory_bytes(), _total_memory_bytes()
 
     @staticmethod
     def memory_allocated(device: Any = None) -> int:
+        """0: there is no device allocator to count on CPU."""
         return 0
 
     @staticmethod
     def memory_reserved(device: Any = None) -> int:
+        """0: there is no device allocator to count on CPU."""
         return 0
 
     @staticmethod
     def max_memory_allocated(device: Any = None) -> int:
+        """0: there is no device allocator to count on CPU."""
         return 0
 
     @staticmethod
     def max_memory_reserved(device: Any = None) -> int:
+        """0: there is no device allocator to count on CPU."""
         return 0
 
     @staticmethod
     def reset_peak_memory_stats(device: Any = None) -> None:
+        """No device peaks to reset on CPU."""
         return None
 
     @staticmethod
     def get_rng_state(device: Any = None) -> torch.Tensor:
+        """The CPU generator's state (torch's default generator)."""
         return torch.get_rng_state()
 
     @staticmethod
     def set_rng_state(state: torch.Tensor, device: Any = None) -> None:
+        """Restore the CPU generator's state."""
         torch.set_rng_state(state)
 
     @staticmethod
     def manual_seed(seed: int) -> None:
+        """Seed torch's CPU generator."""
         torch.manual_seed(seed)
 
     @staticmethod
     def manual_seed_all(seed: int) -> None:
+        """Seed torch's CPU generator (there is one device)."""
         torch.manual_seed(seed)
 
 
@@ -143,79 +162,102 @@ class CPUPlatform(PlatformBase):
 
     @property
     def device_name(self) -> str:
+        """The torch device type verl moves tensors to: ``"cpu"``."""
         return "cpu"
 
     @property
     def vendor_name(self) -> str:
+        """The vendor verl logs: ``"cpu"``."""
         return "cpu"
 
     @property
     def device_module(self) -> types.ModuleType:
+        """The ``torch.cuda``-like module verl calls (``CPUDeviceModule``)."""
         return _DEVICE_MODULE
 
     def is_available(self) -> bool:
+        """The CPU is always there."""
         return True
 
     def is_platform_available(self, use_smi_check: bool = False) -> bool:
+        """False: the platform is chosen only by ``VERL_PLATFORM=cpu``, never detected."""
         # Never auto-detected: only VERL_PLATFORM=cpu selects it, so a GPU host is never silently run on CPU.
         return False
 
     def current_device(self) -> str:  # type: ignore[override]
+        """The torch device ``"cpu"`` (verl passes it to ``Tensor.to``)."""
         # verl passes this to Tensor.to / torch.device; an int would mean cuda:<int>.
         return "cpu"
 
     def device_count(self) -> int:
+        """One device: the process's CPU."""
         return 1
 
     def set_device(self, device_index: Any) -> None:
+        """Nothing to select on CPU."""
         return None
 
     def synchronize(self, device_index: Any = None) -> None:
+        """Nothing to wait for: CPU ops are synchronous."""
         return None
 
     def manual_seed(self, seed: int) -> None:
+        """Seed torch's CPU generator."""
         torch.manual_seed(seed)
 
     def manual_seed_all(self, seed: int) -> None:
+        """Seed torch's CPU generator (there is one device)."""
         torch.manual_seed(seed)
 
     def set_allocator_settings(self, settings: str) -> None:
+        """No device allocator to configure on CPU."""
         return None
 
     def empty_cache(self) -> None:
+        """No device cache on CPU."""
         return None
 
     def get_device_capability(self, device_index: int = 0) -> tuple[int | None, int | None]:
+        """(None, None): a CPU has no compute capability."""
         return None, None
 
     def communication_backend_name(self) -> str:
+        """Collectives run on gloo."""
         return "gloo"
 
     def visible_devices_envvar(self) -> str:
+        """``CUDA_VISIBLE_DEVICES``: what Ray sets for the fake GPUs verl's pools ask for."""
         # Ray sets CUDA_VISIBLE_DEVICES for the fake GPUs the pools ask for; verl's workers read it back.
         return "CUDA_VISIBLE_DEVICES"
 
     @contextlib.contextmanager
     def nvtx_range(self, msg: str) -> Iterator[None]:
+        """No profiler ranges on CPU: a context that does nothing."""
         yield
 
     def profiler_start(self) -> None:
+        """No device profiler on CPU."""
         return None
 
     def profiler_stop(self) -> None:
+        """No device profiler on CPU."""
         return None
 
     def ray_resource_name(self) -> str:
+        """``"GPU"``: verl's pools always request accelerators; on CPU they are Ray's fake GPUs."""
         # verl's resource pools always request accelerators; on CPU they are Ray's fake "GPU" resources.
         return "GPU"
 
     def ray_noset_envvars(self) -> list[str]:
+        """No environment variable tells Ray to leave device visibility alone on CPU."""
         return []
 
     def is_ipc_supported(self) -> bool:
+        """False: no CUDA IPC between CPU processes (weights go by value)."""
         return False
 
     def cudart(self) -> Any:
+        """None: there is no CUDA runtime."""
         return None
 
 

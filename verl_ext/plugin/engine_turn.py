@@ -31,6 +31,9 @@ class RolloutInterrupted(VerlExtError, RuntimeError):
 
 @dataclass
 class TurnOutput:
+    """One assistant turn's engine output: ids, logprobs and stop reason over all its engine calls (a turn may take
+    several)."""
+
     token_ids: list[int]
     log_probs: list[float] | None
     stop_reason: str | None

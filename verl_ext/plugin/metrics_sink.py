@@ -31,6 +31,7 @@ class MetricsCollector:
         self._lock = threading.Lock()
 
     def add(self, result: CheckResult | None, counters: Mapping[str, float]) -> None:
+        """Keep one rollout's check result (None when skipped) and add its counters; thread-safe."""
         with self._lock:
             if result is not None:
                 self._results.append(result)

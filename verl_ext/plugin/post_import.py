@@ -16,6 +16,7 @@ from typing import Any
 
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> None:
+    """Call ``callback(module)`` once the module ``name`` is imported (now, when it already is)."""
     if name in sys.modules:
         callback(sys.modules[name])
         return

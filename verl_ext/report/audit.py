@@ -28,12 +28,16 @@ def as_typed(folder: str) -> str:
 
 @dataclass(frozen=True)
 class Tokens:
+    """Ids and their decoded text, as the audit shows them."""
+
     ids: tuple[int, ...]
     text: str  # repr of the decoded ids, as ``verl-ext check-template`` prints them
 
 
 @dataclass(frozen=True)
 class BoundaryRow:
+    """One row of the audit's boundary table: what the template renders after an assistant turn."""
+
     where: str
     close: Tokens
     repair: Tokens
@@ -44,6 +48,8 @@ class BoundaryRow:
 
 @dataclass(frozen=True)
 class Audit:
+    """The template audit as the report's page shows it."""
+
     source: str
     fingerprint: str
     verdict: str

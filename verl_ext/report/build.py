@@ -23,6 +23,8 @@ from verl_ext.report.verdict import verdict
 
 @dataclass(frozen=True)
 class Report:
+    """The page, its summary and the warnings met while building it."""
+
     html: str
     summary: Summary
     warnings: tuple[str, ...]
@@ -84,6 +86,7 @@ def build_report(
 
 
 def write_html(path: str | os.PathLike[str], html: str) -> Path:
+    """Write the page to ``path``; the folder must exist (an error names it otherwise)."""
     out = Path(path)
     if not out.parent.is_dir():
         raise MissingFileError(f"cannot write {str(out)!r}: folder {str(out.parent)!r} does not exist; create it first")

@@ -12,6 +12,8 @@ from verl_ext.report.tokens import Decode, Item, token_view
 
 @dataclass(frozen=True)
 class Example:
+    """One ranked rollout shown token by token."""
+
     rank: int
     label: str
     step: int
@@ -22,14 +24,17 @@ class Example:
 
     @property
     def anchor(self) -> str:
+        """The page anchor of this example."""
         return f"example-{self.rank}"
 
     @property
     def findings(self) -> tuple[RecordedFinding, ...]:
+        """The check's findings on this rollout."""
         return self.check.findings
 
     @property
     def engine_failures(self) -> tuple[RecordedFailure, ...]:
+        """The engine-view failures of this rollout."""
         return self.check.engine_failures
 
 

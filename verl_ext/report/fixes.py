@@ -74,8 +74,10 @@ GENERIC_FIX = "No fix is recorded for this yet: open the rollout below and read 
 
 
 def cause_fix(cause: str) -> str:
+    """The one-line fix for a finding's cause (a generic one for a cause this version does not know)."""
     return CAUSE_FIXES.get(cause, GENERIC_FIX)
 
 
 def engine_fix(kind: str) -> str:
+    """The one-line fix for an engine-view failure kind (a generic one for a kind this version does not know)."""
     return ENGINE_FIXES.get(kind, GENERIC_FIX)

@@ -12,6 +12,7 @@ from verl_ext.report.text import pieces, shorten
 
 
 def environment() -> jinja2.Environment:
+    """The report's Jinja environment: its templates, autoescape on, undefined names an error."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("verl_ext.report", "templates"),
         autoescape=True,  # every record text is untrusted: tool output can hold HTML and special tokens
@@ -42,4 +43,5 @@ def short_ids(ids: list[int], limit: int = 24) -> str:
 
 
 def render(template: str, **context: Any) -> str:
+    """One template of the report rendered with ``context``."""
     return environment().get_template(template).render(**context)

@@ -13,6 +13,8 @@ LIST_LIMIT = 2000  # rows in the page; the rest are counted, worst first kept
 
 @dataclass(frozen=True)
 class RolloutRow:
+    """One rollout in the report's table of every rollout."""
+
     label: str
     step: int
     engine_failures: tuple[str, ...]  # failure kinds
@@ -36,6 +38,7 @@ class RolloutRow:
 
     @property
     def status(self) -> str:
+        """``bad`` (engine failure or defect), ``warn`` (lost sampled tokens or a skipped check) or ``good``."""
         if self.engine_failures:
             return "bad"
         return "bad" if self.defect_causes else ("warn" if self.lost_sampled_tokens or self.skipped else "good")

@@ -24,11 +24,14 @@ class RolloutRef:
 
     @property
     def label(self) -> str:
+        """``FILE #N``: how the page names the rollout."""
         return f"{Path(self.file).name} #{self.index}"
 
 
 @dataclass(frozen=True)
 class Records:
+    """Record files read: their names, the distinct template profiles of their headers, every rollout."""
+
     files: tuple[str, ...]
     profiles: tuple[HeaderProfile, ...]  # distinct template profiles from the headers, by fingerprint
     rollouts: tuple[RolloutRef, ...]

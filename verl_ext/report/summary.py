@@ -16,6 +16,8 @@ from verl_ext.report.load import RolloutRef
 
 @dataclass(frozen=True)
 class CauseRow:
+    """One cause's counts over the records."""
+
     cause: str
     allowed_by_design: bool
     allowed: int  # findings the policy allowed
@@ -24,6 +26,7 @@ class CauseRow:
 
     @property
     def total(self) -> int:
+        """Findings of this cause, allowed or not."""
         return self.allowed + self.defects
 
     @property
@@ -34,6 +37,8 @@ class CauseRow:
 
 @dataclass(frozen=True)
 class Summary:
+    """The counts the page's summary, plots and verdict are drawn from."""
+
     rollouts: int
     steps: tuple[int, ...]
     engine_failures: int
@@ -61,14 +66,17 @@ class Summary:
 
     @property
     def defect_rate(self) -> float:
+        """Share of rollouts with an engine failure or a defect (0 when there are none)."""
         return self.defect_rollouts / self.rollouts if self.rollouts else 0.0
 
     @property
     def findings(self) -> int:
+        """Findings of every cause."""
         return sum(row.total for row in self.causes)
 
     @property
     def defects(self) -> int:
+        """Findings counted as defects."""
         return sum(row.defects for row in self.causes)
 
     @property
@@ -77,6 +85,7 @@ class Summary:
         return max((n for counts in self.findings_by_turn.values() for n in counts.values()), default=1)
 
     def one_line(self) -> str:
+        """The summary as ``verl-ext report`` prints it."""
         return (
             f"{self.rollouts} rollouts over {len(self.steps)} steps, {self.engine_failures} engine-view failures, "
             f"{self.defect_rollouts} rollouts with defects ({self.defect_rate:.1%}), {self.findings} findings"
@@ -84,6 +93,7 @@ class Summary:
 
 
 def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
+    """The summary of these rollouts (counts per cause, step and turn)."""
     checks = [r.record.check for r in rollouts]
     steps = sorted({r.record.step for r in rollouts})
     step_index = {s: i for i, s in enumerate(steps)}

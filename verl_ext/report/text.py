@@ -9,6 +9,8 @@ _VISIBLE = {" ": "·", "\n": "↵\n", "\t": "⇥", "\r": "␍"}
 
 
 class Piece(NamedTuple):
+    """A run of decoded text, and whether it is whitespace (drawn visible in the page)."""
+
     text: str
     whitespace: bool
 

@@ -24,6 +24,8 @@ FOLD_EDGE = 8  # tokens always shown on each side of where a finding starts and 
 
 @dataclass(frozen=True)
 class Token:
+    """One token of a shown rollout, with what the page says about it."""
+
     position: int
     id: int
     kind: str
@@ -37,6 +39,7 @@ class Token:
 
     @property
     def title(self) -> str:
+        """The token's tooltip: position, id, kind, mask, turn, logprob and finding."""
         parts = [f"position {self.position}", f"id {self.id}", self.kind, f"mask {self.mask}"]
         if self.turn >= 0:
             parts.append(f"turn {self.turn}")
@@ -63,6 +66,8 @@ class Marker:
 
 @dataclass
 class Fold:
+    """A run of unremarkable tokens folded away (kept in the page, or left out when long)."""
+
     tokens: list[Token] = field(default_factory=list)  # empty when the run is left out of the page
     start: int = 0  # stream positions [start, end) of the folded run
     end: int = 0
@@ -70,10 +75,12 @@ class Fold:
 
     @property
     def count(self) -> int:
+        """How many tokens the fold hides."""
         return self.end - self.start
 
     @property
     def left_out(self) -> bool:
+        """Whether the folded tokens are left out of the page (too long to embed)."""
         return not self.tokens
 
 

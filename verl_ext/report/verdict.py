@@ -15,6 +15,8 @@ from verl_ext.report.summary import Summary
 
 @dataclass(frozen=True)
 class Action:
+    """One line of the page's verdict: what happened, its fix and where the fix is explained."""
+
     level: str  # "bad" | "warn" | "info"
     text: str  # what happened, with counts
     fix: str  # the one-line fix
@@ -23,6 +25,8 @@ class Action:
 
 @dataclass(frozen=True)
 class Verdict:
+    """The page's verdict: its level, headline and actions."""
+
     level: str  # "bad" | "warn" | "good"
     headline: str
     actions: tuple[Action, ...]
@@ -33,6 +37,7 @@ def _n(count: int, noun: str) -> str:
 
 
 def verdict(s: Summary) -> Verdict:
+    """The verdict the summary adds up to: engine failures first, then defects, lost tokens and skipped checks."""
     actions: list[Action] = []
     for kind, n in s.engine_failure_kinds.items():
         actions.append(

@@ -1,0 +1,101 @@
+"""What a newcomer reads first says the truth and nothing internal: no paths of the build machine, no issue numbers or
+notes about who else ran jobs, no package extra pip cannot resolve, the product before the benchmark tables, and a
+way to run the tests without root."""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import shutil
+from importlib.metadata import PackageNotFoundError, requires, version
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+
+# Absolute paths of one machine (an example path in a command is written relative, e.g. build/records).
+MACHINE_PATH = re.compile(r"(?<![\w.~])/(?:work|tmp|root|home|Users|opt|mnt|scratch)/")
+# Internal context: the project's own issue numbers, its other jobs. Upstream references such as
+# huggingface/transformers#45488 name a public thread and stay.
+INTERNAL = re.compile(r"(?i)\bissues? \d+|\bissue's\b|(?<![\w/])#\d+|other agents|agents' jobs")
+
+
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: str(p.relative_to(REPO)))
+def test_docs_name_no_machine_paths_and_no_internal_context(doc):
+    found = []
+    for n, line in enumerate(doc.read_text(encoding="utf-8").splitlines(), 1):
+        for pattern in (MACHINE_PATH, INTERNAL):
+            found += [f"{doc.name}:{n}: {m.group(0)!r} in {line.strip()[:100]!r}" for m in pattern.finditer(line)]
+    assert not found, "\n".join(found)
+
+
+def test_every_extra_of_setup_py_resolves():
+    """Each extra's requirements are installed in the test environment (`make test` installs `.[test]`), so pip
+    resolves them together with verl; an extra that cannot resolve (sglang 0.5.12 beside verl 0.9.1) is not offered."""
+    tree = ast.parse((REPO / "setup.py").read_text(encoding="utf-8"))
+    setup_call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
+    extras = ast.literal_eval(next(k.value for k in setup_call.keywords if k.arg == "extras_require"))
+    assert extras, "setup.py has no extras_require"
+    for extra, requirements in extras.items():
+        for text in requirements:
+            unmet = _unmet(Requirement(text))
+            assert not unmet, f"extra {extra!r}: {text} does not resolve beside verl_ext's requirements: {unmet}"
+
+
+def _unmet(req: Requirement) -> list[str]:
+    """What of ``req`` and of its own requirements (one level down) the installed environment does not satisfy."""
+    try:
+        installed = version(req.name)
+    except PackageNotFoundError:
+        return [f"{req.name} is not installed"]
+    if not req.specifier.contains(installed, prereleases=True):
+        return [f"{req.name} {installed} is installed"]
+    unmet = []
+    for dep_text in requires(req.name) or []:
+        dep = Requirement(dep_text)
+        if dep.marker is not None and not dep.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            dep_installed = version(dep.name)
+        except PackageNotFoundError:
+            unmet.append(f"{req.name} needs {dep}, not installed")
+            continue
+        if not dep.specifier.contains(dep_installed, prereleases=True):
+            unmet.append(f"{req.name} needs {dep}, {dep.name} {dep_installed} is installed")
+    return unmet
+
+
+def test_the_readme_shows_the_product_before_the_figures():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    product = readme.index("## What it does")
+    tables = [m.start() for m in re.finditer(r"^\| tokenizer \|", readme, re.MULTILINE)]
+    assert all(t > product for t in tables), "a benchmark table comes before 'What it does'"
+    for heading in ("## Demo timing", "## Per-turn bookkeeping"):
+        assert heading not in readme[:product], f"{heading} comes before 'What it does'"
+    performance = (REPO / "docs" / "performance.md").read_text(encoding="utf-8")
+    assert "## Demo timing" in performance and "## Per-turn bookkeeping" in performance
+    assert "docs/performance.md" in readme
+
+
+def test_the_readme_says_how_to_run_the_tests_without_root():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert "needs root" in readme and "make test VERL_EXT_REQUIRE_BROWSER=0" in readme
+
+
+def test_the_browser_test_skips_when_told_not_to_require_it(monkeypatch, tmp_path):
+    """The non-root path the README states: VERL_EXT_REQUIRE_BROWSER=0 skips the browser test, =1 fails it."""
+    spec = importlib.util.spec_from_file_location("browser_test", REPO / "tests" / "report" / "test_report_browser.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(shutil, "which", lambda name: None)  # a machine without chromium
+    monkeypatch.setenv("VERL_EXT_REQUIRE_BROWSER", "0")
+    with pytest.raises(pytest.skip.Exception):
+        module.chromium()
+    monkeypatch.setenv("VERL_EXT_REQUIRE_BROWSER", "1")
+    with pytest.raises(pytest.fail.Exception):
+        module.chromium()

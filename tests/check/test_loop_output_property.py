@@ -30,12 +30,7 @@ CASES = [
         marks=pytest.mark.xfail(strict=True, reason="the pre-filled empty think block next to re-merged content"),
     ),
     pytest.param("qwen2.5", {}, id="qwen2.5"),
-    pytest.param(
-        "mistral-7b-v0.3",
-        {},
-        id="mistral",
-        marks=pytest.mark.xfail(strict=True, reason="the tool list the template moves before the last user message"),
-    ),
+    pytest.param("mistral-7b-v0.3", {}, id="mistral"),
 ]
 
 

@@ -53,7 +53,7 @@ def template_findings(
         # special tokens of it is listed apart, as allowed findings.
         native_ids, native = native, renderer.render(shaped, tools, add_generation_prompt=False, escape=True).ids
         check_deadline(deadline, "after rendering the conversation with special-token text escaped")
-    rules = _Rules(loc, profile, renderer, messages, stream, native, deadline)
+    rules = _Rules(loc, profile, renderer, messages, stream, native, deadline, tools)
     out: list[Finding] = []
     spans: list[tuple[int, int, int, int, int]] = []  # (i1, i2, j1, j2, segment)
     for (tag, i1, i2, j1, j2), seg in zip(rules.opcodes, rules.owners, strict=True):
@@ -111,8 +111,11 @@ class _Rules:
         stream: Sequence[int],
         rendered: Sequence[int],
         deadline: float | None = None,
+        tools: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         self.loc = loc
+        self.tools = tools
+        self.messages = messages
         self.profile = profile
         self.r = renderer
         self.stream = stream
@@ -232,7 +235,7 @@ class _Rules:
         """The text of a one-sided divergence (only in the stream, or only in the render) in the prompt or the context
         when the other side holds it elsewhere: a moved block, not a lost or an added one. In the context, a block
         one side holds more often than the other is duplicated, not moved. Short texts never count."""
-        if bool(ds) == bool(dr) or region not in ("prompt", "context"):
+        if bool(ds) == bool(dr) or region not in ("prompt", "context", "boundary"):
             return ""
         text = (ds or dr).strip()
         mine, other = (self._stream_text, self._rendered_text) if ds else (self._rendered_text, self._stream_text)
@@ -240,7 +243,27 @@ class _Rules:
         if len(text) < _MOVED_MIN_CHARS or not held:
             return ""
         # The first prompt is what the engine saw first: a block the template later renders elsewhere moved there.
-        return text if region == "prompt" or mine.count(text) <= held else ""
+        if region == "prompt" or mine.count(text) <= held:
+            return text
+        # The tool list a template writes before the last user message (Mistral): each user turn the engine saw had
+        # one before it, the final render has one. A copy of message content is duplicated, not moved.
+        return text if self._tool_list_block(text) else ""
+
+    def _tool_list_block(self, text: str) -> bool:
+        """``text`` is written by the template for the tool schemas: its render of the first message holds it with
+        the tools and not without them."""
+        with_tools, without = self._first_message_renders
+        return text in with_tools and text not in without
+
+    @functools.cached_property
+    def _first_message_renders(self) -> tuple[str, str]:
+        if not self.tools or not self.messages:
+            return "", ""
+        first = [dict(self.messages[0])]
+        try:
+            return self.r.render_text(first, self.tools), self.r.render_text(first, None)
+        except Exception:  # a template that cannot render its first message alone: no tool list known
+            return "", ""
 
     @functools.cached_property
     def _rendered_text(self) -> str:

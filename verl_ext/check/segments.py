@@ -136,13 +136,16 @@ def _find_gap(
     An empty gap is found where the cursor is. The match must end before ``window``."""
     if g1 == g2:
         return (g1, g2, cursor, cursor, True)
+    best: tuple[int, int, int, int, bool] | None = None
     for a in range(0, min(lead, g2 - g1 - 1) + 1):
         for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
             core = stream[g1 + a : g2 - b]
-            at = finder.find(core, cursor, window)
-            if at is not None:
-                return (g1 + a, g2 - b, at, at + len(core), True)
-    return None
+            at = finder.find(core, cursor, window if best is None else min(window, best[2] + a + len(core)))
+            # The earliest place wins (a gap repeated later, e.g. a final turn that renders the pre-fill, is not it);
+            # at one place, the least trimmed.
+            if at is not None and (best is None or at - a < best[2] - (best[0] - g1)):
+                best = (g1 + a, g2 - b, at, at + len(core), True)
+    return best
 
 
 def _find_prompt_end(

@@ -152,7 +152,7 @@ class _Rules:
         call = self.loc.calls[part.turn]
         s, e = call.output_start, call.output_end
         touches = s < d.i2 and d.i1 < e if d.i1 < d.i2 else s <= d.i1 <= e
-        if not touches and not (d.i1 < d.i2 <= s and self._in_prefill(d, s)):
+        if not touches and not (d.i1 <= d.i2 <= s and self._in_prefill(d, s)):
             return False  # entirely in the gap's edge next to the turn: the gap's
         lead = self.r.decode(self.stream[d.i1 : min(d.i2, call.output_start)]) if d.i1 < call.output_start else ""
         trail = self.r.decode(self.stream[max(d.i1, call.output_end) : d.i2]) if d.i2 > call.output_end else ""

@@ -631,6 +631,7 @@ class _Prober:
     def tool_call_arguments(self) -> str:
         spaced = '{"query":   "QXARG1" }'
         call = {**_assistant_tools(1, self.variants[0][1], self.shape), "tool_calls": [_tool_call(1, arguments=spaced)]}
+        call = self.shape.conform([call])[0]  # as every render gives it: parsed where the template takes objects only
         try:
             text, _ = self.render([*self.head, call], gen=False)
         except TemplateError:

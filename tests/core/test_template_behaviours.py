@@ -72,3 +72,74 @@ def test_replay_never_trains_a_double_encoded_call(name):
     t = replay(r, ReplayRecord.from_json(record))
     sampled = r.decode([i for i, m in zip(t.input_ids, t.loss_mask, strict=True) if m])
     assert '"parameters": {"expression": "1+1"}' in sampled and '\\"' not in sampled, sampled
+
+
+# -- a template that stamps today's date ---------------------------------------------------------------------------
+DATED = "meta-llama-Llama-3.2-3B-Instruct"  # "Today Date: " + strftime_now("%d %b %Y")
+YESTERDAY = "2026-11-25T23:59:59"
+
+
+def dated_rollout(r: ChatRenderer) -> Rollout:
+    final = {"role": "assistant", "content": "It is 2."}
+    user = {"role": "user", "content": "Thanks. And 2+2?"}
+    last = {"role": "assistant", "content": "4."}
+    return run(r, [Turn(r.encode("It is 2.<|eot_id|>"), final, [user]), Turn(r.encode("4.<|eot_id|>"), last)], PROMPT)
+
+
+def test_a_trajectory_pins_the_clock_its_template_reads():
+    r = template_renderer(DATED)
+    assert r.reads_clock and r.clock is None
+    ro = dated_rollout(r)
+    clock = ro.trajectory.clock
+    assert clock is not None and ro.trajectory.renderer.clock == clock
+    from datetime import datetime
+
+    stamp = datetime.fromisoformat(clock).strftime("%d %b %Y")
+    assert f"Today Date: {stamp}" in r.decode(ro.trajectory.input_ids)
+    # A template that reads no clock keeps the shared renderer (and its shared learned deltas).
+    plain = template_renderer("meta-llama-Llama-3.3-70B-Instruct")
+    assert (
+        not plain.reads_clock
+        and run(
+            plain, [Turn(plain.encode("Hi<|eot_id|>"), {"role": "assistant", "content": "Hi"})], PROMPT
+        ).trajectory.clock
+        is None
+    )
+
+
+def test_the_check_re_renders_with_the_rollouts_clock():
+    """A rollout made before midnight, checked after: the re-render reads the rollout's date, not today's."""
+    r = template_renderer(DATED)
+    ro = dated_rollout(r.with_clock(YESTERDAY))
+    assert "Today Date: 25 Nov 2026" in r.decode(ro.trajectory.input_ids)
+    checker = ConsistencyChecker(r, probe_template(r))
+    result = checker.check(
+        ro.calls, ro.sample(), ro.messages, TOOLS, template_view=True, template_clock=ro.trajectory.clock
+    )
+    assert result.ok and result.engine_ok and not result.defects, [(f.cause.value, f.detail) for f in result.defects]
+    # Re-rendered with today's date instead, the prompt differs: the very defect the recorded clock prevents.
+    stale = checker.check(ro.calls, ro.sample(), ro.messages, TOOLS, template_view=True)
+    assert stale.defects
+
+
+def test_the_record_keeps_the_clock_and_replay_renders_with_it():
+    from verl_ext.check.record import Rollout as RecordedRollout
+    from verl_ext.check.record import RolloutRecord
+    from verl_ext.core.replay import RecordError
+
+    r = template_renderer(DATED)
+    ro = dated_rollout(r.with_clock(YESTERDAY))
+    rollout = RecordedRollout.of(ro.calls, ro.sample(), ro.messages, TOOLS, template_clock=ro.trajectory.clock)
+    result = ConsistencyChecker(r, probe_template(r)).check_rollout(rollout, template_view=True)
+    assert result.ok and not result.defects
+    line = rollout.record(result).to_json()
+    assert line["template_clock"] == YESTERDAY
+    back = RolloutRecord.from_json(line)
+    assert back.template_clock == YESTERDAY and back.replay_record().template_clock == YESTERDAY
+    replayed = replay(r, back.replay_record())
+    assert list(replayed.input_ids) == list(ro.trajectory.input_ids)
+    # A record written before the field existed reads as "no clock"; a malformed clock names the field.
+    old = {k: v for k, v in line.items() if k != "template_clock"}
+    assert RolloutRecord.from_json(old).template_clock is None
+    with pytest.raises(RecordError, match="template_clock"):
+        ReplayRecord.from_json({"messages": PROMPT, "template_clock": "yesterday"})

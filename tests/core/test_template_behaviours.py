@@ -143,3 +143,43 @@ def test_the_record_keeps_the_clock_and_replay_renders_with_it():
     assert RolloutRecord.from_json(old).template_clock is None
     with pytest.raises(RecordError, match="template_clock"):
         ReplayRecord.from_json({"messages": PROMPT, "template_clock": "yesterday"})
+
+
+# -- a stop id the template writes in one branch only --------------------------------------------------------------
+def llama_folder(tmp_path, generation_config: bool) -> ChatRenderer:
+    """Llama 3.3's template over a saved tokenizer folder, with or without its generation_config.json."""
+    import json
+
+    from verl_ext.core.rendering import load_renderer
+
+    base = template_renderer("meta-llama-Llama-3.3-70B-Instruct")
+    folder = tmp_path / ("with-gc" if generation_config else "without-gc")
+    base.tokenizer.save_pretrained(folder)
+    if generation_config:
+        ids = [base.tokenizer.convert_tokens_to_ids(t) for t in ("<|eot_id|>", "<|eom_id|>")]
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": ids}))
+    template = tmp_path / "llama.jinja"
+    template.write_text(base.chat_template or "")
+    return load_renderer(folder, template)
+
+
+def test_a_branch_close_ends_the_turn_whatever_the_stop_source(tmp_path):
+    """Llama 3.3 writes <|eom_id|> instead of <|eot_id|> in its builtin-tool branch: a turn that stops on it is
+    closed (never <|eom_id|><|eot_id|>), the same with and without generation_config.json."""
+    streams = []
+    for generation_config in (True, False):
+        r = llama_folder(tmp_path, generation_config)
+        p = probe_template(r)
+        eom = r.tokenizer.convert_tokens_to_ids("<|eom_id|>")
+        assert eom in p.turn_end_id_set and eom not in p.alias_id_set
+        assert "template text" in next(s.sources for s in p.stop_ids if s.id == eom)
+        call_turn = {"role": "assistant", "content": "", "tool_calls": [openai_call({"expression": "1+1"})]}
+        out = r.encode('{"name": "calculator", "parameters": {"expression": "1+1"}}<|eom_id|>')
+        final = {"role": "assistant", "content": "It is 2."}
+        ro = run(r, [Turn(out, call_turn, [RESULT]), Turn(r.encode("It is 2.<|eot_id|>"), final)], PROMPT)
+        text = r.decode(ro.trajectory.input_ids)
+        assert "<|eom_id|><|start_header_id|>ipython" in text and "<|eom_id|><|eot_id|>" not in text, text
+        assert not [e for e in ro.trajectory.edits if e.kind.value == "synthetic_close"]
+        assert_clean(r, ro)
+        streams.append(list(ro.trajectory.input_ids))
+    assert streams[0] == streams[1]

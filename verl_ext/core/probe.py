@@ -567,12 +567,20 @@ class _Prober:
                 add(i, "end-of-text name")
         for i in self.extra_stop_ids:
             add(i, "user")
-        # A model's own end id (not a user stop such as </tool_call>) that the template writes in some branch is a
-        # turn end of the template's, not an alias (Llama 3.x <|eom_id|> after a builtin-tool call).
+        # A token the template writes instead of a close in another branch of the same choice is one of its turn
+        # ends, whatever the stop lists say (Llama 3.x: {% if builtin_tools %}<|eom_id|>{% else %}<|eot_id|>):
+        # an engine that stops on it has closed the turn, with or without generation_config.json.
         template = self.r.chat_template or ""
+        closes = {self.r.decode([i]) for b in boundaries for i in b.close_ids}
+        by_text = {self.r.decode([i]): i for i in self.r.control_ids}
+        for text in branch_alternatives(template, closes, set(by_text)):
+            add(by_text[text], "template text")
+        # A model's own end id (not a user stop such as </tool_call>) that the template writes in some branch is a
+        # turn end of the template's, not an alias.
         for i, src in sources.items():
             own_end = set(src) & {"eos_token", "generation_config", "end-of-text name"}
-            if own_end and "template close" not in src and i in self.r.special_ids and self.r.decode([i]) in template:
+            written = "template close" in src or "template text" in src
+            if own_end and not written and i in self.r.special_ids and self.r.decode([i]) in template:
                 src.append("template text")
         return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
 
@@ -694,6 +702,45 @@ class _Prober:
             self.note(Severity.REPAIR, "strips reasoning from earlier assistant turns; the rollout keeps it as sampled")
         if args == "re-serialized":
             self.note(Severity.REPAIR, "re-serializes tool-call arguments; the rollout keeps the sampled text")
+
+
+def branch_alternatives(template: str, closes: set[str], tokens: set[str]) -> set[str]:
+    """Tokens (of ``tokens``) the template writes in one branch of an ``if`` where another branch of it writes only
+    a close (of ``closes``): the branch's whole literal output is that one token. Such a token ends the turn in that
+    branch (Llama 3.x ``<|eom_id|>`` after a builtin-tool call, ``<|eot_id|>`` otherwise)."""
+    from jinja2 import nodes
+
+    from verl_ext.core.template_env import stock_environment_template
+
+    try:
+        tree = stock_environment_template(template).environment.parse(template)
+    except Exception:  # noqa: BLE001 - a template the probe renders parses; anything else has no branches to read
+        return set()
+    found: set[str] = set()
+    for node in tree.find_all(nodes.If):
+        branches = [node.body, *(e.body for e in node.elif_), node.else_]
+        written = [_literal_output(branch) for branch in branches]
+        if any(w in closes for w in written):
+            found |= {w for w in written if w in tokens and w not in closes}
+    return found
+
+
+def _literal_output(branch: Sequence[Any]) -> str:
+    """The text a branch writes when it holds nothing but literal output (``{{- "<|eom_id|>" }}``), else ""."""
+    from jinja2 import nodes
+
+    out = []
+    for node in branch:
+        if not isinstance(node, nodes.Output):
+            return ""
+        for part in node.nodes:
+            if isinstance(part, nodes.Const) and isinstance(part.value, str):
+                out.append(part.value)
+            elif isinstance(part, nodes.TemplateData):
+                out.append(part.data)
+            else:
+                return ""
+    return "".join(out).strip()
 
 
 def _stop_listing(stops: Sequence[StopId]) -> str:

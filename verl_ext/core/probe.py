@@ -479,7 +479,7 @@ class _Prober:
         DeepSeek's <｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>) and are the call's syntax, not the
         turn's end; a template whose call turn has its own close (GPT-OSS <|call|>) writes no text close there."""
         start, end = self.assistant_span(text, ids)
-        specials = [i for i in range(start, len(ids)) if ids[i] in self.r.special_ids]
+        specials = [i for i in range(start, len(ids)) if ids[i] in self.r.structural_ids]
         preferred = [i for i in specials if i < end and ids[i] in self.text_closes]
         if preferred:
             return preferred[0]
@@ -534,7 +534,7 @@ class _Prober:
         first, second = text.find("QXTOOL1"), text.find("QXTOOL2")
         between = text[first:second]
         self.examples["tool x2"] = text[text.find("QXARG2") :]
-        closes_between = sum(between.count(self.r.decode([s])) for s in self.r.special_ids if s in ids)
+        closes_between = sum(between.count(self.r.decode([s])) for s in self.r.structural_ids if s in ids)
         return closes_between == 0
 
     def parallel_tool_calls(self) -> tuple[bool, str]:
@@ -562,7 +562,7 @@ class _Prober:
         add(self.r.tokenizer.eos_token_id, "eos_token")
         for i in self.generation_config_eos:
             add(i, "generation_config")
-        for i in self.r.special_ids:
+        for i in self.r.structural_ids:
             if _END_OF_TEXT_NAME.search(self.r.decode([i])):
                 add(i, "end-of-text name")
         for i in self.extra_stop_ids:
@@ -580,7 +580,7 @@ class _Prober:
         for i, src in sources.items():
             own_end = set(src) & {"eos_token", "generation_config", "end-of-text name"}
             written = "template close" in src or "template text" in src
-            if own_end and not written and i in self.r.special_ids and self.r.decode([i]) in template:
+            if own_end and not written and i in self.r.structural_ids and self.r.decode([i]) in template:
                 src.append("template text")
         return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
 

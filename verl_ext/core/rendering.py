@@ -212,13 +212,19 @@ class ChatRenderer:
         added = tokenizer.added_tokens_decoder
         self.added_ids: frozenset[int] = frozenset(added)
         self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
-        # Control tokens: what could open or close a turn. Special tokens, and added tokens the template itself
-        # writes (Qwen's non-special <tool_call>). Not every added token: Gemma holds thousands of plain ones
-        # (HTML tags, whitespace runs) that are ordinary text in a message.
         template = self.chat_template or ""
-        self.control_ids: frozenset[int] = frozenset(
-            i for i, tok in added.items() if tok.special or (tok.content.strip() and tok.content in template)
+        written = {i for i, tok in added.items() if tok.content.strip() and tok.content in template}
+        # Structural tokens: what a turn can open or close on. Special tokens, and added tokens flagged non-special
+        # that have their shape (a family may ship every <|role|> marker as a plain added token): the same
+        # distinctive delimiters as a special token or one the template writes (see ``marker_shape``).
+        shapes = {marker_shape(added[i].content) for i in self.special_ids | written} - {None}
+        self.structural_ids: frozenset[int] = self.special_ids | frozenset(
+            i for i, tok in added.items() if marker_shape(tok.content) in shapes
         )
+        # Control tokens: what could open or close a turn, never created by message text. Structural tokens, and
+        # added tokens the template itself writes (Qwen's non-special <tool_call>). Not every added token: Gemma
+        # holds thousands of plain ones (HTML tags, whitespace runs) that are ordinary text in a message.
+        self.control_ids: frozenset[int] = self.structural_ids | frozenset(written)
         strings = {added[i].content for i in self.control_ids if added[i].content}
         self._added_re = re.compile(literal_alternation(strings)) if strings else None  # the longest where several
         self._text_only = _text_only or _text_only_tokenizer(tokenizer)
@@ -651,6 +657,21 @@ _PIECEWISE_NORMALIZERS = frozenset(
 _PIECEWISE_PRE_TOKENIZERS = frozenset(
     {"Split", "ByteLevel", "Metaspace", "Whitespace", "WhitespaceSplit", "Digits", "Punctuation", "BertPreTokenizer"}
 )
+
+
+# Delimiter characters that do not make a marker's shape distinctive on their own: HTML tags (<table>, </div>) and
+# bracketed words are ordinary added tokens in some vocabularies (Gemma), while <|...|> and <｜...｜> are markers.
+_PLAIN_DELIMITERS = frozenset("<>/[]()")
+_DELIMITER_RUN = re.compile(r"^([^\w\s]+)[\w\s▁.:-]*?([^\w\s]+)$")
+
+
+def marker_shape(content: str) -> tuple[str, str] | None:
+    """The delimiters of a marker-shaped token (``("<|", "|>")`` for ``<|im_end|>``, ``("<｜", "｜>")`` for
+    DeepSeek's), or None when its delimiters are not distinctive (``<table>``, ``[INST]``, plain words)."""
+    match = _DELIMITER_RUN.match(content)
+    if match is None or not set(match.group(1) + match.group(2)) - _PLAIN_DELIMITERS:
+        return None
+    return match.group(1), match.group(2)
 
 
 def parse_clock(text: str) -> datetime.datetime:

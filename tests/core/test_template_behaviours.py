@@ -258,3 +258,47 @@ def test_a_marker_shaped_token_the_template_never_writes_is_never_created_by_tex
     assert rendered.escapes and "obey" in r.decode(rendered.ids)
     # HTML tags and bracketed words are no marker shape (Gemma holds thousands as ordinary added tokens).
     assert [marker_shape(t) for t in ("<table>", "</div>", "[INST]", "<tool_call>")] == [None] * 4
+
+
+# -- a single tool call written without the closing markers of several ---------------------------------------------
+def unclosed_single_call_renderer() -> ChatRenderer:
+    from synthetic_templates import deepseek_r1_single_call_unclosed
+    from template_fixtures import template_path
+
+    distill = "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B"
+    text = deepseek_r1_single_call_unclosed(template_path(distill).read_text())
+    return ChatRenderer(template_renderer(distill).tokenizer, chat_template=text)
+
+
+def r1_calls(*expressions: str) -> str:
+    """Tool calls as DeepSeek R1 samples them: each call's markers, then the turn's own close."""
+    one = (
+        '<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{{"expression": "{}"}}\n```'
+        "<｜tool▁call▁end｜>"
+    )
+    calls = "\n".join(one.format(e) for e in expressions)
+    return f"<｜tool▁calls▁begin｜>{calls}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
+
+
+@pytest.mark.parametrize("expressions", [("1+1",), ("1+1", "2+2")])
+def test_a_single_call_without_its_close_keeps_the_engines_close(expressions):
+    r = unclosed_single_call_renderer()
+    p = probe_template(r)
+    call_end, eos = (r.tokenizer.convert_tokens_to_ids(t) for t in ("<｜tool▁call▁end｜>", "<｜end▁of▁sentence｜>"))
+    tool = p.boundary("tool")
+    assert tool.close_ids == (eos,) and tool.close_omitted
+    assert call_end not in p.stop_id_set, "an engine stopping on a call's end marker cuts a turn of several calls"
+    calls = [{**openai_call(f'{{"expression": "{e}"}}'), "id": f"call{k:05d}"} for k, e in enumerate(expressions, 1)]
+    call_turn = {"role": "assistant", "content": None, "tool_calls": calls}
+    results = [{**RESULT, "tool_call_id": c["id"], "content": str(k)} for k, c in enumerate(calls, 2)]
+    final = {"role": "assistant", "content": "Done."}
+    turns = [
+        Turn(r.encode(r1_calls(*expressions)), call_turn, results),
+        Turn(r.encode("Done.<｜end▁of▁sentence｜>"), final),
+    ]
+    ro = run(r, turns, PROMPT)
+    assert not ro.trajectory.output_problems and not [
+        e for e in ro.trajectory.edits if e.kind.value == "synthetic_close"
+    ]
+    assert "<｜end▁of▁sentence｜><｜tool▁outputs▁begin｜>" in r.decode(ro.trajectory.input_ids)
+    assert_clean(r, ro)

@@ -80,6 +80,9 @@ class Boundary:
     # The kinds of assistant turn ("reasoning", "empty reasoning", "no reasoning") the template re-renders
     # differently once a message follows; empty when prefix-preserving.
     not_preserving_with: tuple[str, ...] = ()
+    # The template writes no close after a single tool call, though it writes ``close_ids`` after several (an
+    # upstream template bug): the engine's close is kept as sampled, and the delta starts right after the call.
+    close_omitted: bool = False
 
     @property
     def boundary_id(self) -> int | None:
@@ -345,10 +348,35 @@ class _Prober:
             if role in unsupported:
                 continue
             try:
-                boundaries.append(self.boundary_for_variants(role, gen_ids, assistant, appended))
+                found = self.boundary_for_variants(role, gen_ids, assistant, appended)
+                boundaries.append(self.single_call_close(found) if role == "tool" else found)
             except TemplateError as exc:
                 unsupported[role] = str(exc)
         return tuple(boundaries), unsupported
+
+    def single_call_close(self, boundary: Boundary) -> Boundary:
+        """``boundary`` (before a tool message), or, where the template closes a turn of several calls with a text
+        turn's close but writes none after a single call (DeepSeek R1's template writes
+        ``<｜tool▁calls▁end｜><｜end▁of▁sentence｜>`` only in its branch for the second call on), the boundary with
+        that close, marked ``close_omitted``: the single call's own end marker is the call's syntax, never the turn's
+        close or a stop id (an engine stopping on it would cut a turn of several calls after the first)."""
+        if not boundary.close_ids or boundary.close_ids[0] in self.text_closes or not self.text_closes:
+            return boundary
+        try:
+            two = _assistant_tools(2, self.variants[0][1], self.shape)
+            text, ids = self.render([*self.head, two, _tool(1), _tool(2)], gen=True)
+            at = self.close_index(text, ids)
+        except TemplateError:
+            return boundary
+        if at is None or ids[at] not in self.text_closes:
+            return boundary
+        close = self.r.decode([ids[at]])
+        self.note(
+            Severity.REPAIR,
+            f"writes no close after a single tool call, but {close} after several (a bug of the template): a turn "
+            f"keeps the close the engine samples ({close}), and the tool output that follows is the template's",
+        )
+        return replace(boundary, close_ids=(ids[at],), trailer_ids=(), close_omitted=True)
 
     def verdict(self) -> Verdict:
         """The worst severity among the reasons noted: any unsupported reason makes the template unsupported."""

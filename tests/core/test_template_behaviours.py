@@ -273,8 +273,7 @@ def unclosed_single_call_renderer() -> ChatRenderer:
 def r1_calls(*expressions: str) -> str:
     """Tool calls as DeepSeek R1 samples them: each call's markers, then the turn's own close."""
     one = (
-        '<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{{"expression": "{}"}}\n```'
-        "<｜tool▁call▁end｜>"
+        '<｜tool▁call▁begin｜>function<｜tool▁sep｜>calculator\n```json\n{{"expression": "{}"}}\n```<｜tool▁call▁end｜>'
     )
     calls = "\n".join(one.format(e) for e in expressions)
     return f"<｜tool▁calls▁begin｜>{calls}<｜tool▁calls▁end｜><｜end▁of▁sentence｜>"
@@ -302,3 +301,33 @@ def test_a_single_call_without_its_close_keeps_the_engines_close(expressions):
     ]
     assert "<｜end▁of▁sentence｜><｜tool▁outputs▁begin｜>" in r.decode(ro.trajectory.input_ids)
     assert_clean(r, ro)
+
+
+# -- a system message appended with a tool result on a template that hoists system messages ------------------------
+HOISTING = ("deepseek-ai-DeepSeek-V3.1", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B")
+
+
+@pytest.mark.parametrize("name", HOISTING)
+def test_a_hoisted_system_message_is_refused_with_a_tool_result_never_dropped(name):
+    """The template renders a system message at the top: appended mid-rollout, alone or with a tool result (either
+    order, with or without a system prompt, served by learned deltas or rendered), its text would never reach the
+    engine. The append is refused naming the role and why; the stream is unchanged and the tool result alone goes
+    on."""
+    from verl_ext.core.errors import TemplateError
+    from verl_ext.core.trajectory import TokenTrajectory
+
+    r = template_renderer(name)
+    p = probe_template(r)
+    assert "system" in p.unsupported_roles
+    late = {"role": "system", "content": "QXLATESYSTEM be brief"}
+    call_turn = {"role": "assistant", "content": "", "tool_calls": [openai_call()]}
+    for first in (PROMPT, [{"role": "system", "content": "Be kind."}, *PROMPT]):
+        for appended in ([RESULT, late], [late, RESULT], [RESULT, late]):  # the last one after a learned [tool]
+            t = TokenTrajectory(r, p)
+            t.start(first, TOOLS)
+            t.add_sampled([*r.encode("x"), *p.boundary("tool").close_ids], None, message=call_turn)
+            before = list(t.input_ids)
+            with pytest.raises(TemplateError, match="'system'"):
+                t.append_messages(appended)
+            assert list(t.input_ids) == before
+            assert "2" in r.decode(t.append_messages([RESULT])[len(before) :])

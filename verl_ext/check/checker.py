@@ -58,6 +58,7 @@ class ConsistencyChecker:
         *,
         prompt_messages: int | None = None,
         response_length: int | None = None,
+        template_clock: str | None = None,
     ) -> CheckResult:
         """``check_rollout(Rollout.of(calls, sample, messages, tools, ...))``: for callers that hold the parts of a
         rollout (tests, benchmarks, the replay round trip); the loop builds its ``Rollout`` once and passes that."""
@@ -69,6 +70,7 @@ class ConsistencyChecker:
             prompt_messages=prompt_messages,
             response_length=response_length,
             repairs=repairs,
+            template_clock=template_clock,
         )
         return self.check_rollout(rollout, template_view)
 
@@ -80,7 +82,8 @@ class ConsistencyChecker:
         ``template_view`` forces the template view on or off (default: the policy's rate). The rollout's
         ``prompt_messages`` is the number of messages in the first prompt (assistant messages in it are history,
         not engine output). Its ``response_length`` is the trainer's cap: a response shorter than the engine's
-        stream is truncation only when it is exactly that long; without it, any shorter response is a cut.
+        stream is truncation only when it is exactly that long; without it, any shorter response is a cut. Its
+        ``template_clock`` (the time the template's ``strftime_now`` read in the rollout) is the time re-rendered with.
         """
         calls, sample, messages, tools = rollout.calls, rollout.sample, rollout.messages, rollout.tools
         prompt_messages, response_length = rollout.prompt_messages, rollout.response_length
@@ -99,13 +102,15 @@ class ConsistencyChecker:
         if not any(f.kind in _BREAKS_ALIGNMENT for f in ev.failures):
             stream = sample.stream  # a property that concatenates: read once
             stream = stream if len(stream) >= len(ev.engine_stream) else ev.engine_stream
-            loc = Locator.build(calls, messages, stream, self.renderer, prompt_messages, rollout.assistants)
+            # The time the rollout's template read (today's date in its prompt), not the wall clock now.
+            renderer = self.renderer.with_clock(rollout.template_clock) if rollout.template_clock else self.renderer
+            loc = Locator.build(calls, messages, stream, renderer, prompt_messages, rollout.assistants)
             findings = turn_end_findings(loc, self.profile, stream, self.policy.allows)
             if template_view is None:
                 rate = self.policy.template_view_rate
                 template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
             if template_view:
-                findings, skipped = self._with_template_view(loc, messages, tools, findings)
+                findings, skipped = self._with_template_view(loc, renderer, messages, tools, findings)
                 ran_template = not skipped
         return CheckResult(
             engine_failures=ev.failures,
@@ -123,6 +128,7 @@ class ConsistencyChecker:
     def _with_template_view(
         self,
         loc: Locator,
+        renderer: ChatRenderer,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None,
         findings: list[Finding],
@@ -137,7 +143,7 @@ class ConsistencyChecker:
             rendered = template_findings(
                 loc,
                 self.profile,
-                self.renderer,
+                renderer,
                 messages,
                 tools,
                 explained,

@@ -84,6 +84,8 @@ class Rollout:
     repairs: Mapping[str, int] = field(default_factory=dict)
     repair_log: tuple[Mapping[str, Any], ...] = ()
     extra: Mapping[str, Any] = field(default_factory=dict)  # more keys for the record (data_source, index, ...)
+    # The time the template's strftime_now read in this rollout (``TokenTrajectory.clock``); None: it reads none.
+    template_clock: str | None = None
 
     @classmethod
     def of(
@@ -101,6 +103,7 @@ class Rollout:
         repairs: Mapping[str, int] | None = None,
         repair_log: Sequence[Mapping[str, Any]] = (),
         extra: Mapping[str, Any] | None = None,
+        template_clock: str | None = None,
     ) -> Rollout:
         """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
         needed), and for an ``extra`` key that is not one of ``EXTRA_KEYS`` (the reader refuses unknown keys)."""
@@ -127,6 +130,7 @@ class Rollout:
             dict(repairs or {}),
             tuple(repair_log),
             dict(extra or {}),
+            template_clock,
         )
 
     @cached_property
@@ -181,6 +185,7 @@ class Rollout:
             engine_calls=tuple(RecordedCall.of(c) for c in self.calls),
             check=RecordedCheck.of(result),
             extra=dict(self.extra),
+            template_clock=self.template_clock,
         )
 
 
@@ -405,6 +410,7 @@ _KEYS = frozenset(
         "repairs",
         "engine_calls",
         "check",
+        "template_clock",
     }
 )
 
@@ -434,6 +440,7 @@ class RolloutRecord:
     engine_calls: tuple[RecordedCall, ...]
     check: RecordedCheck
     extra: Mapping[str, Any] = field(default_factory=dict)
+    template_clock: str | None = None  # absent from records written before it existed, and where none was read
 
     @property
     def sampled_logprobs(self) -> dict[int, float]:
@@ -466,7 +473,7 @@ class RolloutRecord:
 
     def _replay_json(self) -> dict[str, Any]:
         """The replay-format keys of the record line (a record line is the replay format plus the stream)."""
-        return {
+        out = {
             "messages": [dict(m) for m in self.messages],
             "tools": [dict(t) for t in self.tools] if self.tools else None,
             "chat_template_kwargs": dict(self.chat_template_kwargs),
@@ -475,6 +482,9 @@ class RolloutRecord:
             "logprobs": {str(i): list(v) for i, v in self.logprobs.items()},
             "finish": {str(i): v for i, v in self.finish.items()},
         }
+        if self.template_clock is not None:  # only where the template read the clock: other lines stay as they were
+            out["template_clock"] = self.template_clock
+        return out
 
     def replay_record(self, where: str = "record") -> ReplayRecord:
         """The conversation as ``verl-ext replay`` rebuilds it. Raises RecordError (naming ``where``) when the
@@ -548,6 +558,7 @@ class RolloutRecord:
             engine_calls=tuple(calls),
             check=RecordedCheck.from_json(obj["check"], where),
             extra={k: v for k, v in obj.items() if k not in _KEYS},
+            template_clock=f.str("template_clock", default=None),
         )
 
 

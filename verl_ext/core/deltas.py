@@ -87,6 +87,8 @@ def _delta(
     full = renderer.render(conversation, tools, add_generation_prompt=add_generation_prompt)
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
     # (rather than requiring a token prefix) tolerates templates that move the system or tool list.
+    if boundary.close_omitted:
+        return _delta_after_unclosed_call(renderer, boundary, head_render.text, conversation, tools, full, messages)
     seen = prompt.count(marker)
     at = _nth_index(full.ids, marker, seen)
     if at is None:
@@ -104,6 +106,31 @@ def _delta(
     context = tuple(rest[len(trailer) :])
     refuse_dropped_content(renderer.decode([marker]), head_render.text, full.text, messages)
     return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
+
+
+def _delta_after_unclosed_call(
+    renderer: ChatRenderer,
+    boundary: Any,
+    head_text: str,
+    conversation: Sequence[Message],
+    tools: Sequence[Mapping[str, Any]] | None,
+    full: Any,
+    messages: Sequence[Message],
+) -> ContextDelta:
+    """The delta after a tool-call turn the template renders without a close (``Boundary.close_omitted``): what
+    follows the turn's own render. The close is the engine's (kept as sampled; synthetic only for a cut turn)."""
+    n_before = len(conversation) - len(messages)
+    bare = renderer.render(conversation[:n_before], tools, add_generation_prompt=False, escape=False)
+    if tuple(full.ids[: len(bare.ids)]) != tuple(bare.ids) or not bare.ids:
+        raise TemplateError(
+            f"the template writes no close after a single tool call, and the turn's render is not where "
+            f"{[m.get('role') for m in messages]} starts; run `verl-ext check-template` on this tokenizer"
+        )
+    offset = n_before
+    escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
+    refuse_dropped_content(renderer.decode([bare.ids[-1]]), head_text, full.text, messages)
+    context = tuple(full.ids[len(bare.ids) :])
+    return ContextDelta(tuple(boundary.close_ids), (), context, escapes, full.escape_divergence)
 
 
 def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], assistant: Message) -> bool:

@@ -81,6 +81,9 @@ class Boundary:
     # The kinds of assistant turn ("reasoning", "empty reasoning", "no reasoning") the template re-renders
     # differently once a message follows; empty when prefix-preserving.
     not_preserving_with: tuple[str, ...] = ()
+    # The template writes no close after a single tool call, though it writes ``close_ids`` after several (an
+    # upstream template bug): the engine's close is kept as sampled, and the delta starts right after the call.
+    close_omitted: bool = False
 
     @property
     def boundary_id(self) -> int | None:
@@ -346,10 +349,35 @@ class _Prober:
             if role in unsupported:
                 continue
             try:
-                boundaries.append(self.boundary_for_variants(role, gen_ids, assistant, appended))
+                found = self.boundary_for_variants(role, gen_ids, assistant, appended)
+                boundaries.append(self.single_call_close(found) if role == "tool" else found)
             except TemplateError as exc:
                 unsupported[role] = str(exc)
         return tuple(boundaries), unsupported
+
+    def single_call_close(self, boundary: Boundary) -> Boundary:
+        """``boundary`` (before a tool message), or, where the template closes a turn of several calls with a text
+        turn's close but writes none after a single call (DeepSeek R1's template writes
+        ``<｜tool▁calls▁end｜><｜end▁of▁sentence｜>`` only in its branch for the second call on), the boundary with
+        that close, marked ``close_omitted``: the single call's own end marker is the call's syntax, never the turn's
+        close or a stop id (an engine stopping on it would cut a turn of several calls after the first)."""
+        if not boundary.close_ids or boundary.close_ids[0] in self.text_closes or not self.text_closes:
+            return boundary
+        try:
+            two = _assistant_tools(2, self.variants[0][1], self.shape)
+            text, ids = self.render([*self.head, two, _tool(1), _tool(2)], gen=True)
+            at = self.close_index(text, ids)
+        except TemplateError:
+            return boundary
+        if at is None or ids[at] not in self.text_closes:
+            return boundary
+        close = self.r.decode([ids[at]])
+        self.note(
+            Severity.REPAIR,
+            f"writes no close after a single tool call, but {close} after several (a bug of the template): a turn "
+            f"keeps the close the engine samples ({close}), and the tool output that follows is the template's",
+        )
+        return replace(boundary, close_ids=(ids[at],), trailer_ids=(), close_omitted=True)
 
     def verdict(self) -> Verdict:
         """The worst severity among the reasons noted: any unsupported reason makes the template unsupported."""
@@ -480,7 +508,7 @@ class _Prober:
         DeepSeek's <｜tool▁call▁end｜><｜tool▁calls▁end｜><｜end▁of▁sentence｜>) and are the call's syntax, not the
         turn's end; a template whose call turn has its own close (GPT-OSS <|call|>) writes no text close there."""
         start, end = self.assistant_span(text, ids)
-        specials = [i for i in range(start, len(ids)) if ids[i] in self.r.special_ids]
+        specials = [i for i in range(start, len(ids)) if ids[i] in self.r.structural_ids]
         preferred = [i for i in specials if i < end and ids[i] in self.text_closes]
         if preferred:
             return preferred[0]
@@ -535,7 +563,7 @@ class _Prober:
         first, second = text.find("QXTOOL1"), text.find("QXTOOL2")
         between = text[first:second]
         self.examples["tool x2"] = text[text.find("QXARG2") :]
-        closes_between = sum(between.count(self.r.decode([s])) for s in self.r.special_ids if s in ids)
+        closes_between = sum(between.count(self.r.decode([s])) for s in self.r.structural_ids if s in ids)
         return closes_between == 0
 
     def parallel_tool_calls(self) -> tuple[bool, str]:
@@ -563,17 +591,25 @@ class _Prober:
         add(self.r.tokenizer.eos_token_id, "eos_token")
         for i in self.generation_config_eos:
             add(i, "generation_config")
-        for i in self.r.special_ids:
+        for i in self.r.structural_ids:
             if _END_OF_TEXT_NAME.search(self.r.decode([i])):
                 add(i, "end-of-text name")
         for i in self.extra_stop_ids:
             add(i, "user")
-        # A model's own end id (not a user stop such as </tool_call>) that the template writes in some branch is a
-        # turn end of the template's, not an alias (Llama 3.x <|eom_id|> after a builtin-tool call).
+        # A token the template writes instead of a close in another branch of the same choice is one of its turn
+        # ends, whatever the stop lists say (Llama 3.x: {% if builtin_tools %}<|eom_id|>{% else %}<|eot_id|>):
+        # an engine that stops on it has closed the turn, with or without generation_config.json.
         template = self.r.chat_template or ""
+        closes = {self.r.decode([i]) for b in boundaries for i in b.close_ids}
+        by_text = {self.r.decode([i]): i for i in self.r.control_ids}
+        for text in branch_alternatives(template, closes, set(by_text)):
+            add(by_text[text], "template text")
+        # A model's own end id (not a user stop such as </tool_call>) that the template writes in some branch is a
+        # turn end of the template's, not an alias.
         for i, src in sources.items():
             own_end = set(src) & {"eos_token", "generation_config", "end-of-text name"}
-            if own_end and "template close" not in src and i in self.r.special_ids and self.r.decode([i]) in template:
+            written = "template close" in src or "template text" in src
+            if own_end and not written and i in self.r.structural_ids and self.r.decode([i]) in template:
                 src.append("template text")
         return tuple(StopId(i, self.r.decode([i]), tuple(src)) for i, src in sorted(sources.items()))
 
@@ -632,6 +668,7 @@ class _Prober:
     def tool_call_arguments(self) -> str:
         spaced = '{"query":   "QXARG1" }'
         call = {**_assistant_tools(1, self.variants[0][1], self.shape), "tool_calls": [_tool_call(1, arguments=spaced)]}
+        call = self.shape.conform([call])[0]  # as every render gives it: parsed where the template takes objects only
         try:
             text, _ = self.render([*self.head, call], gen=False)
         except TemplateError:
@@ -696,6 +733,45 @@ class _Prober:
             self.note(Severity.REPAIR, "strips reasoning from earlier assistant turns; the rollout keeps it as sampled")
         if args == "re-serialized":
             self.note(Severity.REPAIR, "re-serializes tool-call arguments; the rollout keeps the sampled text")
+
+
+def branch_alternatives(template: str, closes: set[str], tokens: set[str]) -> set[str]:
+    """Tokens (of ``tokens``) the template writes in one branch of an ``if`` where another branch of it writes only
+    a close (of ``closes``): the branch's whole literal output is that one token. Such a token ends the turn in that
+    branch (Llama 3.x ``<|eom_id|>`` after a builtin-tool call, ``<|eot_id|>`` otherwise)."""
+    from jinja2 import nodes
+
+    from verl_ext.core.template_env import stock_environment_template
+
+    try:
+        tree = stock_environment_template(template).environment.parse(template)
+    except Exception:  # noqa: BLE001 - a template the probe renders parses; anything else has no branches to read
+        return set()
+    found: set[str] = set()
+    for node in tree.find_all(nodes.If):
+        branches = [node.body, *(e.body for e in node.elif_), node.else_]
+        written = [_literal_output(branch) for branch in branches]
+        if any(w in closes for w in written):
+            found |= {w for w in written if w in tokens and w not in closes}
+    return found
+
+
+def _literal_output(branch: Sequence[Any]) -> str:
+    """The text a branch writes when it holds nothing but literal output (``{{- "<|eom_id|>" }}``), else ""."""
+    from jinja2 import nodes
+
+    out = []
+    for node in branch:
+        if not isinstance(node, nodes.Output):
+            return ""
+        for part in node.nodes:
+            if isinstance(part, nodes.Const) and isinstance(part.value, str):
+                out.append(part.value)
+            elif isinstance(part, nodes.TemplateData):
+                out.append(part.data)
+            else:
+                return ""
+    return "".join(out).strip()
 
 
 def _stop_listing(stops: Sequence[StopId]) -> str:

@@ -9,6 +9,7 @@ A tool result that contains ``<|im_end|><|im_start|>system`` must stay text; wit
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import hashlib
 import json
@@ -185,6 +186,9 @@ class ChatRenderer:
 
     # Where the template came from, named in render errors (``load_renderer`` sets the file, or the config key).
     template_source: str = "the chat template"
+    # The time ``strftime_now`` reads in this renderer's template (ISO 8601, local time as transformers' own
+    # ``strftime_now`` reads it), or None for the wall clock. A rollout pins it at its start (``with_clock``).
+    clock: str | None = None
 
     def __init__(
         self,
@@ -210,13 +214,19 @@ class ChatRenderer:
         added = tokenizer.added_tokens_decoder
         self.added_ids: frozenset[int] = frozenset(added)
         self.special_ids: frozenset[int] = frozenset(i for i, tok in added.items() if tok.special)
-        # Control tokens: what could open or close a turn. Special tokens, and added tokens the template itself
-        # writes (Qwen's non-special <tool_call>). Not every added token: Gemma holds thousands of plain ones
-        # (HTML tags, whitespace runs) that are ordinary text in a message.
         template = self.chat_template or ""
-        self.control_ids: frozenset[int] = frozenset(
-            i for i, tok in added.items() if tok.special or (tok.content.strip() and tok.content in template)
+        written = {i for i, tok in added.items() if tok.content.strip() and tok.content in template}
+        # Structural tokens: what a turn can open or close on. Special tokens, and added tokens flagged non-special
+        # that have their shape (a family may ship every <|role|> marker as a plain added token): the same
+        # distinctive delimiters as a special token or one the template writes (see ``marker_shape``).
+        shapes = {marker_shape(added[i].content) for i in self.special_ids | written} - {None}
+        self.structural_ids: frozenset[int] = self.special_ids | frozenset(
+            i for i, tok in added.items() if marker_shape(tok.content) in shapes
         )
+        # Control tokens: what could open or close a turn, never created by message text. Structural tokens, and
+        # added tokens the template itself writes (Qwen's non-special <tool_call>). Not every added token: Gemma
+        # holds thousands of plain ones (HTML tags, whitespace runs) that are ordinary text in a message.
+        self.control_ids: frozenset[int] = self.structural_ids | frozenset(written)
         strings = {added[i].content for i in self.control_ids if added[i].content}
         self._added_re = re.compile(literal_alternation(strings)) if strings else None  # the longest where several
         self._text_only = _text_only or _text_only_tokenizer(tokenizer)
@@ -236,6 +246,34 @@ class ChatRenderer:
         clone.__dict__.pop("_template", None)  # verified again with the new kwargs
         return clone
 
+    @functools.cached_property
+    def reads_clock(self) -> bool:
+        """Whether the template can stamp the time it is rendered at (``strftime_now``: today's date)."""
+        return "strftime_now" in (self.chat_template or "")
+
+    def with_clock(self, clock: str | datetime.datetime | None) -> ChatRenderer:
+        """The same renderer with ``strftime_now`` reading ``clock`` (a datetime or its ISO 8601 text; None: the wall
+        clock). Every render of one rollout, and its re-render in the check and in replay, must read one time: a
+        rollout that crosses midnight would otherwise see one date in its prompt and another in the re-render. The
+        fingerprint is unchanged (the probe's facts do not depend on the date). A clock that is not ISO 8601 is a
+        ``TemplateError`` naming it."""
+        text = clock.isoformat() if isinstance(clock, datetime.datetime) else clock
+        if text == self.clock:
+            return self
+        if text is not None:
+            parse_clock(text)
+        clone = copy.copy(self)
+        clone.clock = text
+        clone.__dict__.pop("_template", None)
+        return clone
+
+    def pinned(self) -> ChatRenderer:
+        """This renderer with its clock pinned to now, when its template reads the clock and no clock is pinned yet
+        (otherwise itself): what one rollout renders with."""
+        if self.clock is not None or not self.reads_clock:
+            return self
+        return self.with_clock(datetime.datetime.now().replace(microsecond=0))
+
     def with_chat_template(self, chat_template: str) -> ChatRenderer:
         """The same tokenizer with another chat template (shares the loaded tokenizers; control ids re-derived)."""
         return ChatRenderer(
@@ -245,7 +283,7 @@ class ChatRenderer:
             self.escape_special_tokens,
             self.escaped_roles,
             _text_only=self._text_only,
-        )
+        ).with_clock(self.clock)
 
     # -- identity ---------------------------------------------------------------------------------
     @functools.cached_property
@@ -275,7 +313,11 @@ class ChatRenderer:
     @functools.cached_property
     def _template(self) -> ChatTemplateRenderer:
         """``apply_chat_template(tokenize=False)`` for this template and kwargs (faster Jinja once verified)."""
-        return ChatTemplateRenderer(self.tokenizer, self.chat_template or "", self.template_kwargs)
+        kwargs = self.template_kwargs
+        if self.clock is not None:
+            # A template variable shadows transformers' global of the same name: the template reads this time.
+            kwargs = {**kwargs, "strftime_now": _fixed_strftime(parse_clock(self.clock))}
+        return ChatTemplateRenderer(self.tokenizer, self.chat_template or "", kwargs)
 
     def render_text(
         self,
@@ -622,6 +664,41 @@ _PIECEWISE_NORMALIZERS = frozenset(
 _PIECEWISE_PRE_TOKENIZERS = frozenset(
     {"Split", "ByteLevel", "Metaspace", "Whitespace", "WhitespaceSplit", "Digits", "Punctuation", "BertPreTokenizer"}
 )
+
+
+# Delimiter characters that do not make a marker's shape distinctive on their own: HTML tags (<table>, </div>) and
+# bracketed words are ordinary added tokens in some vocabularies (Gemma), while <|...|> and <｜...｜> are markers.
+_PLAIN_DELIMITERS = frozenset("<>/[]()")
+_DELIMITER_RUN = re.compile(r"^([^\w\s]+)[\w\s▁.:-]*?([^\w\s]+)$")
+
+
+def marker_shape(content: str) -> tuple[str, str] | None:
+    """The delimiters of a marker-shaped token (``("<|", "|>")`` for ``<|im_end|>``, ``("<｜", "｜>")`` for
+    DeepSeek's), or None when its delimiters are not distinctive (``<table>``, ``[INST]``, plain words)."""
+    match = _DELIMITER_RUN.match(content)
+    if match is None or not set(match.group(1) + match.group(2)) - _PLAIN_DELIMITERS:
+        return None
+    return match.group(1), match.group(2)
+
+
+def parse_clock(text: str) -> datetime.datetime:
+    """A pinned clock's ISO 8601 text as a datetime; a ``TemplateError`` naming the text otherwise."""
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except (TypeError, ValueError):
+        raise TemplateError(
+            f"template clock {text!r} is not an ISO 8601 time such as '2026-11-26T23:59:59' (the time a rollout's "
+            "chat template read for strftime_now)"
+        ) from None
+
+
+def _fixed_strftime(now: datetime.datetime) -> Any:
+    """``strftime_now`` as transformers defines it, reading ``now`` instead of the wall clock."""
+
+    def strftime_now(format: str) -> str:  # noqa: A002 - the template calls it with this argument name
+        return now.strftime(format)
+
+    return strftime_now
 
 
 def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | None:

@@ -9,6 +9,7 @@ One JSON object per line (see docs/replay-format.md):
   that is not finite, as record files write it);
 - ``finish`` (optional): same keys -> ``"stop"``, ``"length"`` or SGLang's ``finish_reason`` object;
 - ``prompt_messages`` (optional): how many messages the first prompt has (chat history with assistant turns);
+- ``template_clock`` (optional): the time the template's ``strftime_now`` read in the rollout (ISO 8601).
 - ``version`` (optional): the record schema version the line was written for (at most ``SCHEMA_VERSION``).
 An assistant message without sampled ids is taken as the model's canonical output. Any other key is refused: a
 misspelled ``sampled`` would otherwise replay the template's output instead of the engine's ids.
@@ -29,7 +30,7 @@ from verl_ext.core.engine_output import NAN_HAPPENED, reports_nan
 from verl_ext.core.errors import IsAFolderError, MissingFileError, TemplateError, TrajectoryError, VerlExtError
 from verl_ext.core.messages import first_message_problem, json_type
 from verl_ext.core.probe import END, probe_template
-from verl_ext.core.rendering import ChatRenderer, Message
+from verl_ext.core.rendering import ChatRenderer, Message, parse_clock
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 
 
@@ -54,6 +55,7 @@ REPLAY_KEYS = (
     "logprobs",
     "finish",
     "prompt_messages",
+    "template_clock",
     "version",
 )
 
@@ -146,6 +148,7 @@ class ReplayRecord:
     logprobs: Mapping[int, tuple[float, ...]] = field(default_factory=dict)
     finish: Mapping[int, FinishReason | str] = field(default_factory=dict)  # str: SGLang's "NaN happened"
     prompt_messages: int | None = None  # messages in the first prompt; default: up to the first assistant message
+    template_clock: str | None = None  # the time strftime_now read in the rollout (ISO 8601); None: the wall clock
 
     # long: one type check per field, in the order the format documents them; split, the format would scatter
     @classmethod
@@ -222,6 +225,17 @@ class ReplayRecord:
             )
         if prompt_messages is not None and messages[prompt_messages].get("role") != "assistant":
             raise RecordError(f"{where}: 'prompt_messages' must point at the first assistant message the rollout made")
+        clock = obj.get("template_clock")
+        if clock is not None:
+            try:
+                if not isinstance(clock, str):
+                    raise TemplateError(json_type(clock))
+                parse_clock(clock)
+            except TemplateError:
+                raise RecordError(
+                    f"{where}: 'template_clock' must be an ISO 8601 time such as \"2026-11-26T23:59:59\" (the time "
+                    f"the template's strftime_now read), got {clock!r}"
+                ) from None
         return cls(
             tuple(dict(m) for m in messages),
             tuple(dict(t) for t in tools) if tools else None,
@@ -230,6 +244,7 @@ class ReplayRecord:
             logprobs,
             finish,
             prompt_messages,
+            clock,
         )
 
 
@@ -302,6 +317,8 @@ def replay(renderer: ChatRenderer, record: ReplayRecord, extra_stop_ids: Sequenc
     """Build the trajectory a rollout would have built for ``record``. The record's ``chat_template_kwargs`` add to
     (and override) the renderer's own: a template that needs a variable (``--template-kwargs``) keeps it."""
     renderer = renderer.with_template_kwargs({**renderer.template_kwargs, **record.chat_template_kwargs})
+    if record.template_clock is not None:  # the time the rollout's template read (its prompt's date), not now
+        renderer = renderer.with_clock(record.template_clock)
     messages = list(record.messages)
     t = TokenTrajectory(renderer, probe_template(renderer, extra_stop_ids))
     first = record.prompt_messages or next(

@@ -10,6 +10,7 @@ messages into it (``ToolCallShape.conform``), so that the template sees one conv
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -89,11 +90,20 @@ def derive_tool_call_shape(
                     f"content {content!r}, arguments as {'a JSON string' if as_string else 'an object'}: {exc}"
                 )
 
+    # Arguments rendered as the JSON a model writes (``"query": "QXARG1"``, any spacing), not escaped inside a
+    # string: a template that runs ``tojson`` on a JSON string writes ``"{\\"query\\": ...}"`` (double-encoded),
+    # which no model samples. Where some convention renders them faithfully, only such renders count as rendering
+    # the arguments; the marker alone tells nothing (it is in the double-encoded text too).
+    faithful = re.compile(r'(?<!\\)"query"\s*:\s*"' + re.escape(argument_marker) + '"')
+    any_faithful = any(t is not None and faithful.search(t) for t in seen.values())
+
     def renders(text: str | None) -> str | None:
         if text is None:
             return None
-        if argument_marker in text:
+        if argument_marker in text and (not any_faithful or faithful.search(text)):
             return RENDERS_ARGUMENTS
+        if argument_marker in text:
+            return None  # the arguments, garbled (double-encoded): this convention is not one the template takes
         return RENDERS_NAME if text.count(name_marker) > name_count else RENDERS_NOTHING
 
     for level in (RENDERS_ARGUMENTS, RENDERS_NAME, RENDERS_NOTHING):

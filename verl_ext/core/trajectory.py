@@ -183,7 +183,9 @@ class TokenTrajectory:
         extra_stop_ids: Sequence[int] = (),
         deltas: LearnedDeltas | None = None,
     ) -> None:
-        self.renderer = renderer
+        # A template that stamps the time (strftime_now) reads one time for the whole rollout: the one pinned now,
+        # at its start (``clock``; the check and replay render with it too), not a new date after midnight.
+        self.renderer = renderer = renderer.pinned()
         self.profile = profile or probe_template(renderer, extra_stop_ids)
         # context deltas from learned pieces (shared across rollouts of the same template)
         self.deltas = deltas or shared_deltas(renderer, self.profile)
@@ -210,6 +212,12 @@ class TokenTrajectory:
         self._trailer_text: dict[tuple[int, ...], str] = {}  # trailer ids -> their text, for the edit log
 
     # -- views ------------------------------------------------------------------------------------
+    @property
+    def clock(self) -> str | None:
+        """The time the template's ``strftime_now`` reads in this rollout (ISO 8601), or None when the template
+        never reads the clock. Record it with the rollout: the check and replay re-render with it."""
+        return self.renderer.clock
+
     @property
     def input_ids(self) -> PromptIds:
         """The whole stream so far, read-only (slices are lists). It only ever grows."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from verl_ext.check.align import Opcode, align
 
 EDGE_TRIM = 2  # tokens of a gap next to a sampled output that may merge with it in the render
+_MIN_CORE = 4  # tokens a trimmed gap keeps at least
 _PROMPT_TAILS = 32  # control tokens of the prompt tried as the start of its tail
 _SLACK = 512  # render tokens a gap may lie further than twice the sampled body before it (a template's own text)
 
@@ -140,6 +141,8 @@ def _find_gap(
     for a in range(0, min(lead, g2 - g1 - 1) + 1):
         for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
             core = stream[g1 + a : g2 - b]
+            if (a or b) and len(core) < max(_MIN_CORE, (g2 - g1 + 1) // 2):
+                continue  # a short core matches anywhere: trimmed, a gap keeps at least half of itself
             at = finder.find(core, cursor, window if best is None else min(window, best[2] + a + len(core)))
             # The earliest place wins (a gap repeated later, e.g. a final turn that renders the pre-fill, is not it);
             # at one place, the least trimmed.

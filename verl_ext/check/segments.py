@@ -56,6 +56,7 @@ def segments(
     deadline: float | None = None,
     prefill: int = 0,
     control_ids: Collection[int] = (),
+    messages_after_last_turn: bool = False,
 ) -> list[Segment]:
     """The stream/render partition: gap, sampled, gap, ..., gap (``outputs``: each call's ``(start, end)`` in the
     stream, in order). Gaps are matched in the render in order; a gap not found verbatim is placed through the
@@ -63,7 +64,9 @@ def segments(
     the close and trailer the template writes after the last message. ``prefill``: how many tokens of the generation
     prompt the template may not re-render once a turn is history (a pre-filled empty think block). ``control_ids``:
     where the prompt is not in the render whole (a block the template writes elsewhere once more messages follow,
-    Mistral's tool list), its end is found from the last control tokens on."""
+    Mistral's tool list), its end is found from the last control tokens on. ``messages_after_last_turn``: the final
+    messages go on after the last engine call's message (the trainer's response length cut them off the stream), so
+    the last turn's body ends at the render's first end-of-turn token after it, not at the END close."""
     finder = _Finder(rendered)
     gaps = [(0, outputs[0][0] if outputs else len(stream))]
     gaps += [(e, outputs[k + 1][0] if k + 1 < len(outputs) else len(stream)) for k, (_s, e) in enumerate(outputs)]
@@ -73,8 +76,11 @@ def segments(
         lead = EDGE_TRIM if g > 0 else 0
         trail = EDGE_TRIM + prefill if g < len(gaps) - 1 else 0
         if g == len(gaps) - 1 and g > 0 and g1 == g2:
-            # Nothing after the last output: the render's rest is the END close and trailer after the last message.
+            # Nothing after the last output: the render's rest is the END close and trailer after the last message,
+            # or, where messages went on past the cut, the last turn's close and all that follows it.
             tail = max(len(rendered) - end_tail, cursor)
+            if messages_after_last_turn:
+                tail = next((j for j in range(cursor, len(rendered)) if rendered[j] in turn_end_ids), tail)
             placed.append((g1, g2, tail, len(rendered), True))
             break
         # A gap lies after one assistant body, which the template writes in about as many tokens as were sampled.

@@ -132,7 +132,15 @@ class _Rules:
         self.prompt_cut = _trailing_generation_prompt(stream, profile.generation_prompt_ids, outputs)
         prefill = len(profile.generation_prompt_ids)
         self.parts = segments(
-            stream[: self.prompt_cut], rendered, outputs, self.turn_ends, tail, deadline, prefill, renderer.control_ids
+            stream[: self.prompt_cut],
+            rendered,
+            outputs,
+            self.turn_ends,
+            tail,
+            deadline,
+            prefill,
+            renderer.control_ids,
+            messages_after_last_turn=bool(loc.next_roles) and loc.next_roles[-1] != "end",
         )
         if self.prompt_cut < len(stream):
             self.parts.append(Segment(self.prompt_cut, len(stream), len(rendered), len(rendered)))

@@ -60,7 +60,8 @@ def turn_end_findings(
         if not close:
             continue
         inserted = tuple(stream[end : end + len(close)]) == close
-        if not inserted and role != END:
+        cut = end + len(close) > len(stream) and tuple(stream[end:]) == close[: len(stream) - end]
+        if not inserted and role != END and not cut:  # a close the response length cut off is not missing
             detail = f"the turn ended without the template's close {decode(close)!r}, and none was inserted"
             out.append(_finding(loc, Cause.CLOSE_MISSING, allowed, k, Span(end, end), detail))
         elif inserted:

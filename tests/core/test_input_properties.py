@@ -208,4 +208,5 @@ def test_an_accepted_record_round_trips_through_records_and_report(cli, capsys, 
     assert [r["input_ids"] for r in json.loads(out)] == streams
     html = tmp_path / "report.html"
     code, out, err = run(capsys, "report", str(writer.path), "-o", str(html), "--tokenizer", cli)
-    assert code == 0, err and html.stat().st_size > 0
+    assert code == 0, err
+    assert html.stat().st_size > 0, "the report page is empty"

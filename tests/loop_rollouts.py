@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hypothesis import strategies as st
+from rollouts import PROMPT, TOOLS
 
 from verl_ext.check.inputs import EngineCall, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
@@ -31,18 +32,6 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.plugin.agent_loop import finish_reason
 from verl_ext.plugin.tool_calls import over_limit_message, parse_turn
-
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "calculator",
-            "description": "Evaluate an arithmetic expression.",
-            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": []},
-        },
-    }
-]
-PROMPT = [{"role": "user", "content": "What is 1+1? Use the calculator."}]
 
 # What real models emit besides the template's own canonical text.
 ODD_TEXT = [

@@ -95,7 +95,7 @@ def _read(text: str, structure: re.Pattern[str] | None) -> _Reading:
     runs: list[str] = []
     pieces = structure.split(text) if structure is not None else [text]
     for piece in pieces:
-        for kind, value in _json_and_text(piece):
+        for kind, value in json_and_text(piece):
             if kind == "json":
                 objects.append(value)
             else:
@@ -105,7 +105,7 @@ def _read(text: str, structure: re.Pattern[str] | None) -> _Reading:
     return _Reading(tuple(objects), tuple(runs))
 
 
-def _json_and_text(piece: str) -> Iterator[tuple[str, Any]]:
+def json_and_text(piece: str) -> Iterator[tuple[str, Any]]:
     """The piece as JSON objects and the text between them, in order."""
     decoder = json.JSONDecoder()
     start = 0

@@ -19,7 +19,7 @@ from typing import Any
 from verl_ext.check.align import align, check_deadline
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
-from verl_ext.check.sampled_text import TurnVerdict, frame_runs, message_holds_sampled
+from verl_ext.check.sampled_text import TurnVerdict, frame_runs, json_and_text, message_holds_sampled
 from verl_ext.check.segments import Segment, segment_opcodes, segments
 from verl_ext.core.probe import END, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, spec_components
@@ -727,16 +727,8 @@ def _squash(text: str) -> str:
 
 def _json_objects(text: str) -> Counter[str]:
     """Every top-level JSON object in ``text``, canonicalized (sorted keys, no whitespace)."""
-    decoder = json.JSONDecoder()
-    found: Counter[str] = Counter()
-    i = text.find("{")
-    while i != -1:
-        try:
-            obj, end = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            i = text.find("{", i + 1)
-            continue
-        if isinstance(obj, dict):
-            found[json.dumps(obj, sort_keys=True, separators=(",", ":"))] += 1
-        i = text.find("{", end)
-    return found
+    return Counter(
+        json.dumps(value, sort_keys=True, separators=(",", ":"))
+        for kind, value in json_and_text(text)
+        if kind == "json"
+    )

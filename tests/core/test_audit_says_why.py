@@ -1,7 +1,7 @@
 """The template audit says the truth: an "unsupported" verdict names the real cause and a fix (markers that are not
-tokens of this tokenizer; a close the template writes only after several tool calls), and a usable template's audit
-says which of verl's tool parsers (``multi_turn.format``) reads its tool calls, derived from the calls the template
-writes: one tokenizer with two templates gets two parsers."""
+tokens of this tokenizer), a close the template writes only after several tool calls is named as the template's bug
+and repaired, and a usable template's audit says which of verl's tool parsers (``multi_turn.format``) reads its tool
+calls, derived from the calls the template writes: one tokenizer with two templates gets two parsers."""
 
 from __future__ import annotations
 
@@ -47,12 +47,15 @@ def r1_with_close_in_the_loop() -> ChatRenderer:
 
 
 def test_a_close_written_only_after_several_calls_is_named_with_the_fix():
+    """The probe takes the close from the two-call render (``Boundary.close_omitted``): the template is repairable,
+    and the audit names its bug and what a turn keeps instead of refusing tool messages."""
     profile = probe_template(r1_with_close_in_the_loop())
-    assert profile.verdict.value == "unsupported"
-    (tool,) = [r for r in unsupported_reasons(profile) if r.startswith("cannot append a tool message")]
-    assert "Cause: after a turn with one tool call the template writes no close" in tool, tool
-    assert "after two calls it writes '<｜tool▁calls▁end｜><｜end▁of▁sentence｜>'" in tool, tool
-    assert "Fix:" in tool and "--chat-template FILE" in tool, tool
+    assert profile.verdict.value == "repairable"
+    assert not [r for r in unsupported_reasons(profile) if "tool message" in r]
+    repairs = [r.text for r in profile.reasons if r.severity is Severity.REPAIR]
+    (why,) = [r for r in repairs if r.startswith("writes no close after a single tool call")]
+    assert "but <｜end▁of▁sentence｜> after several (a bug of the template)" in why, why
+    assert "a turn keeps the close the engine samples" in why, why
 
 
 def test_the_template_as_fixed_upstream_is_usable():

@@ -50,7 +50,7 @@ NOT_RUN_KINDS: tuple[tuple[str, str], ...] = (
     ),
     (r"recipes/gsm8k_qwen3_sglang/submit\.sh$", "`ray job submit` to a GPU cluster"),
     (
-        r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=/opt/",
+        r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=\$PWD/build/verl_ext_env",
         "a GPU machine's set-up or run (tests/gpu/ runs where a GPU is lent)",
     ),
 )

@@ -84,8 +84,11 @@ def test_a_changed_stream_is_named_by_position_and_text(record_file, tokenizer_d
 
 @pytest.fixture
 def fixed_today(monkeypatch):
-    """``set(day)``: the date transformers' ``strftime_now`` renders from then on."""
+    """``set(day)``: the date transformers' ``strftime_now`` renders from then on, and the clock verl_ext pins a
+    rollout's renders to (``ChatRenderer.pinned``)."""
     from transformers.utils import chat_template_utils
+
+    from verl_ext.core import rendering
 
     def set_day(day: int) -> None:
         class Day(datetime.datetime):
@@ -94,6 +97,7 @@ def fixed_today(monkeypatch):
                 return datetime.datetime(2026, 11, day, 12, 0, 0)
 
         monkeypatch.setattr(chat_template_utils, "datetime", Day)
+        monkeypatch.setattr(rendering.datetime, "datetime", Day)
 
     return set_day
 

@@ -55,21 +55,7 @@ def template_findings(
         check_deadline(deadline, "after rendering the conversation with special-token text escaped")
     rules = _Rules(loc, profile, renderer, messages, stream, native, deadline, tools)
     out: list[Finding] = []
-    spans: list[tuple[int, int, int, int, int]] = []  # (i1, i2, j1, j2, segment)
-    for (tag, i1, i2, j1, j2), seg in zip(rules.opcodes, rules.owners, strict=True):
-        if tag == "equal" or i1 == rules.prompt_cut < len(stream):
-            continue
-        if i2 == len(stream) and j2 < len(native) and not rules.parts[seg].sampled and rules.cut_inside(i1, j1):
-            continue  # the trainer's response length cut the context here: nothing after the cut is trained
-        if i2 == len(stream) and j2 == len(native):
-            # Nothing is trained after the last token: the END close and trailer the template renders there (and
-            # a stream cut before them) change nothing. Compare what comes before them.
-            j2 -= rules.end_close_suffix(native[j1:j2])
-            if i1 == i2:
-                continue  # rendered-only text after the last stream token (a response cut inside context)
-        if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
-            continue
-        spans.append((i1, i2, j1, j2, seg))
+    spans = _divergent_spans(rules, explained)
     # Every span's two texts in one batch, decoded once (rules and findings read them): a stripped thinking block is
     # thousands of tokens, and the batch decodes the blocks on the free cores.
     decoded = renderer.decode_many([ids for i1, i2, j1, j2, _ in spans for ids in (stream[i1:i2], native[j1:j2])])
@@ -96,6 +82,29 @@ def template_findings(
     if escaping:
         out += _escaped_spots(rules, native_ids, allowed, deadline)
     return sorted(out, key=lambda f: (f.stream.start, f.cause.value))
+
+
+def _divergent_spans(rules: _Rules, explained: set[int]) -> list[tuple[int, int, int, int, int]]:
+    """``(i1, i2, j1, j2, segment)`` of every divergence worth a finding: not the trailing generation prompt of a turn
+    that never ran, not what follows a cut by the response length, not the END close and trailer, not what the
+    turn-end findings already explained."""
+    stream, native = rules.stream, rules.rendered
+    spans: list[tuple[int, int, int, int, int]] = []
+    for (tag, i1, i2, j1, j2), seg in zip(rules.opcodes, rules.owners, strict=True):
+        if tag == "equal" or i1 == rules.prompt_cut < len(stream):
+            continue
+        if i2 == len(stream) and j2 < len(native) and not rules.parts[seg].sampled and rules.cut_inside(i1, j1):
+            continue  # the trainer's response length cut the context here: nothing after the cut is trained
+        if i2 == len(stream) and j2 == len(native):
+            # Nothing is trained after the last token: the END close and trailer the template renders there (and
+            # a stream cut before them) change nothing. Compare what comes before them.
+            j2 -= rules.end_close_suffix(native[j1:j2])
+            if i1 == i2:
+                continue  # rendered-only text after the last stream token (a response cut inside context)
+        if i1 < i2 and j1 == j2 and all(i in explained for i in range(i1, i2)):
+            continue
+        spans.append((i1, i2, j1, j2, seg))
+    return spans
 
 
 class _Rules:
@@ -178,7 +187,11 @@ class _Rules:
         reading stands, and so do the turn-end defects (a close or trailer the stream lacks); anything else is the
         template writing the same message its own way when the message holds what was sampled (``verdict``), and
         ``MESSAGE_DIFFERS`` when it does not."""
-        if cause in ALLOWED_BY_DESIGN or (cause in _TURN_END_DEFECTS and d.at_end):
+        if (
+            cause in ALLOWED_BY_DESIGN
+            or cause is Cause.STOP_TEXT_IN_MESSAGE
+            or (cause in _TURN_END_DEFECTS and d.at_end)
+        ):
             return cause, detail
         verdict = self.verdict(part)
         if not verdict.holds:
@@ -358,10 +371,10 @@ class _Rules:
         theirs = _json_objects(self.r.decode(self.rendered[j_start:j_end]))
         return bool(ours) and ours == theirs
 
-    def stream_index(self, j: int) -> int | None:
-        """The stream position an equal block pairs with render position ``j`` (None where it diverges)."""
+    def stream_index(self, j: int, j_end: int) -> int | None:
+        """The stream position one equal block pairs with render span ``[j, j_end)`` (None where it diverges)."""
         for tag, i1, _i2, j1, j2 in self.opcodes:
-            if tag == "equal" and j1 <= j <= j2:
+            if tag == "equal" and j1 <= j and j_end <= j2:
                 return i1 + (j - j1)
         return None
 
@@ -648,9 +661,10 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
 
 _MOVED_MIN_CHARS = 24
 _END_LOOKBACK = 16  # render tokens read for the END close and trailer
-# Turn-end defects a rule names at the end of a sampled turn: the stream lacks the close the template writes, or
-# holds a stop twice, or the message holds a stop's text. (Whatever the template writes after its close is the gap's.)
-_TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED, Cause.STOP_TEXT_IN_MESSAGE})
+# Turn-end defects a rule names at the end of a sampled turn: the stream lacks the close the template writes, or holds
+# a stop twice. (Whatever the template writes after its close is the gap's.) A stop's text in the message
+# (stop_text_in_message) stays a defect wherever it is: the message does not describe the sampled tokens.
+_TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED})
 _FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
 
 
@@ -664,9 +678,10 @@ def _escaped_spots(
     for tag, a1, a2, b1, b2 in align(escaped, native, deadline):
         if tag != "replace" or rules.r.decode(escaped[a1:a2]) != rules.r.decode(native[b1:b2]):
             continue
-        i1, i2 = rules.stream_index(a1), rules.stream_index(a2)
-        if i1 is None or i2 is None:
+        i1 = rules.stream_index(a1, a2)
+        if i1 is None:
             continue  # the stream differs there anyway: the template view's own finding says how
+        i2 = i1 + (a2 - a1)
         detail = "special-token text in content kept as text, as the engine saw it"
         cause = Cause.SPECIAL_TOKEN_ESCAPED
         out.append(rules.loc.finding(cause, allowed(cause), Span(i1, i2), Span(b1, b2), native[b1:b2], detail))

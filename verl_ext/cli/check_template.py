@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from typing import TYPE_CHECKING
 
@@ -49,9 +50,19 @@ def parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserFit | 
     verdict says why) or that cannot take a tool message at all."""
     if profile.verdict is Verdict.UNSUPPORTED or "tool" in profile.unsupported_roles:
         return None
-    from verl_ext.plugin.tool_parser_fit import tool_parser_fit  # imports verl (and torch): only when needed
-
+    # Importing it imports verl (and torch) and loads the plugin, whose INFO line ("verl_ext plugin loaded in pid
+    # N") is for training processes: the audit prints its findings only (a failure to load, WARNING and up, shows).
+    plugin_log = logging.getLogger("verl_ext.plugin")
+    plugin_log.addFilter(_warnings_only)
+    try:
+        from verl_ext.plugin.tool_parser_fit import tool_parser_fit
+    finally:
+        plugin_log.removeFilter(_warnings_only)
     return tool_parser_fit(renderer, profile)
+
+
+def _warnings_only(record: logging.LogRecord) -> bool:
+    return record.levelno >= logging.WARNING
 
 
 def _tok(renderer: ChatRenderer, ids: tuple[int, ...]) -> str:

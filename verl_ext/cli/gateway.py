@@ -13,7 +13,8 @@ import json
 import signal
 import socket
 
-from verl_ext.core.errors import OptionsError
+# verl_ext.core (its errors included) is imported inside the functions: `verl-ext --help` builds this parser and
+# must not import the token core (tokenizers, transformers).
 
 
 def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +36,7 @@ def run_gateway(args: argparse.Namespace) -> int:
     """Serve until interrupted; then end every open session (records written) and print what was recorded."""
     import uvicorn
 
+    from verl_ext.core.errors import OptionsError
     from verl_ext.gateway.local import local_gateway
     from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
     from verl_ext.gateway.service import GatewayConfig
@@ -87,6 +89,8 @@ def _interrupted(signum: int, frame: object) -> None:
 
 
 def _template_kwargs(text: str | None) -> dict[str, object] | None:
+    from verl_ext.core.errors import OptionsError
+
     if not text:
         return None
     try:

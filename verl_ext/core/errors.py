@@ -14,11 +14,13 @@ to the code that raises them (the module is named in brackets) and subclass ``Ve
     │   │   └── StopStringError      [engines.sglang_output] a stop string sent to SGLang's token-in server
     │   ├── RecordError              [core.replay] a replay record is malformed
     │   ├── PreflightError           [plugin.preflight] the config or dataset would fail or bypass verl_ext
+    │   ├── UnknownLoopError         [plugin.loop_routing] default_agent_loop names no registered agent loop
     │   └── BypassError              [plugin.loop_routing] a dataset row names another loop (agent_name_column=stop)
     ├── RuntimeError: the run got into a state it must not train on
     │   ├── ConsistencyError         [check.policy] the trainer's tokens are not the engine's (strict mode)
     │   ├── RolloutInterrupted       [plugin.engine_turn] a turn could not be completed; the rollout is dropped
-    │   └── BudgetExceeded           [check.align] work would end past its deadline
+    │   ├── BudgetExceeded           [check.align] work would end past its deadline
+    │   └── GatewayError             [gateway.errors] what a gateway client gets (HTTP status, OpenAI error)
     ├── FileNotFoundError
     │   └── MissingFileError         a file or folder verl_ext was pointed at does not exist
     ├── NotADirectoryError

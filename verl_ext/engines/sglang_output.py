@@ -86,6 +86,18 @@ def server_enabled(rollout_config: Any, environ: Mapping[str, str] | None = None
     return default_loop_kind(_get(rollout_config, "agent"))[1] is LoopKind.TOKEN_EXACT
 
 
+def server_class_name(rollout_config: Any, environ: Mapping[str, str] | None = None) -> str | None:
+    """The name of the server class (sglang_server.py) a replica launches: verl_ext's when switched on, each with
+    the TEST/DEMO forced first turn when ``VERL_EXT_SGLANG_FORCE_FIRST_TURN`` is set; ``None`` keeps verl's own."""
+    from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV
+
+    env = os.environ if environ is None else environ
+    forced = bool(env.get(SGLANG_FORCE_ENV))
+    if server_enabled(rollout_config, env):
+        return "ForcedFirstTurnTokenExactSGLangServer" if forced else "TokenExactSGLangServer"
+    return "ForcedFirstTurnStockSGLangServer" if forced else None
+
+
 def _get(obj: Any, key: str) -> Any:
     if obj is None:
         return None

@@ -12,7 +12,7 @@ from typing import Any
 from verl_ext.core.errors import VerlExtError
 
 
-class GatewayError(VerlExtError):
+class GatewayError(VerlExtError, RuntimeError):
     """An error a gateway client sees: ``status`` is the HTTP status, the rest are OpenAI's error fields."""
 
     def __init__(

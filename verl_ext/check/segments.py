@@ -223,11 +223,6 @@ def _give_closes_to_turns(
             placed[k + 1] = (i1, i2, last_end + 1, j2, anchored)
 
 
-def _mapped(ops: Sequence[Opcode], i1: int, i2: int, rendered_len: int) -> tuple[int, int]:
-    """The render range a whole-rollout alignment pairs with ``stream[i1:i2]``."""
-    return _map_position(ops, i1, rendered_len, start=True), _map_position(ops, i2, rendered_len, start=False)
-
-
 def _map_position(ops: Sequence[Opcode], i: int, rendered_len: int, start: bool) -> int:
     for tag, a1, a2, b1, b2 in ops:
         if a1 <= i < a2 or (i == a2 and not start):

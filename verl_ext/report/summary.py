@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause
+from verl_ext.report.forks import ForkCounts, fork_counts
 from verl_ext.report.load import RolloutRef
 
 
@@ -58,6 +59,7 @@ class Summary:
     template_view_skipped: int = 0  # rollouts whose template view ran out of its time budget
     engine_failure_kinds: dict[str, int] = field(default_factory=dict)  # kind -> failures
     truncated_rollouts_lost: int = 0  # rollouts that lost at least one sampled token to truncation
+    gateway: ForkCounts | None = None  # the gateway's sessions, branches and forks (None: no gateway rollout)
 
     @property
     def lost_share(self) -> float:
@@ -85,11 +87,15 @@ class Summary:
         return max((n for counts in self.findings_by_turn.values() for n in counts.values()), default=1)
 
     def one_line(self) -> str:
-        """The summary as ``verl-ext report`` prints it."""
-        return (
+        """The summary as ``verl-ext report`` prints it (with the gateway's forks where it wrote rollouts)."""
+        line = (
             f"{self.rollouts} rollouts over {len(self.steps)} steps, {self.engine_failures} engine-view failures, "
             f"{self.defect_rollouts} rollouts with defects ({self.defect_rate:.1%}), {self.findings} findings"
         )
+        if self.gateway is not None:
+            g = self.gateway
+            line += f", {g.forks} forks in {g.forked_sessions} of {g.sessions} gateway sessions"
+        return line
 
 
 def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
@@ -123,6 +129,7 @@ def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
         CauseRow(c, c in {a.value for a in ALLOWED_BY_DESIGN}, allowed[c], defects[c], with_cause[c]) for c in names
     )
     seconds = [c.seconds for c in checks]
+    gateway = fork_counts(rollouts)
     return Summary(
         rollouts=len(rollouts),
         steps=tuple(steps),
@@ -143,4 +150,5 @@ def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
         template_view_skipped=sum(bool(c.template_view_skipped) for c in checks),
         engine_failure_kinds=dict(Counter(f.kind for c in checks for f in c.engine_failures).most_common()),
         truncated_rollouts_lost=sum(c.lost_sampled_tokens > 0 for c in checks),
+        gateway=gateway if gateway.branches else None,
     )

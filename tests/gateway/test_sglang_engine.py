@@ -1,0 +1,183 @@
+"""The gateway on a running SGLang server (``--sglang-url``): its native ``/generate`` served by SGLang 0.5.12's own
+HTTP app on CPU (sglang_http_standin.py), with scripted ids through SGLang's finish and output code, or with an
+output recorded on a GPU (tests/fixtures/sglang); driven by the official OpenAI SDK."""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+from gateway_fixtures import CALL, TOOLS
+from sdk_harness import react_calculator
+from sglang_http_standin import (
+    RecordedTokenizerManager,
+    Script,
+    ScriptedTokenizerManager,
+    load_recordings,
+    load_sglang,
+    sglang_installed,
+    sglang_server,
+)
+
+from verl_ext.core.errors import EngineRequestError
+from verl_ext.gateway.server import ServerThread, create_app
+from verl_ext.gateway.sglang_engine import SGLangEngine
+from verl_ext.telemetry.records import read_records
+
+if not sglang_installed():
+    if os.getenv("VERL_EXT_REQUIRE_SGLANG", "0") == "1":
+        raise RuntimeError("sglang 0.5.12 is not installed; `make sglang-cpu` installs it (--no-deps, CPU only)")
+    pytest.skip("sglang is not installed (make sglang-cpu)", allow_module_level=True)
+
+EOS = {151645, 151643}  # Qwen3's <|im_end|>, <|endoftext|>: SGLang stops on the model's eos ids itself
+VOCAB = 151936
+ANSWER = "<think>\nThe tool said %s.\n</think>\n\nThe answer is %s.<|im_end|>"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def sglang_loaded() -> None:
+    load_sglang()
+
+
+def scripted(tokenizer: Any, text: str, first_logprob: float = -0.25, **kw: Any) -> Script:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    return Script(ids, logprobs=[first_logprob - 0.01 * i for i in range(len(ids))], **kw)
+
+
+def gateway_on(url: str, parts: dict[str, Any], records: Path) -> Any:
+    from verl_ext.gateway.service import Gateway
+    from verl_ext.telemetry.records import RecordWriter, header_record
+
+    writer = RecordWriter(records, header_record(parts["profile"]), prefix="gateway")
+    engine = SGLangEngine(url, max_context=4096)
+    return Gateway(
+        engine, parts["renderer"], parts["profile"], parts["reader"], writer=writer, markers=parts["markers"]
+    )
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
+def test_a_react_session_on_sglang_keeps_its_ids_and_logprobs(
+    gateway_parts: Any, tiny_qwen3_dir: Path, tmp_path: Path
+) -> None:
+    from verl_ext.gateway.local import local_gateway
+    from verl_ext.gateway.sglang_engine import model_context
+
+    tokenizer = gateway_parts["tokenizer"]
+    scripts = [scripted(tokenizer, CALL % "6*7", -0.5), scripted(tokenizer, ANSWER % (42, 42), -0.75)]
+    tm = ScriptedTokenizerManager(EOS, VOCAB, list(scripts), weight_version="3")
+    with sglang_server(tm) as sglang:
+        # as `verl-ext gateway --model DIR --sglang-url URL` builds it: DIR's tokenizer and limits, SGLang's samples
+        engine = SGLangEngine(sglang.url, max_context=model_context(str(tiny_qwen3_dir)))
+        gateway = local_gateway(tiny_qwen3_dir, records_dir=tmp_path / "records", engine=engine)
+        assert engine.max_context == 2048 and gateway.engine is engine
+        server = ServerThread(create_app(gateway, "policy")).start()
+        try:
+            sdk = openai.OpenAI(base_url=f"{server.url}/sessions/r/v1", api_key="k", max_retries=0)
+            out = react_calculator(sdk, "What is 6*7?", TOOLS)
+        finally:
+            server.stop()
+    assert out["answer"] == "The answer is 42."
+    (result,) = gateway.end("r")
+    assert result.result.ok and result.result.engine_ok and gateway.counters["forks"] == 0
+    _, (record,) = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
+    assert [list(c.output_ids) for c in record.engine_calls] == [list(s.ids) for s in scripts]
+    assert [list(c.logprobs or ()) for c in record.engine_calls] == [list(s.logprobs or ()) for s in scripts]
+    # what SGLang received: the session's ids as the prompt, logprobs asked for, the budget and the parser's stops
+    assert len(tm.requests) == 2
+    for sent, call in zip(tm.requests, record.engine_calls, strict=True):
+        assert list(sent.input_ids) == list(record.input_ids[: call.prompt_length])
+        assert sent.return_logprob is True and sent.sampling_params["max_new_tokens"] == 64
+        assert sent.rid.startswith("verl-ext-gateway-")
+
+
+def test_the_request_is_one_sglang_takes_as_it_is() -> None:
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from verl_ext.gateway.engine import Sampling
+
+    body = SGLangEngine("http://sglang:30000").request([1, 2, 3], Sampling(16, 0.7, 0.9, seed=5, stop_ids=(151658,)))
+    assert body["input_ids"] == [1, 2, 3] and body["return_logprob"] is True
+    assert body["sampling_params"] == {
+        "max_new_tokens": 16,  # the gateway's budget, as it is
+        "temperature": 0.7,
+        "top_p": 0.9,
+        "stop_token_ids": [151658],
+        "sampling_seed": 5,  # as SGLang's OpenAI layer passes a seed
+    }
+    request = GenerateReqInput(**body)
+    request.normalize_batch_and_arguments()
+    params = SamplingParams(**request.sampling_params)
+    params.normalize(None)
+    params.verify(VOCAB)  # SGLang's own checks pass
+    assert params.stop_token_ids == {151658} and params.sampling_seed == 5
+
+
+def test_an_output_recorded_on_a_gpu_comes_back_as_recorded(gateway_parts: Any, tmp_path: Path) -> None:
+    (recording,) = [r for r in load_recordings() if r["case"] == "logprobs"]
+    # the recording forced a length finish with ignore_eos; the gateway never sends it (the output has no eos anyway)
+    recording["request"]["sampling_params"].pop("ignore_eos")
+    with sglang_server(RecordedTokenizerManager([recording])) as sglang:
+        gateway = gateway_on(sglang.url, gateway_parts, tmp_path / "records")
+        server = ServerThread(create_app(gateway, "policy")).start()
+        try:
+            sdk = openai.OpenAI(base_url=f"{server.url}/sessions/g/v1", api_key="k", max_retries=0)
+            reply = sdk.chat.completions.create(
+                model="policy", messages=[{"role": "user", "content": "Hello"}], max_tokens=6, temperature=1.0
+            )
+        finally:
+            server.stop()
+    recorded = recording["response"]
+    assert reply.choices[0].model_extra["token_ids"] == recorded["output_ids"]
+    assert reply.choices[0].finish_reason == "length" and reply.usage.prompt_tokens == 9
+    (result,) = gateway.end("g")
+    assert result.result.engine_ok
+    _, (record,) = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
+    assert list(record.engine_calls[0].logprobs or ()) == [e[0] for e in recorded["meta_info"]["output_token_logprobs"]]
+
+
+@pytest.mark.parametrize(
+    ("fault", "words"),
+    [
+        ({"wrong_logprob_id_at": 1}, "logprob entries do not match its output ids (position 1"),
+        ({"drop_logprob_entries": 2}, "logprob entries do not match its output ids"),
+        ({"abort_after": 2}, "aborted the request"),
+    ],
+    ids=["wrong-id", "missing-entries", "abort"],
+)
+def test_an_engine_output_that_breaks_the_contract_is_an_engine_error(
+    gateway_parts: Any, tmp_path: Path, fault: dict[str, Any], words: str
+) -> None:
+    tm = ScriptedTokenizerManager(EOS, VOCAB, [scripted(gateway_parts["tokenizer"], "Hi there.<|im_end|>", **fault)])
+    with sglang_server(tm) as sglang:
+        gateway = gateway_on(sglang.url, gateway_parts, tmp_path / "records")
+        server = ServerThread(create_app(gateway, "policy")).start()
+        try:
+            sdk = openai.OpenAI(base_url=f"{server.url}/sessions/e/v1", api_key="k", max_retries=0)
+            with pytest.raises(openai.InternalServerError) as failed:
+                sdk.chat.completions.create(model="policy", messages=[{"role": "user", "content": "Hi"}], max_tokens=8)
+        finally:
+            server.stop()
+    assert failed.value.status_code == 503 and failed.value.body["code"] == "engine_error"
+    assert words in failed.value.body["message"], failed.value.body
+    assert gateway.sessions["e"].ended and gateway.sessions["e"].concluded
+
+
+def test_an_unreachable_server_is_named(tiny_qwen3_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_ext.cli.main import main
+
+    url = closed_port_url()
+    with pytest.raises(EngineRequestError, match=f"no SGLang server answers at {url}"):
+        SGLangEngine(url).check_reachable()
+    assert main(["gateway", "--model", str(tiny_qwen3_dir), "--sglang-url", url]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"--sglang-url: no SGLang server answers at {url}" in err, err

@@ -1,0 +1,134 @@
+"""Forks in the report: a gateway session whose harness edits its history (a changed question, then a retried tool
+result) and one that never forks, served by the gateway on the CPU engine (tiny random Qwen3, the real Qwen3
+tokenizer, scripted turns), recorded, and rendered by ``verl-ext report``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_report_html import section, text_of
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
+from gateway_fixtures import CALL, TOOLS, Script  # noqa: E402
+
+ANSWER = "<think>\nThe tool said %s.\n</think>\n\nThe answer is %s.<|im_end|>"
+QUESTION = [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": "What is 6*7?"}]
+
+
+def _call_message(call_id: str = "c00000000") -> dict[str, Any]:
+    call = {"id": call_id, "type": "function", "function": {"name": "calc", "arguments": '{"expression":"6*7"}'}}
+    return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+
+@pytest.fixture(scope="module")
+def gateway_records(
+    tiny_qwen3_dir: Path, renderer_for: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    from verl_ext.core.probe import probe_template
+    from verl_ext.gateway.cpu_engine import CPUEngine
+    from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
+    from verl_ext.gateway.request import parse_chat_request
+    from verl_ext.gateway.service import Gateway
+    from verl_ext.telemetry.records import RecordWriter, header_record
+
+    renderer = renderer_for("qwen3")  # the tiny model's tokenizer is Qwen3's (loaded once for the session)
+    tokenizer = renderer.tokenizer
+    profile = probe_template(renderer)
+    script = Script(tokenizer)
+    script.turns = [CALL % "6*7", ANSWER % (42, 42)]
+    folder = tmp_path_factory.mktemp("gateway-records")
+    writer = RecordWriter(folder, header_record(profile), prefix="gateway")
+    engine = CPUEngine(str(tiny_qwen3_dir), teacher_force=script)
+    reader = ToolCallReader(tokenizer, "hermes")
+    gateway = Gateway(engine, renderer, profile, reader, writer=writer, markers=reasoning_markers(tokenizer))
+
+    async def ask(session: str, messages: list[dict[str, Any]]) -> Any:
+        body = {"messages": messages, "tools": TOOLS, "max_tokens": 48, "seed": 0}
+        return await gateway.complete(session, parse_chat_request(body))
+
+    async def sessions() -> None:
+        await ask("edits", QUESTION)
+        await ask("edits", [*QUESTION, _call_message(), {"role": "tool", "tool_call_id": "c00000000", "content": "42"}])
+        edited = [QUESTION[0], {"role": "user", "content": "What is 6*7? Show your work."}]
+        assert (await ask("edits", edited)).fork is not None  # branch 1: the question changed
+        retried = [*QUESTION, _call_message(), {"role": "tool", "tool_call_id": "c00000000", "content": "41"}]
+        assert (await ask("edits", retried)).fork is not None  # branch 2: the tool result changed
+        await ask("plain", QUESTION)
+
+    asyncio.run(sessions())
+    gateway.end_all()
+    return writer.path
+
+
+@pytest.fixture(scope="module")
+def forks_report(gateway_records: Path, renderer_for: Callable[[str], Any]) -> Any:
+    """(the line `verl-ext report` prints after "wrote FILE: ", the page), built as the command builds them."""
+    from verl_ext.report import build_report
+
+    renderer = renderer_for("qwen3")
+    report = build_report([gateway_records], renderer.decode, vocab_size=renderer.vocab_size)
+    return report.summary.one_line(), report.html
+
+
+def test_the_summary_counts_forks_and_gateway_sessions(forks_report: Any) -> None:
+    line, html = forks_report
+    assert line.startswith("4 rollouts over 1 steps, 0 engine-view failures"), line
+    assert line.endswith("2 forks in 1 of 2 gateway sessions"), line
+    assert "2forks in 1 of 2 gateway sessions (4 branches)" in text_of(section(html, "summary"))  # value, label
+    assert '<a href="#forks">Forks</a>' in html
+
+
+def test_each_branch_of_a_forked_session_names_its_parent_and_what_differed(forks_report: Any) -> None:
+    forks = section(forks_report[1], "forks")
+    assert "by the field that differed: content 2" in text_of(forks)
+    assert "plain" not in forks  # a session that never forked is counted, not listed
+    rows = [
+        [text_of(cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)]
+        for row in re.findall(r"<tr>(.*?)</tr>", forks, re.DOTALL)[1:]
+    ]
+    # branch, rollout, started as, what differed, turns kept, turns, verdict
+    first, question, tool_result = rows
+    assert first[0] == "0" and first[2] == "the session's first request" and first[-1] == "ok"
+    assert question[0] == "1" and question[2] == "fork of branch 0 at messages[1], content"
+    assert question[3] == "content: 'What is 6*7?' -> 'What is 6*7? Show your work.'"
+    assert question[4] == "0"  # the edit is in the first prompt: nothing of the parent is kept
+    assert tool_result[0] == "2" and tool_result[2] == "fork of branch 0 at messages[3], content"
+    assert tool_result[3] == "content: '42' -> '41'" and tool_result[4] == "1"  # the calculator call is kept
+    assert [r[-1] for r in rows] == ["ok", "ok", "ok"]
+
+
+def test_forked_rollouts_are_badged_and_filterable_in_the_list(forks_report: Any) -> None:
+    listing = section(forks_report[1], "rollouts")
+    badges = re.findall(r'<a class="badge fork" href="#session-1">([^<]*)</a>', listing)
+    assert sorted(badges) == [
+        "branch 1: fork of 0 at messages[1] (content)",
+        "branch 2: fork of 0 at messages[3] (content)",
+    ]
+    assert '<option value="fork">fork (2)</option>' in listing
+
+
+def test_records_of_other_loops_show_no_forks(built_report: Any) -> None:
+    assert 'id="forks"' not in built_report.html and "gateway session" not in built_report.stdout
+
+
+def test_a_malformed_fork_cause_is_an_error_naming_the_rollout_and_key(gateway_records: Path, tmp_path: Path) -> None:
+    from verl_ext.core.replay import RecordError
+    from verl_ext.report.forks import fork_counts
+    from verl_ext.report.load import load_records
+
+    lines = [json.loads(line) for line in gateway_records.read_text().splitlines()]
+    for obj in lines:
+        if obj.get("gateway", {}).get("fork"):
+            obj["gateway"]["fork"]["parent"] = "0"  # a string where the gateway writes the branch number
+    path = tmp_path / "broken.jsonl"
+    path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    records = load_records([path])  # the record reader passes the gateway key through; the report reads it
+    with pytest.raises(RecordError, match=r"^broken.jsonl #2: gateway.fork.parent must be an integer, got a string;"):
+        fork_counts(records.rollouts)

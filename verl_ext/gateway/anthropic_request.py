@@ -1,0 +1,305 @@
+"""An Anthropic Messages API request (``POST /v1/messages``) checked and mapped onto the gateway's chat request, so
+that a session served in either shape shares history matching, forks and the check.
+
+The mapping, block by block: ``system`` (text or text blocks) is the first message; a user message's
+``tool_result`` blocks are tool messages (``tool_use_id`` is their ``tool_call_id``) followed by its text, if any,
+as a user message; an assistant message's text blocks are its content, its ``tool_use`` blocks its tool calls
+(``input`` as the arguments) and its ``thinking`` block its ``reasoning_content``; a tool's ``input_schema`` is its
+function's parameters. Prompt-caching hints (``cache_control``) change no token and are accepted; ``is_error`` on
+a tool result is accepted too (the chat template renders a tool result as its text). Anything the engine cannot
+honour (images and documents, server tools, a forced ``tool_choice``, ``top_k``, extended-thinking budgets,
+prefill) is a 400 naming the field and the fix; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from verl_ext.core.messages import json_type
+from verl_ext.gateway.errors import GatewayError, bad_request
+from verl_ext.gateway.request import ChatRequest
+
+# Fields whose presence asks for something the engine cannot do (value None or absent is fine).
+_REFUSED = {
+    "top_k": "'top_k' is not served by the gateway's engine (it samples with temperature and top_p); leave it out",
+    "mcp_servers": "MCP servers are run by the client here: the gateway serves the model only; leave it out",
+    "container": "containers (server-side code execution) are not served; leave 'container' out",
+}
+_TEXT_ONLY = "only text, tool_use, tool_result and thinking blocks are served"
+
+
+def parse_messages_request(body: Any) -> ChatRequest:
+    """The checked request as the gateway's ``ChatRequest``. Raises ``GatewayError`` (400) naming the field."""
+    if not isinstance(body, Mapping):
+        raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
+    for key, why in _REFUSED.items():
+        if body.get(key) is not None:
+            raise bad_request(key, why, "unsupported")
+    _check_thinking(body.get("thinking"))
+    max_tokens = body.get("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise bad_request("max_tokens", f"'max_tokens' must be an integer of at least 1, got {max_tokens!r}")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise bad_request("messages", "'messages' must be a non-empty list of user and assistant messages")
+    messages = _system(body.get("system"))
+    for i, message in enumerate(raw):
+        messages += _message(message, i)
+    if raw[-1].get("role") == "assistant":
+        raise bad_request(
+            f"messages[{len(raw) - 1}]",
+            f"messages[{len(raw) - 1}] is an assistant message: prefill (continuing a partial assistant turn) is "
+            "not served, since the chat template closes every assistant turn; end the list with the user message "
+            "it answers",
+        )
+    _check_tool_results(raw)
+    return ChatRequest(
+        messages=tuple(messages),
+        tools=_tools(body.get("tools")),
+        max_tokens=max_tokens,
+        temperature=_number(body, "temperature", 0.0, 1.0),
+        top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+        seed=None,
+        stop=_stop_sequences(body.get("stop_sequences")),
+        stream=_stream(body.get("stream")),
+        include_usage=False,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        tool_choice=_tool_choice(body.get("tool_choice")),
+    )
+
+
+def _check_thinking(thinking: Any) -> None:
+    if thinking is None or (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
+        return
+    raise bad_request(
+        "thinking",
+        "'thinking' (extended thinking with a token budget) is not served: whether the policy reasons is set by its "
+        "chat template (the gateway's --template-kwargs, e.g. enable_thinking), and reasoning it samples comes back "
+        "as a thinking block; leave 'thinking' out",
+        "unsupported",
+    )
+
+
+def _system(system: Any) -> list[dict[str, Any]]:
+    if system is None:
+        return []
+    text = _text(system, "system")
+    return [{"role": "system", "content": text}]
+
+
+def _text(content: Any, where: str) -> str:
+    """A string, or the text of a list of text blocks (joined)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(where, f"{where} must be a string or a list of text blocks, got {json_type(content)}")
+    parts = []
+    for k, block in enumerate(content):
+        if not isinstance(block, Mapping) or block.get("type") != "text" or not isinstance(block.get("text"), str):
+            kind = block.get("type") if isinstance(block, Mapping) else json_type(block)
+            raise bad_request(f"{where}[{k}]", f"{where}[{k}] is a {kind!r} block; only text blocks are served here")
+        parts.append(block["text"])
+    return "".join(parts)
+
+
+def _blocks(message: Mapping[str, Any], where: str) -> list[Mapping[str, Any]]:
+    content = message.get("content")
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if not isinstance(content, list):
+        raise bad_request(f"{where}.content", f"{where}.content must be a string or a list of content blocks")
+    for k, block in enumerate(content):
+        if not isinstance(block, Mapping) or not isinstance(block.get("type"), str):
+            raise bad_request(f"{where}.content[{k}]", f"{where}.content[{k}] must be a content block with a 'type'")
+    return content
+
+
+def _message(message: Any, index: int) -> list[dict[str, Any]]:
+    """One Messages API message as the gateway's messages (a user message may become several)."""
+    where = f"messages[{index}]"
+    if not isinstance(message, Mapping):
+        raise bad_request(where, f"{where} must be an object with 'role' and 'content', got {json_type(message)}")
+    role = message.get("role")
+    if role not in ("user", "assistant"):
+        raise bad_request(f"{where}.role", f"{where}.role must be 'user' or 'assistant', got {role!r}")
+    blocks = _blocks(message, where)
+    return _user(blocks, where) if role == "user" else [_assistant(blocks, where)]
+
+
+def _user(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts: list[str] = []
+    for k, block in enumerate(blocks):
+        at = f"{where}.content[{k}]"
+        kind = block["type"]
+        if kind == "tool_result":
+            if texts:
+                raise bad_request(
+                    at, f"{at}: tool_result blocks must come before any text in a user message (the API's rule)"
+                )
+            if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
+                raise bad_request(f"{at}.tool_use_id", f"{at}: a tool_result needs the 'tool_use_id' it answers")
+            content = block.get("content")
+            text = "" if content is None else _text(content, f"{at}.content")
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+        elif kind == "text":
+            texts.append(_block_text(block, at))
+        else:
+            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_TEXT_ONLY}")
+    if texts or not out:
+        out.append({"role": "user", "content": "".join(texts)})
+    return out
+
+
+def _assistant(blocks: list[Mapping[str, Any]], where: str) -> dict[str, Any]:
+    texts: list[str] = []
+    reasoning: list[str] = []
+    calls: list[dict[str, Any]] = []
+    for k, block in enumerate(blocks):
+        at = f"{where}.content[{k}]"
+        kind = block["type"]
+        if kind == "text":
+            texts.append(_block_text(block, at))
+        elif kind == "thinking":
+            if not isinstance(block.get("thinking"), str):
+                raise bad_request(f"{at}.thinking", f"{at}: a thinking block's 'thinking' must be a string")
+            reasoning.append(block["thinking"])
+        elif kind == "tool_use":
+            calls.append(_tool_use(block, at))
+        else:
+            raise bad_request(at, f"{at} is a {kind!r} block in an assistant message; {_TEXT_ONLY}")
+    out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+    if reasoning:
+        out["reasoning_content"] = "".join(reasoning)
+    if calls:
+        out["tool_calls"] = calls
+    return out
+
+
+def _block_text(block: Mapping[str, Any], at: str) -> str:
+    if not isinstance(block.get("text"), str):
+        raise bad_request(f"{at}.text", f"{at}: a text block's 'text' must be a string")
+    return block["text"]
+
+
+def _tool_use(block: Mapping[str, Any], at: str) -> dict[str, Any]:
+    for key in ("id", "name"):
+        if not isinstance(block.get(key), str) or not block[key]:
+            raise bad_request(f"{at}.{key}", f"{at}: a tool_use block needs its '{key}' (a non-empty string)")
+    if "input" not in block:
+        raise bad_request(f"{at}.input", f"{at}: a tool_use block needs its 'input'")
+    arguments = json.dumps(block["input"], ensure_ascii=False)
+    return {"id": block["id"], "type": "function", "function": {"name": block["name"], "arguments": arguments}}
+
+
+def _check_tool_results(messages: list[Any]) -> None:
+    """Every tool_result answers a tool_use of an earlier assistant message."""
+    known: set[str] = set()
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        if not isinstance(content, list):
+            continue
+        for k, block in enumerate(content):
+            if message["role"] == "assistant" and block["type"] == "tool_use":
+                known.add(block["id"])
+            elif block["type"] == "tool_result" and block["tool_use_id"] not in known:
+                raise bad_request(
+                    f"messages[{i}].content[{k}].tool_use_id",
+                    f"messages[{i}].content[{k}]: tool_use_id {block['tool_use_id']!r} answers no tool_use block of "
+                    f"an earlier assistant message (tool_use ids so far: {sorted(known)})",
+                )
+
+
+def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request("tools", f"'tools' must be a list of tools, got {json_type(tools)}")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise bad_request(where, f"{where} must be an object with 'name' and 'input_schema'")
+        if tool.get("type") not in (None, "custom"):
+            raise bad_request(
+                f"{where}.type",
+                f"{where} is a server tool ({tool.get('type')!r}); the gateway serves the model only: declare the "
+                "tool with 'name', 'description' and 'input_schema' and run it in the client",
+                "unsupported",
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad_request(f"{where}.name", f"{where}: 'name' must be a non-empty string")
+        schema = tool.get("input_schema")
+        if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
+            raise bad_request(
+                f"{where}.input_schema",
+                f'{where}: \'input_schema\' must be a JSON Schema object ({{"type": "object", ...}}), '
+                f"got {json_type(schema)}",
+            )
+        description = tool.get("description")
+        if description is not None and not isinstance(description, str):
+            raise bad_request(f"{where}.description", f"{where}: 'description' must be a string")
+        function: dict[str, Any] = {"name": tool["name"]}
+        if description is not None:
+            function["description"] = description
+        function["parameters"] = dict(schema)
+        out.append({"type": "function", "function": function})
+    return tuple(out) or None
+
+
+def _tool_choice(choice: Any) -> str:
+    if choice is None:
+        return "auto"
+    kind = choice.get("type") if isinstance(choice, Mapping) else None
+    if kind in ("auto", "none"):
+        if choice.get("disable_parallel_tool_use"):
+            raise bad_request(
+                "tool_choice.disable_parallel_tool_use",
+                "'disable_parallel_tool_use' is not served: the engine samples freely and cannot be held to one "
+                "tool call; leave it out",
+                "unsupported",
+            )
+        return str(kind)
+    raise bad_request(
+        "tool_choice",
+        f"tool_choice {choice!r} is not served: the engine samples freely and cannot be forced to call a tool; "
+        'use {"type": "auto"} (or {"type": "none"})',
+        "unsupported",
+    )
+
+
+def _number(body: Mapping[str, Any], key: str, low: float, high: float, low_open: bool = False) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise bad_request(key, f"'{key}' must be a number, got {json_type(value)}")
+    if value > high or value < low or (low_open and value == low):
+        raise bad_request(key, f"'{key}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
+    return float(value)
+
+
+def _stop_sequences(stops: Any) -> tuple[str, ...]:
+    if stops is None:
+        return ()
+    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+        raise bad_request("stop_sequences", "'stop_sequences' must be a list of non-empty strings")
+    return tuple(stops)
+
+
+def _stream(stream: Any) -> bool:
+    if stream is None:
+        return False
+    if not isinstance(stream, bool):
+        raise bad_request("stream", f"'stream' must be true or false, got {json_type(stream)}")
+    return stream
+
+
+def stop_sequences_error(exc: GatewayError) -> GatewayError:
+    """The gateway's error for a ``stop`` string, named as the Messages API names the field."""
+    if exc.param != "stop":
+        return exc
+    message = exc.message.replace("stop ", "stop_sequences entry ", 1)
+    return GatewayError(exc.status, message, type=exc.type, param="stop_sequences", code=exc.code)

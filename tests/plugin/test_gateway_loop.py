@@ -4,6 +4,7 @@ written against the OpenAI SDK that reaches the loop's gateway over HTTP."""
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,10 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.syspath_prepend(str(REPO / "tests" / "gateway"))  # the harness module
 
     def make(
-        harness: str | None = None, command: str | None = None, prompt_length: int = 512
+        harness: str | None = None,
+        command: str | None = None,
+        prompt_length: int = 512,
+        section: dict[str, Any] | None = None,
     ) -> tuple[Any, RecordingServer]:
         cfg = verl_config(
             [
@@ -55,8 +59,8 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
             data_config=DictConfigWrap(cfg.data),
             tools=ToolListWrap(load_tools(REPO / "verl_ext" / "demo" / "tools.py")),
             hf_model_type="qwen3",
-            verl_ext={"records": {"dir": str(tmp_path / "records")}},
-            harness={"function": harness} if harness else {"command": command, "timeout_s": 120},
+            verl_ext={"records": {"dir": str(tmp_path / "records")}, "harness": section},
+            harness={"function": harness} if harness else {"command": command, "timeout_s": 120} if command else None,
         )
         return loop, server
 
@@ -134,15 +138,22 @@ def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> 
 
 
 @pytest.mark.parametrize(
-    "options",
+    ("options", "message"),
     [
-        {},
-        {"function": "a:b", "command": "x"},
-        {"function": "nocolon"},
-        {"function": "a:b", "branches": "all"},
-        {"x": 1},
+        ({}, "verl_ext_gateway_agent has no harness: set verl_ext.harness.function"),
+        ({"function": "a:b", "command": "x"}, "entry: both function ('a:b') and command ('x') are set"),
+        ({"function": "nocolon"}, "entry.function must be module:function"),
+        ({"function": "a:b", "branches": "all"}, "entry.branches=all is not supported"),
+        ({"x": 1}, "unknown option entry.x"),
     ],
 )
-def test_bad_harness_options_are_named(options: dict[str, Any]) -> None:
-    with pytest.raises(OptionsError, match="verl_ext_gateway_agent harness"):
-        HarnessOptions.from_mapping(options)
+def test_bad_harness_options_are_named(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionsError, match=re.escape(message)):
+        HarnessOptions.from_mapping(options, where="entry").required()
+
+
+def test_the_harness_comes_from_the_section_with_the_entrys_key_over_it(gateway_loop: Any) -> None:
+    loop, _ = gateway_loop(harness=None, section={"function": "sdk_harness:loop_react", "timeout_s": 9})
+    assert (loop.harness.function, loop.harness.timeout_s) == ("sdk_harness:loop_react", 9.0)
+    loop, _ = gateway_loop("sdk_harness:loop_failing", section={"function": "sdk_harness:loop_react", "timeout_s": 9})
+    assert (loop.harness.function, loop.harness.timeout_s) == ("sdk_harness:loop_failing", 9.0)

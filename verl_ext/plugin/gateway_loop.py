@@ -6,17 +6,17 @@ with verl's sampling parameters. For each row the loop opens a session, runs the
 URL and, when the harness is done, ends the session: each branch is checked and recorded as one rollout, and the
 last branch is the row's training sample. The harness is a Python callable (``module:function``, async or sync,
 called with ``base_url``, ``api_key`` and ``row``) or a command line run with ``OPENAI_BASE_URL`` and
-``OPENAI_API_KEY`` set (and the row as JSON in ``VERL_EXT_ROW``). Its result goes to
-``extra_fields["harness_result"]`` (the callable's return value, or the command's last stdout line, parsed as JSON
-where it parses). A harness that raises, runs past its timeout or exits non-zero ends the rollout with the reason
-in its record and ``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is
-trained.
+``OPENAI_API_KEY`` set (and the row as JSON in ``VERL_EXT_ROW``), named by ``verl_ext.harness`` (the ``gateway``
+preset) with the ``harness`` key of the loop's entry over it (``HarnessOptions``; the driver's preflight checks it).
+Its result goes to ``extra_fields["harness_result"]`` (the callable's return value, or the command's last stdout
+line, parsed as JSON where it parses). A harness that raises, runs past its timeout or exits non-zero ends the
+rollout with the reason in its record and ``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so
+nothing of it is trained.
 """
 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import inspect
 import json
 import logging
@@ -30,7 +30,6 @@ from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-from verl_ext.core.errors import OptionsError
 from verl_ext.gateway.conclude import BranchResult
 from verl_ext.gateway.engine import Sampled, Sampling
 from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
@@ -38,44 +37,11 @@ from verl_ext.gateway.service import Gateway, GatewayConfig
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop, training_step
 from verl_ext.plugin.engine_turn import generate_turn
+from verl_ext.plugin.harness_options import HarnessOptions, resolve_function
 
 log = logging.getLogger("verl_ext.plugin")
 
 AGENT_NAME = "verl_ext_gateway_agent"
-
-
-@dataclass(frozen=True)
-class HarnessOptions:
-    """``harness`` in the loop's entry of ``agent_loop_config_path`` (verl passes an entry's keys to the loop): the
-    harness (exactly one of ``function``, a ``module:function``, and ``command``), its timeout, the branch that
-    becomes the training sample (``last``), the branch cap per session."""
-
-    function: str | None = None
-    command: str | None = None
-    timeout_s: float = 600.0
-    branches: str = "last"
-    max_branches: int = 8
-
-    @classmethod
-    def from_mapping(cls, value: Mapping[str, Any] | None) -> HarnessOptions:
-        """Raises ``OptionsError`` naming the key for anything unknown or out of range."""
-        data = dict(value or {})
-        unknown = set(data) - {"function", "command", "timeout_s", "branches", "max_branches"}
-        if unknown:
-            raise OptionsError(f"{AGENT_NAME} harness: unknown keys {sorted(unknown)}")
-        options = cls(**data)
-        if (options.function is None) == (options.command is None):
-            raise OptionsError(f"{AGENT_NAME} harness: set exactly one of function (module:function) and command")
-        if options.function is not None and ":" not in options.function:
-            raise OptionsError(f"{AGENT_NAME} harness.function must be module:function, got {options.function!r}")
-        if options.branches != "last":
-            raise OptionsError(
-                f"{AGENT_NAME} harness.branches={options.branches!r}: only 'last' (verl 0.9.1's agent loop returns "
-                "one sample per row; every branch is still checked and recorded)"
-            )
-        if options.timeout_s <= 0 or options.max_branches < 1:
-            raise OptionsError(f"{AGENT_NAME} harness: timeout_s must be > 0 and max_branches >= 1")
-        return options
 
 
 class ServerManagerEngine:
@@ -113,12 +79,15 @@ _WORKERS: dict[int, _WorkerGateway] = {}  # event loop id -> its gateway (one pe
 
 
 class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
-    """Registered as ``verl_ext_gateway_agent`` (module docstring); the harness comes from the ``harness`` key of
-    the loop's entry (``HarnessOptions``), verl_ext's options from its ``verl_ext`` key as for the built-in loop."""
+    """Registered as ``verl_ext_gateway_agent`` (module docstring); the harness comes from ``verl_ext.harness`` with
+    the ``harness`` key of the loop's entry over it (``HarnessOptions``), verl_ext's other options as for the
+    built-in loop."""
 
     def __init__(self, *args: Any, harness: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
-        self.harness = HarnessOptions.from_mapping(harness)
         super().__init__(*args, **kwargs)
+        self.harness = HarnessOptions.from_mapping(
+            harness, base=self.options.harness, where=f"the harness key of agent loop {AGENT_NAME}"
+        ).required()
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """One row: open a session, run the harness, end the session, return the last branch as the sample."""
@@ -257,8 +226,7 @@ async def run_harness(
 
 
 async def _call(target: str, base_url: str, api_key: str, row: Mapping[str, Any]) -> Any:
-    module, _, name = target.partition(":")
-    function = getattr(importlib.import_module(module), name)
+    function = resolve_function(target)
     if inspect.iscoroutinefunction(function):
         return await function(base_url=base_url, api_key=api_key, row=row)
     return await asyncio.to_thread(function, base_url=base_url, api_key=api_key, row=row)

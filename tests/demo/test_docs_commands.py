@@ -50,6 +50,12 @@ NOT_RUN_KINDS: tuple[tuple[str, str], ...] = (
     ),
     (r"recipes/gsm8k_qwen3_sglang/submit\.sh$", "`ray job submit` to a GPU cluster"),
     (
+        r"recipes/agent_harness/submit\.sh",
+        "`ray job submit` of a GRPO run to a Ray cluster: tests/recipes/test_agent_harness_recipe.py checks what it "
+        "submits, tests/recipes/test_ray_cluster_recipe.py submits it (a harness the driver refuses), and "
+        "tests/demo/test_gateway_demo.py runs the same job without the cluster",
+    ),
+    (
         r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=\$PWD/build/verl_ext_env",
         "a GPU machine's set-up or run (tests/gpu/ runs where a GPU is lent)",
     ),

@@ -107,9 +107,9 @@ def test_a_harness_set_for_another_loop_is_said_to_be_unused() -> None:
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.command=agent"],
          r"^verl_ext.harness: both function .* and command .* are set"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=all"],
-         r"^verl_ext.harness.branches=all is not supported: verl_ext_gateway_agent hands verl one sample per row.*"
-         r"v0 trainer takes exactly one .* v1 trainer .*last one's GRPO advantage.*Every branch is still checked and "
-         r"recorded.*Fix: verl_ext.harness.branches=last$"),
+         r"^verl_ext.harness.branches=all is not supported yet: verl_ext_gateway_agent hands verl one sample per row.*"
+         r"v0 trainer takes exactly one .* v1 trainer .*last one's GRPO advantage.*trained twice.*Every branch is "
+         r"still checked and recorded.*Fix: verl_ext.harness.branches=last$"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=first"], r"branches must be 'last'"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.timeout_s=0"], r"timeout_s must be a positive"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.max_branches=0"], r"max_branches must be"),
@@ -149,3 +149,32 @@ def test_verls_validate_config_prints_the_harness_error_last_and_exits_2(capsys:
     assert exited.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1].strip()
     assert last.startswith("verl_ext.harness.function=nope:run: cannot import nope (ModuleNotFoundError"), last
+
+
+# -- why branches: all is refused, held to verl's own code (a verl upgrade that changes it fails here) ------------
+def test_verls_v0_worker_takes_one_output_per_row() -> None:
+    import asyncio
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, AgentLoopWorker
+
+    output = AgentLoopOutput(prompt_ids=[1], response_ids=[2], response_mask=[1], num_turns=1, metrics={})
+    with pytest.raises(AttributeError, match="'list' object has no attribute 'extra_fields'"):
+        asyncio.run(AgentLoopWorker._agent_loop_postprocess(None, [output, output], False, raw_prompt=[]))
+
+
+def test_verls_v1_grpo_gives_every_output_of_a_session_the_last_ones_advantage() -> None:
+    import numpy as np
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    # one prompt, a GRPO group of 2 sessions; session 0 returned two outputs (two branches) rewarded 5.0 then 0.0,
+    # session 1 one output rewarded 1.0
+    rewards = torch.tensor([[0.0, 5.0], [0.0, 0.0], [0.0, 1.0]])
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": torch.ones(3, 2, dtype=torch.int64)},
+        non_tensors={"uid": np.array(["u"] * 3, dtype=object)},
+    )
+    keys = ["u_0_0", "u_0_1", "u_1_0"]  # {uid}_{session}_{output}, as v1's worker stores them
+    advantages = compute_advantage_for_multi_trajectories(data, keys, "grpo", num_repeat=2).batch["advantages"]
+    assert torch.equal(advantages[0], advantages[1]) and advantages[0][0] < 0 < advantages[2][0]  # 5.0 is not seen

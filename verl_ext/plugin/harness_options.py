@@ -26,14 +26,16 @@ SECTION = "verl_ext.harness"
 GATEWAY_LOOP = "verl_ext_gateway_agent"
 # the keywords the loop calls a harness function with
 HARNESS_KEYWORDS = ("base_url", "api_key", "row")
-# verl 0.9.1 (agent_loop.py, _run_agent_loop) takes one AgentLoopOutput per row in its v0 trainer; the v1 trainer
-# takes a list but gives every output of a session the last one's GRPO advantage, and a fork's replayed turns would
-# be trained in both branches. verl_ext does not hand verl more than the last branch yet.
+# verl 0.9.1's v0 worker (agent_loop.py, _agent_loop_postprocess) takes one AgentLoopOutput per row; the v1 worker
+# (trainer/ppo/v1/agent_loop_tq.py) takes a list, and its GRPO advantage (v1/utils.py,
+# compute_advantage_for_multi_trajectories) gives every output of a session the last one's. A fork replays its
+# parent's turns, so those would be trained in both branches unless masked in one: not built (docs/gateway.md).
 BRANCHES_ALL_REFUSED = (
-    f"{SECTION}.branches=all is not supported: {GATEWAY_LOOP} hands verl one sample per row, the session's last "
-    "branch (verl 0.9.1's v0 trainer takes exactly one agent-loop output per row; its v1 trainer takes several but "
-    "gives each the last one's GRPO advantage, and a fork's replayed turns would be trained twice). Every branch is "
-    f"still checked and recorded (verl_ext.records.dir, `verl-ext report`). Fix: {SECTION}.branches=last"
+    f"{SECTION}.branches=all is not supported yet: {GATEWAY_LOOP} hands verl one sample per row, the session's last "
+    "branch (verl 0.9.1's v0 trainer takes exactly one agent-loop output per row; its v1 trainer takes several and "
+    "gives each the last one's GRPO advantage, but the turns a fork replays from its parent would be trained twice, "
+    "and verl_ext does not mask them yet). Every branch is still checked and recorded (verl_ext.records.dir, "
+    f"`verl-ext report`). Fix: {SECTION}.branches=last"
 )
 # shell words that are not programs: a command starting with one is run as written, its program not looked up
 _SHELL_WORDS = frozenset(

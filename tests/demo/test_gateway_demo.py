@@ -1,8 +1,8 @@
 """End to end through the gateway: ``verl-ext demo --loop gateway`` runs verl's real GRPO trainer (v1, Ray, FSDP2 on
 gloo, the CPU engine) with ``verl_ext_gateway_agent``, whose harness is the demo's ReAct calculator agent on the
 official openai SDK (verl_ext/demo/harness.py): each row is a gateway session, the harness runs the calculator the
-model called, and the session's branch is the row's training sample. One step, the demo's 2 rows x 2 samples: the
-least that trains a GRPO group (CI time: this is one trainer start, a minute or more on 2 cores)."""
+model called, and the session's branch is the row's training sample. One step of one row x 2 samples: the least
+that trains a GRPO group (CI time: this is one trainer start; the start, not the rollouts, is most of it)."""
 
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ from verl_ext.demo.data import DATA_SOURCE
 from verl_ext.demo.run import DemoResult, run_demo
 
 pytestmark = pytest.mark.timeout(600)
-ROLLOUTS = 4  # data.train_batch_size 2 x rollout.n 2 (configs/cpu_demo.yaml)
+ONE_ROW = ("data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
+ROLLOUTS = 2  # 1 row x rollout.n 2 (configs/cpu_demo.yaml)
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
     lines: list[str] = []
-    result = run_demo(tmp_path_factory.mktemp("demo-gateway"), steps=1, loop="gateway", say=lines.append)
+    out = tmp_path_factory.mktemp("demo-gateway")
+    result = run_demo(out, steps=1, loop="gateway", extra_overrides=ONE_ROW, say=lines.append)
     assert result.returncode == 0, "\n".join(lines)
     return result
 

@@ -107,12 +107,20 @@ def test_rollouts_a_worker_starts_together_share_one_gateway_server(
     earlier = _WORKERS.pop(id(event_loop), None)
     if earlier is not None:  # another test's gateway on this event loop: stopped, so this one starts afresh
         earlier.result().server.should_exit = True
-    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    rows = {t: [PROMPT[0], {"role": "user", "content": f"What is {t} * 7?"}] for t in (1.0, 0.5, 0.0)}
+    runs = []
+    for temperature, prompt in rows.items():  # rows with their own sampling, as validation rows have
+        params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+        runs.append(loop.run(params, raw_prompt=prompt))
     with caplog.at_level(logging.INFO, logger="verl_ext.plugin"):
-        outs = event_loop.run_until_complete(asyncio.gather(*(loop.run(params, raw_prompt=PROMPT) for _ in range(3))))
+        outs = event_loop.run_until_complete(asyncio.gather(*runs))
     started = [r for r in caplog.records if "gateway serving on" in r.getMessage()]
     assert len(started) == 1, [r.getMessage() for r in started]
     assert all(o.extra_fields["verl_ext_check"]["engine_ok"] for o in outs) and len(server.requests) == 6
+    for request in server.requests:  # each engine call had its own row's sampling parameters
+        text = loop.tokenizer.decode(request["prompt_ids"])
+        (temperature,) = [t for t in rows if f"What is {t} * 7?" in text]
+        assert request["sampling_params"]["temperature"] == temperature
 
 
 def test_failing_harness_trains_nothing_and_says_why(gateway_loop: Any, tmp_path: Path) -> None:

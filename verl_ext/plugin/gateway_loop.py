@@ -54,7 +54,8 @@ CallKey = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, output ids) of
 
 
 class ServerManagerEngine:
-    """The gateway's engine over verl's rollout server: verl's sampling parameters, one whole turn per call."""
+    """The gateway's engine over verl's rollout server: the sampling parameters verl gave the session's row (a
+    validation row's are not a training row's), one whole turn per call."""
 
     max_context: int | None = None
 
@@ -63,11 +64,13 @@ class ServerManagerEngine:
         self.sampling_params = dict(sampling_params)
         self.counters: Counter[str] = Counter()
         self.extra_fields: dict[str, dict[CallKey, dict[str, Any]]] = {}  # session -> call -> verl's extra fields
+        # session -> its row's sampling parameters (a validation row's differ from a training row's)
+        self.session_params: dict[str, dict[str, Any]] = {}
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampled:
         """One turn with verl's rollout sampling parameters (a harness's temperature does not change the policy's
         sampling), the gateway's budget and stop ids."""
-        params = dict(self.sampling_params)
+        params = dict(self.session_params.get(_SESSION.get() or "", self.sampling_params))
         stops = set(params.get("stop_token_ids") or ()) | set(sampling.stop_ids)
         if stops:
             params["stop_token_ids"] = sorted(stops)
@@ -169,6 +172,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             "data_source": kwargs.get("data_source"),
             "index": _plain_index(kwargs.get("index")),
         }
+        worker.engine.session_params[session_id] = dict(sampling_params)
         try:
             worker.gateway.open(session_id)
             base_url = f"{worker.url}/sessions/{session_id}/v1"
@@ -180,6 +184,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
                 results = worker.gateway.end(session_id, failure or "the harness finished")
         finally:
             del worker.records.rows[session_id]
+            del worker.engine.session_params[session_id]
         counters: Counter[str] = Counter()  # tito/loop/<name>: counted by the loop routing, once per rollout
         counters["gateway/forks"] = sum(1 for r in results if "fork" in r.rollout.extra["gateway"])
         counters["gateway/branches"] = len(results)
@@ -219,9 +224,8 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             start = _WORKERS[id(loop)] = loop.create_task(self._start_worker(sampling_params))
         worker = await asyncio.shield(start)  # a cancelled rollout does not cancel the start the others await
         # Loop instances of one worker share these in a run; set them per rollout all the same (they are this
-        # instance's: its server manager, sampling parameters, check, records and limits).
+        # instance's: its server manager, check, records and limits; the sampling parameters are per session).
         worker.engine.server_manager = self.server_manager
-        worker.engine.sampling_params = dict(sampling_params)
         worker.gateway.checker, worker.records.writer = self.rt.checker, self.rt.writer
         worker.gateway.config.response_length = self.response_length
         worker.gateway.config.max_branches = self.harness.max_branches

@@ -71,17 +71,18 @@ def test_the_job_runs_the_demos_harness_through_the_gateway_on_the_cluster(tmp_p
     assert lines[1].startswith("verl_ext: verl_ext_gateway_agent runs the harness function verl_ext.demo.harness:run")
 
 
-def test_a_harness_of_ones_own_and_trainer_options_reach_the_job(tmp_path: Path) -> None:
-    cfg, _ = job_config(tmp_path, "verl_ext.check.mode=strict", HARNESS="sdk_harness:loop_react", STEPS="1")
-    assert cfg.verl_ext.harness.function == "sdk_harness:loop_react" and cfg.trainer.total_training_steps == 1
+def test_a_harness_of_ones_own_and_trainer_options_reach_the_job(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = f"own_agent_{tmp_path.name}"  # a name no earlier test imported
+    cfg, _ = job_config(tmp_path, "verl_ext.check.mode=strict", HARNESS=f"{module}:run", STEPS="1")
+    assert cfg.verl_ext.harness.function == f"{module}:run" and cfg.trainer.total_training_steps == 1
     assert cfg.verl_ext.check.mode == "strict"
-    with pytest.raises(OptionsError, match=r"^verl_ext.harness.function=sdk_harness:loop_react: cannot import"):
+    with pytest.raises(OptionsError, match=rf"^verl_ext.harness.function={module}:run: cannot import {module} "):
         check_config(cfg)  # not on this driver's path: the job would stop here, before Ray starts
-    sys.path.insert(0, str(REPO / "tests" / "gateway"))
-    try:
-        assert "runs the harness function sdk_harness:loop_react" in check_config(cfg)[1]
-    finally:
-        sys.path.remove(str(REPO / "tests" / "gateway"))
+    (tmp_path / f"{module}.py").write_text("async def run(base_url, api_key, row):\n    return {}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert f"runs the harness function {module}:run" in check_config(cfg)[1]
     command = f'{sys.executable} -m my_agent --name "calc agent"'
     cfg, _ = job_config(tmp_path, HARNESS_COMMAND=command)
     assert cfg.verl_ext.harness.function is None

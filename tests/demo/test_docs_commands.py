@@ -31,6 +31,8 @@ NOT_RUN: dict[str, str] = {
     ".venv/bin/python tests/report/report_rollouts.py build/records": "a minute of building rollouts; the same "
     "builder writes the report tests' records (tests/report/conftest.py), whose report they check",
     "verl-ext demo --trainer v0": "a second demo run (minutes on 2 cores): tests/demo/test_e2e.py runs the v0 trainer",
+    "verl-ext demo --loop gateway --steps 1": "a demo run through the gateway (minutes on 2 cores): "
+    "tests/demo/test_gateway_demo.py runs it (one row x 2 samples)",
     "verl-ext demo actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_audited_tool_agent": "a demo run "
     "(minutes on 2 cores); the audited stock loop runs in tests/plugin/",
     "recipes/sglang/install.sh": "installs SGLang and CUDA torch on a GPU node (network, GPU)",
@@ -49,6 +51,12 @@ NOT_RUN_KINDS: tuple[tuple[str, str], ...] = (
         "needs the GSM8K files; tests/recipes/test_gsm8k_recipe.py runs the script on GSM8K-shaped rows",
     ),
     (r"recipes/gsm8k_qwen3_sglang/submit\.sh$", "`ray job submit` to a GPU cluster"),
+    (
+        r"recipes/agent_harness/submit\.sh",
+        "`ray job submit` of a GRPO run to a Ray cluster: tests/recipes/test_agent_harness_recipe.py checks what it "
+        "submits, tests/recipes/test_ray_cluster_recipe.py submits it (a harness the driver refuses), and "
+        "tests/demo/test_gateway_demo.py runs the same job without the cluster",
+    ),
     (
         r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=\$PWD/build/verl_ext_env",
         "a GPU machine's set-up or run (tests/gpu/ runs where a GPU is lent)",

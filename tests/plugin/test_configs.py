@@ -46,14 +46,14 @@ def test_the_documented_searchpath_override_selects_the_group_too():
 def test_an_unknown_preset_is_refused_by_hydra_with_the_available_ones():
     from hydra.errors import ConfigCompositionException
 
-    available = r"(?s)Available options in 'verl_ext':\s+audit\s+strict\s+warn"
+    available = r"(?s)Available options in 'verl_ext':\s+audit\s+gateway\s+strict\s+warn"
     with pytest.raises(ConfigCompositionException, match=available):
         verl_config(["+verl_ext=verl_ext"])  # used to be accepted as a string and change nothing
 
 
 def test_the_warn_preset_lists_every_option():
     options = OmegaConf.to_container(OmegaConf.load(CONFIG_DIR / "verl_ext" / "warn.yaml"))["verl_ext"]
-    assert set(options) == _KNOWN[""]
+    assert set(options) == _KNOWN[""] - {"harness"}  # the gateway preset lists those (test_gateway_preset)
     for section in ("check", "records"):
         assert set(options[section]) == _KNOWN[section]
     assert LoopOptions.from_mapping(options) == LoopOptions()  # and each at the default the dataclasses define
@@ -210,7 +210,7 @@ JSON_VALUES = st.recursive(
     max_leaves=4,
 )
 KEYS = [(key,) for key in sorted(_KNOWN[""])] + [
-    (section, key) for section in ("check", "records") for key in sorted(_KNOWN[section])
+    (section, key) for section in ("check", "records", "harness") for key in sorted(_KNOWN[section])
 ]
 
 

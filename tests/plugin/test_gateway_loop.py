@@ -3,7 +3,10 @@ written against the OpenAI SDK that reaches the loop's gateway over HTTP."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,7 @@ from loop_harness import RecordingServer, load_tools, run_loop, verl_config
 
 from verl_ext.core.errors import OptionsError
 from verl_ext.plugin import metrics_sink
-from verl_ext.plugin.gateway_loop import HarnessOptions
+from verl_ext.plugin.gateway_loop import _WORKERS, HarnessOptions
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "system", "content": "Use the calculator tool."}, {"role": "user", "content": "What is 12 * 7?"}]
@@ -32,7 +35,10 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
     monkeypatch.syspath_prepend(str(REPO / "tests" / "gateway"))  # the harness module
 
     def make(
-        harness: str | None = None, command: str | None = None, prompt_length: int = 512
+        harness: str | None = None,
+        command: str | None = None,
+        prompt_length: int = 512,
+        section: dict[str, Any] | None = None,
     ) -> tuple[Any, RecordingServer]:
         cfg = verl_config(
             [
@@ -55,8 +61,8 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
             data_config=DictConfigWrap(cfg.data),
             tools=ToolListWrap(load_tools(REPO / "verl_ext" / "demo" / "tools.py")),
             hf_model_type="qwen3",
-            verl_ext={"records": {"dir": str(tmp_path / "records")}},
-            harness={"function": harness} if harness else {"command": command, "timeout_s": 120},
+            verl_ext={"records": {"dir": str(tmp_path / "records")}, "harness": section},
+            harness={"function": harness} if harness else {"command": command, "timeout_s": 120} if command else None,
         )
         return loop, server
 
@@ -66,6 +72,7 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
 def test_harness_rollout_is_the_engines_tokens_checked_and_recorded(gateway_loop: Any, tmp_path: Path) -> None:
     metrics_sink.drain()
     loop, server = gateway_loop("sdk_harness:loop_react")
+    server.server.global_steps = 7  # the weights' step, as a weight sync sets it
     out = run_loop(loop, PROMPT)
     assert out.extra_fields["harness_result"]["turns"] == 2
     assert out.extra_fields["verl_ext_check"]["engine_ok"], out.extra_fields["verl_ext_check"]
@@ -75,24 +82,60 @@ def test_harness_rollout_is_the_engines_tokens_checked_and_recorded(gateway_loop
     assert stream[: len(first["prompt_ids"])] == first["prompt_ids"]  # one stream: each prompt extends the last
     assert stream[: len(second["prompt_ids"])] == second["prompt_ids"]
     assert sum(out.response_mask) == len(first["output_ids"]) + len(second["output_ids"])
+    # the engine's extra fields of the trained calls reach verl (v1 reads the weight versions that served the sample)
+    assert out.extra_fields["global_steps"] == 7
+    assert not any(w.result().engine.extra_fields for w in _WORKERS.values())  # the session's calls are forgotten
     m = metrics_sink.drain()
     assert m["tito/rollouts_checked"] == 1 and m["tito/engine_view_failures"] == 0
-    assert m["tito/gateway/forks"] == 0 and m[f"tito/loop/{'verl_ext_gateway_agent'}"] == 1
+    assert m["tito/gateway/forks"] == 0 and m["tito/gateway/branches"] == 1
+    assert "tito/loop/verl_ext_gateway_agent" not in m  # verl's worker counts the loop (loop routing), once
     lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
     assert [r["type"] for r in lines] == ["header", "rollout"]
     assert lines[1]["gateway"]["ended"] == "the harness finished"
+    # the row's step (no step passed, as in v0: the served weight version + 1), data source and index
+    assert (lines[1]["step"], lines[1]["data_source"], lines[1]["index"]) == (8, None, None)
+
+
+def test_rollouts_a_worker_starts_together_share_one_gateway_server(
+    gateway_loop: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    # (one loop built for two checks: a build loads the model) the harness is verl_ext.harness with the entry's over it
+    section = {"function": "sdk_harness:loop_failing", "timeout_s": 90}
+    loop, server = gateway_loop("sdk_harness:loop_react", section=section)
+    assert (loop.harness.function, loop.harness.timeout_s) == ("sdk_harness:loop_react", 90.0)
+    event_loop = loop.loop
+    earlier = _WORKERS.pop(id(event_loop), None)
+    if earlier is not None:  # another test's gateway on this event loop: stopped, so this one starts afresh
+        earlier.result().server.should_exit = True
+    rows = {t: [PROMPT[0], {"role": "user", "content": f"What is {t} * 7?"}] for t in (1.0, 0.5, 0.0)}
+    runs = []
+    for temperature, prompt in rows.items():  # rows with their own sampling, as validation rows have
+        params = {"temperature": temperature, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+        runs.append(loop.run(params, raw_prompt=prompt))
+    with caplog.at_level(logging.INFO, logger="verl_ext.plugin"):
+        outs = event_loop.run_until_complete(asyncio.gather(*runs))
+    started = [r for r in caplog.records if "gateway serving on" in r.getMessage()]
+    assert len(started) == 1, [r.getMessage() for r in started]
+    assert all(o.extra_fields["verl_ext_check"]["engine_ok"] for o in outs) and len(server.requests) == 6
+    for request in server.requests:  # each engine call had its own row's sampling parameters
+        text = loop.tokenizer.decode(request["prompt_ids"])
+        (temperature,) = [t for t in rows if f"What is {t} * 7?" in text]
+        assert request["sampling_params"]["temperature"] == temperature
 
 
 def test_failing_harness_trains_nothing_and_says_why(gateway_loop: Any, tmp_path: Path) -> None:
     metrics_sink.drain()
     loop, _ = gateway_loop("sdk_harness:loop_failing")
-    out = run_loop(loop, PROMPT)
+    out = run_loop(loop, PROMPT, global_steps=5, data_source="calc", index=3)
     assert sum(out.response_mask) == 0
+    # verl's v1 trainer reads these from every sample (an int each): the untrained one has them too
+    assert (out.extra_fields["min_global_steps"], out.extra_fields["max_global_steps"]) == (5, 5)
     assert "the harness gave up" in out.extra_fields["verl_ext_gateway"]["failed"]
     m = metrics_sink.drain()
     assert m["tito/gateway/harness_failed"] == 1
     lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
     assert "the harness gave up" in lines[1]["gateway"]["ended"]  # its one branch is still recorded
+    assert (lines[1]["step"], lines[1]["data_source"], lines[1]["index"]) == (5, "calc", 3)  # v1 passes the step
 
 
 SDK_COMMAND = """
@@ -134,15 +177,15 @@ def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> 
 
 
 @pytest.mark.parametrize(
-    "options",
+    ("options", "message"),
     [
-        {},
-        {"function": "a:b", "command": "x"},
-        {"function": "nocolon"},
-        {"function": "a:b", "branches": "all"},
-        {"x": 1},
+        ({}, "verl_ext_gateway_agent has no harness: set verl_ext.harness.function"),
+        ({"function": "a:b", "command": "x"}, "entry: both function ('a:b') and command ('x') are set"),
+        ({"function": "nocolon"}, "entry.function must be module:function"),
+        ({"function": "a:b", "branches": "all"}, "entry.branches=all is not supported"),
+        ({"x": 1}, "unknown option entry.x"),
     ],
 )
-def test_bad_harness_options_are_named(options: dict[str, Any]) -> None:
-    with pytest.raises(OptionsError, match="verl_ext_gateway_agent harness"):
-        HarnessOptions.from_mapping(options)
+def test_bad_harness_options_are_named(options: dict[str, Any], message: str) -> None:
+    with pytest.raises(OptionsError, match=re.escape(message)):
+        HarnessOptions.from_mapping(options, where="entry").required()

@@ -7,7 +7,8 @@ ports apart from Ray's defaults), stopped at the end, pass or fail:
 - a job stopped while it runs: the submit helper exits non-zero with STOPPED (``ray job submit`` exits 0 for it),
   and waits for the terminal status when the log stream ends before the job does;
 - recipes/gsm8k_qwen3_sglang/submit.sh from another folder: its code and configs travel as Ray's working_dir, and the
-  job's first step checks the shared paths on both nodes, one line each (a missing model fails the job).
+  job's first step checks the shared paths on both nodes, one line each (a missing model fails the job);
+- recipes/agent_harness/submit.sh with a harness that cannot be imported: the job's driver stops it before training.
 
 Slow (a few minutes on 2 cores): one cluster for the module."""
 
@@ -155,3 +156,18 @@ def test_the_gsm8k_job_ships_its_code_and_checks_the_shared_paths_on_every_node(
     line = rf"shared storage: ERROR: model {missing}: not usable on 2 of 2 nodes \(node .*: no folder"
     assert re.search(line, job.stdout), job.stdout[-3000:]
     assert f"shared storage: data {data}: ok on all 2 nodes" in job.stdout
+
+
+@pytest.mark.timeout(300)
+def test_the_agent_harness_recipe_stops_a_harness_that_cannot_run_before_training(cluster: dict[str, str]) -> None:
+    # recipes/agent_harness/submit.sh on this cluster, with a harness no node can import: the job's driver refuses it
+    # in one line before training starts, and the script exits non-zero with FAILED (the harness run itself is
+    # tests/demo/test_gateway_demo.py's, and what the recipe submits is tests/recipes/test_agent_harness_recipe.py's)
+    env = {**cluster, "HARNESS": "no_such_agents.calc:run"}
+    job = subprocess.run(
+        [str(REPO / "recipes" / "agent_harness" / "submit.sh")], env=env, capture_output=True, text=True, timeout=280
+    )
+    assert job.returncode == 1 and last_status(job.stdout)[1] == "FAILED", job.stdout[-3000:] + job.stderr[-2000:]
+    refused = "verl_ext.harness.function=no_such_agents.calc:run: cannot import no_such_agents.calc (ModuleNotFound"
+    assert refused in job.stdout, job.stdout[-3000:]
+    assert "weights synced" not in job.stdout and "step 1/" not in job.stdout  # stopped before the trainer's workers

@@ -6,20 +6,22 @@ import argparse
 from pathlib import Path
 
 from verl_ext.core.errors import OptionsError
-from verl_ext.demo.run import run_demo, shown
+from verl_ext.demo.run import LOOPS, run_demo, shown
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
     """``verl-ext demo``: run the CPU GRPO demo; exit code 1 when any step had an engine-view failure."""
     if args.steps < 1:
         raise OptionsError(f"--steps must be at least 1, got {args.steps}")
+    loop = args.loop
+    harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
     print(
-        f"verl-ext demo: {args.steps} GRPO steps of verl's {args.trainer} trainer on CPU, with verl_ext_tool_agent, "
+        f"verl-ext demo: {args.steps} GRPO steps of verl's {args.trainer} trainer on CPU, with {LOOPS[loop]}{harness}, "
         "the verl_ext_cpu engine and a tiny random Qwen3 model (the first assistant turn is a forced calculator call: "
         "a demo-only hook, see docs/cpu-engine.md)",
         flush=True,
     )
-    result = run_demo(Path(args.out), steps=args.steps, trainer=args.trainer, extra_overrides=args.overrides)
+    result = run_demo(Path(args.out), steps=args.steps, trainer=args.trainer, extra_overrides=args.overrides, loop=loop)
     if result.returncode != 0:
         return result.returncode
     failures = sum(m.get("tito/engine_view_failures", 0) for m in result.steps.values())

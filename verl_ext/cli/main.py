@@ -59,6 +59,13 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="build/demo", metavar="DIR", help="where the model, data, log and report go")
     demo.add_argument("--steps", type=int, default=2, help="GRPO steps (default 2)")
     demo.add_argument("--trainer", choices=("v1", "v0"), default="v1", help="verl's v1 (TransferQueue) or v0 trainer")
+    demo.add_argument(
+        "--loop",
+        choices=("tool", "gateway"),
+        default="tool",
+        help="tool: verl_ext_tool_agent (default); gateway: verl_ext_gateway_agent running the demo's harness (a ReAct "
+        "agent on the openai SDK, verl_ext/demo/harness.py) through the gateway",
+    )
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for verl's trainer")
     return parser
 

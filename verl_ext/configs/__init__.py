@@ -1,5 +1,5 @@
 """verl_ext's configs, shipped in the package: the Hydra config group ``verl_ext`` (presets ``warn``, ``strict``,
-``audit``: the one place verl_ext's options are defined) and the agent-loop list for
+``audit``, ``gateway``: the one place verl_ext's options are defined) and the agent-loop list for
 ``rollout.agent.agent_loop_config_path``. The job configs that select a preset (the GRPO + SGLang job, the CPU demo)
 are in the repository's top-level ``configs/``.
 
@@ -12,4 +12,4 @@ from pathlib import Path
 
 CONFIG_DIR = Path(__file__).resolve().parent
 SEARCHPATH = "pkg://verl_ext.configs"
-PRESETS = ("warn", "strict", "audit")
+PRESETS = ("warn", "strict", "audit", "gateway")

@@ -6,6 +6,10 @@ an arithmetic tool-calling dataset, run ``python -m verl.trainer.main_ppo`` with
 HTML report from the rollout records. Everything lands in ``--out`` (default build/demo); the trainer's full log is
 train.log.
 
+``loop="gateway"`` (``verl-ext demo --loop gateway``) runs the same job with verl_ext's ``gateway`` preset:
+``verl_ext_gateway_agent`` runs the demo's harness (verl_ext/demo/harness.py, a ReAct calculator agent on the openai
+SDK) once per row through the token-keeping gateway, instead of verl_ext_tool_agent's own loop (``GATEWAY_OVERRIDES``).
+
 A random model never calls a tool, so the demo sets the CPU engine's TEST/DEMO-ONLY hook that teacher-forces a
 calculator call as every trajectory's first assistant turn (its logprobs are still the model's); later turns are
 sampled. Never use that hook in a real run.
@@ -25,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from verl_ext.core.errors import MissingFileError
+from verl_ext.core.errors import MissingFileError, OptionsError
 from verl_ext.engines.forced_turn import FORCED_TOOL_CALL
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,6 +43,10 @@ STEP_METRICS = (
 _NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\)?$")
 _STEP_LINE = re.compile(r"step:(\d+) - ")  # after Ray's "(TaskRunner pid=...)" prefix, if any
 JOB_CONFIGS = REPO / "configs"  # the user-facing job configs (the verl_ext option group stays in the package)
+DEMO_HARNESS = "verl_ext.demo.harness:run"
+# the demo job with the gateway preset and the demo's harness: verl_ext_gateway_agent instead of verl_ext_tool_agent
+GATEWAY_OVERRIDES = ("verl_ext=gateway", f"verl_ext.harness.function={DEMO_HARNESS}")
+LOOPS = {"tool": "verl_ext_tool_agent", "gateway": "verl_ext_gateway_agent"}  # --loop -> the agent loop that runs
 
 
 @dataclass
@@ -121,9 +129,12 @@ def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
     return {"model": model, "train": data["train"], "val": data["val"]}
 
 
-def trainer_command(paths: dict[str, Path], out: Path, steps: int, trainer: str, extra: Sequence[str]) -> list[str]:
-    """verl's trainer on the demo's job config, with the paths ``prepare`` made. Raises MissingFileError outside a
-    clone of the repository (the job config is in its top-level configs/, not in the package)."""
+def trainer_command(
+    paths: dict[str, Path], out: Path, steps: int, trainer: str, extra: Sequence[str], loop: str = "tool"
+) -> list[str]:
+    """verl's trainer on the demo's job config, with the paths ``prepare`` made (and, for ``loop="gateway"``, the
+    gateway preset with the demo's harness; ``extra`` comes after, so it can name another). Raises MissingFileError
+    outside a clone of the repository (the job config is in its top-level configs/, not in the package)."""
     if not (JOB_CONFIGS / "cpu_demo.yaml").is_file():
         raise MissingFileError(
             f"{JOB_CONFIGS / 'cpu_demo.yaml'} is missing: `verl-ext demo` runs from a clone of the verl_ext "
@@ -145,6 +156,7 @@ def trainer_command(paths: dict[str, Path], out: Path, steps: int, trainer: str,
         f"trainer.default_local_dir={out / 'checkpoints'}",
         f"verl_ext.records.dir={out / 'records'}",
         f"hydra.run.dir={out / 'hydra'}",
+        *(GATEWAY_OVERRIDES if loop == "gateway" else ()),
         *extra,
     ]
 
@@ -155,7 +167,12 @@ def run_demo(
     trainer: str = "v1",
     extra_overrides: Sequence[str] = (),
     say: Callable[[str], None] = print,
+    loop: str = "tool",
 ) -> DemoResult:
+    """The demo, end to end (module docstring); ``loop`` is ``tool`` (verl_ext_tool_agent) or ``gateway``
+    (verl_ext_gateway_agent with the demo's harness). Raises ``OptionsError`` for another ``loop``."""
+    if loop not in LOOPS:
+        raise OptionsError(f"the demo's loop must be one of {sorted(LOOPS)}, got {loop!r}")
     started = time.monotonic()
 
     def stamp(message: str) -> None:
@@ -175,7 +192,7 @@ def run_demo(
         "TOKENIZERS_PARALLELISM": "false",
         "VERL_EXT_CPU_FORCE_FIRST_TURN": os.environ.get("VERL_EXT_CPU_FORCE_FIRST_TURN", FORCED_TOOL_CALL),
     }
-    command = trainer_command(paths, out, steps, trainer, extra_overrides)
+    command = trainer_command(paths, out, steps, trainer, extra_overrides, loop)
     stamp(f"starting verl's trainer ({trainer}, {steps} GRPO steps, Ray on CPU); full log: {shown(log)}")
     result = DemoResult(returncode=-1, out=out, log=log)
     with log.open("w", encoding="utf-8") as fh:
@@ -239,6 +256,7 @@ class _Milestones:
         ("verl_ext plugin loaded", "verl_ext plugin loaded (agent loops, CPU engine, CPU platform)"),
         ("Started a local Ray instance", "Ray started"),
         ("verl_ext check ready", "first rollout: verl_ext probed the chat template and armed the check"),
+        ("gateway serving on", "the agent-loop worker's gateway is serving; the harness runs each row against it"),
         ("update_weights", "weights synced from the trainer to the CPU rollout server"),
     )
 

@@ -3,7 +3,8 @@
 Options come from two places, merged in this order (later wins):
 1. a top-level ``verl_ext:`` section of verl's config (``+verl_ext.check.mode=strict`` on the command line);
 2. the ``verl_ext:`` key of the loop's entry in ``actor_rollout_ref.rollout.agent.agent_loop_config_path``.
-See verl_ext/configs/verl_ext/warn.yaml for every key with its default.
+See verl_ext/configs/verl_ext/warn.yaml for every key with its default (and gateway.yaml for ``verl_ext.harness``,
+the harness of ``verl_ext_gateway_agent``: ``HarnessOptions``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import Any
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.core.errors import OptionsError
 from verl_ext.core.option_rules import choice, reject_unknown
+from verl_ext.plugin.harness_options import HarnessOptions
 
-__all__ = ["AgentNameColumn", "LoopOptions", "OptionsError", "RecordsOptions"]
+__all__ = ["AgentNameColumn", "HarnessOptions", "LoopOptions", "OptionsError", "RecordsOptions"]
 
 
 class AgentNameColumn(StrEnum):
@@ -44,7 +46,7 @@ class RecordsOptions:
 @dataclass(frozen=True)
 class LoopOptions:
     """``verl_ext``: each field is an option key with its default (defined here only; ``check`` is ``CheckPolicy``,
-    ``records`` is ``RecordsOptions``)."""
+    ``records`` is ``RecordsOptions``, ``harness`` is ``HarnessOptions``: read by ``verl_ext_gateway_agent`` only)."""
 
     check: CheckPolicy = field(default_factory=CheckPolicy)
     records: RecordsOptions = field(default_factory=RecordsOptions)
@@ -52,6 +54,7 @@ class LoopOptions:
     tool_timeout_s: float = 30.0
     extra_stop_tokens: tuple[str, ...] = ()  # stop tokens the engine is configured with beyond the template's
     agent_name_column: AgentNameColumn = AgentNameColumn.SWITCH
+    harness: HarnessOptions = field(default_factory=HarnessOptions)
 
     @classmethod
     def from_sources(cls, *sources: Mapping[str, Any] | None) -> LoopOptions:
@@ -107,16 +110,19 @@ class LoopOptions:
             agent_name_column=choice(
                 "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", d.agent_name_column)
             ),
+            harness=HarnessOptions.from_mapping(options.get("harness")),  # its keys and rules live in HarnessOptions
         )
 
 
 _DEFAULTS = LoopOptions()
 # The option keys, from the dataclasses' fields (the one place each option and its default is defined);
-# configs/verl_ext/warn.yaml lists every one with its default, and a test holds it to these.
+# configs/verl_ext/warn.yaml lists every one with its default (gateway.yaml the harness's), and a test holds them
+# to these.
 _KNOWN: dict[str, set[str]] = {
     "": {f.name for f in fields(LoopOptions)},
     "check": {f.name for f in fields(CheckPolicy)},
     "records": {f.name for f in fields(RecordsOptions)},
+    "harness": {f.name for f in fields(HarnessOptions)},
 }
 
 

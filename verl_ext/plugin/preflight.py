@@ -10,6 +10,9 @@ minutes later, in an agent-loop worker, with the message buried in the log. Here
 - what turns verl_ext off or breaks it on every node, one line each: a ``default_agent_loop`` no loop is registered
   under (``verl_ext_tool_agnet``), ``multi_turn.enable=false`` or ``calculate_log_probs=false`` with a verl_ext loop
   (the presets set both; a later override can undo them), a ``verl_ext.records.dir`` the driver cannot create;
+- where the default loop is ``verl_ext_gateway_agent`` (the ``gateway`` preset), its harness (``verl_ext.harness``
+  with the loop entry's ``harness`` key over it): named, importable and callable with the loop's keywords, or a
+  command whose program exists; ``branches: all`` is refused with the reason (verl_ext.plugin.harness_options);
 - the local parquet files of ``data.train_files`` / ``data.val_files`` are read for an ``agent_name`` column: with
   ``verl_ext.agent_name_column=stop`` a row naming a loop that is not verl_ext's stops the run here; otherwise one
   line says which rows switch to verl_ext's loop and which will bypass it.
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 from verl_ext.core.errors import VerlExtError
 
 if TYPE_CHECKING:
+    from verl_ext.plugin.harness_options import HarnessOptions
     from verl_ext.plugin.loop_routing import LoopRouter
     from verl_ext.plugin.options import LoopOptions
 
@@ -72,12 +76,20 @@ def check_config(config: Any) -> list[str]:
         ]
     loop_options = merged.get(default_loop, options)
     _check_rollout_settings(config, default_loop, loop_options)
+    harness = _gateway_harness(config, default_loop, registry[default_loop], loop_options)
     for records_dir in sorted({o.records.dir for o in (options, *merged.values()) if o.records.dir}):
         _check_records_dir(records_dir)
     lines = [
         f"verl_ext: options checked before Ray starts: loop {default_loop}, check {loop_options.check.mode.value}, "
         f"records {loop_options.records.dir or 'off'}, agent_name column: {router.column.value}"
     ]
+    if harness is not None:
+        lines.append(f"verl_ext: {default_loop} runs the {harness.describe()}")
+    elif options.harness.function is not None or options.harness.command is not None:
+        lines.append(
+            f"verl_ext: WARNING: verl_ext.harness is set but {DEFAULT_LOOP_KEY}={default_loop}: a harness runs only "
+            "under verl_ext_gateway_agent (+verl_ext=gateway), so it is not used"
+        )
     for key in ("train_files", "val_files"):
         lines += _dataset_lines(f"data.{key}", config.data.get(key), router)
     return lines
@@ -96,6 +108,45 @@ def _loop_options(config: Any, section: Any, name: str, entry: Mapping[str, Any]
             raise
         path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
         raise OptionsError(f"{path}: the verl_ext key of agent loop {name!r}: {exc}") from None
+
+
+def _gateway_harness(config: Any, name: str, entry: Any, options: LoopOptions) -> HarnessOptions | None:
+    """The harness loop ``name`` runs (``verl_ext.harness``, its entry's ``harness`` key over it), checked that it can
+    run, where the loop is ``verl_ext_gateway_agent`` or a subclass; None for any other loop."""
+    from verl_ext.plugin.harness_options import HarnessOptions, check_harness
+    from verl_ext.plugin.options import OptionsError
+
+    target = entry.get("_target_") if hasattr(entry, "get") else None
+    if not _runs_a_harness(None if target is None else str(target)):
+        return None
+    try:
+        harness = HarnessOptions.from_mapping(entry.get("harness"), base=options.harness, where="harness")
+    except OptionsError as exc:
+        path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
+        raise OptionsError(f"{path}: the harness key of agent loop {name!r}: {exc}") from None
+    check_harness(harness.required())
+    return harness
+
+
+def _runs_a_harness(target: str | None) -> bool:
+    """A registry entry's ``_target_`` is ``VerlExtGatewayAgentLoop`` or a subclass (a target that does not import is
+    not: verl reports it)."""
+    import importlib
+
+    from verl_ext.plugin import _GATEWAY_LOOP_PATH
+
+    if not target:
+        return False
+    if target == _GATEWAY_LOOP_PATH:
+        return True
+    module_name, _, attr = target.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError, ValueError):
+        return False
+    from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
+
+    return isinstance(cls, type) and issubclass(cls, VerlExtGatewayAgentLoop)
 
 
 def _check_rollout_settings(config: Any, loop: str, options: LoopOptions) -> None:

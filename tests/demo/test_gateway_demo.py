@@ -1,0 +1,62 @@
+"""End to end through the gateway: ``verl-ext demo --loop gateway`` runs verl's real GRPO trainer (v1, Ray, FSDP2 on
+gloo, the CPU engine) with ``verl_ext_gateway_agent``, whose harness is the demo's ReAct calculator agent on the
+official openai SDK (verl_ext/demo/harness.py): each row is a gateway session, the harness runs the calculator the
+model called, and the session's branch is the row's training sample. One step of one row x 2 samples: the least
+that trains a GRPO group (CI time: this is one trainer start; the start, not the rollouts, is most of it)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verl_ext.demo.data import DATA_SOURCE
+from verl_ext.demo.run import DemoResult, run_demo
+
+pytestmark = pytest.mark.timeout(600)
+ONE_ROW = ("data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
+ROLLOUTS = 2  # 1 row x rollout.n 2 (configs/cpu_demo.yaml)
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
+    lines: list[str] = []
+    out = tmp_path_factory.mktemp("demo-gateway")
+    result = run_demo(out, steps=1, loop="gateway", extra_overrides=ONE_ROW, say=lines.append)
+    assert result.returncode == 0, "\n".join(lines)
+    return result
+
+
+def records(result: DemoResult) -> list[dict[str, Any]]:
+    return [json.loads(line) for f in (result.out / "records").glob("*.jsonl") for line in f.read_text().splitlines()]
+
+
+def test_a_grpo_step_trains_on_the_harness_sessions(demo: DemoResult) -> None:
+    assert sorted(demo.steps) == [1]
+    m = demo.steps[1]
+    assert m["actor/grad_norm"] > 0 and m["training/rollout_probs_diff_max"] < 1e-3
+    assert m["tito/loop/verl_ext_gateway_agent"] == ROLLOUTS and "tito/loop/verl_ext_tool_agent" not in m
+    assert m["tito/rollouts_checked"] == ROLLOUTS and m["tito/engine_view_failures"] == 0
+    assert m["tito/lost_sampled_tokens"] == 0 and m["tito/sampled_tokens"] > 0
+    # one session per row, one branch each (the harness sends the history back as the gateway gave it)
+    assert m["tito/gateway/branches"] == ROLLOUTS and m["tito/gateway/forks"] == 0
+    assert "tito/gateway/harness_failed" not in m and "tito/gateway/engine_fields_missing" not in m
+    # the forced calculator call, its result sent back by the harness, and a sampled answer: 2 model turns
+    assert m["num_turns/mean"] == 5
+
+
+def test_every_session_is_checked_recorded_and_reported(demo: DemoResult) -> None:
+    rollouts = [r for r in records(demo) if r["type"] == "rollout"]
+    assert len(rollouts) == ROLLOUTS and all(r["check"]["engine_ok"] for r in rollouts)
+    assert {r["gateway"]["ended"] for r in rollouts} == {"the harness finished"}
+    # each record is its row's: the training step, the dataset's source and row index (not only the gateway session)
+    assert {(r["step"], r["data_source"]) for r in rollouts} == {(1, DATA_SOURCE)}
+    assert all(isinstance(r["index"], int) for r in rollouts)
+    for r in rollouts:  # the harness ran the calculator on the model's call (12 * 7) and sent the result back
+        tool = next(m for m in r["messages"] if m["role"] == "tool")
+        assert tool["content"] == "84", tool
+    assert demo.report is not None and Path(demo.report).is_file()
+    html = demo.report.read_text()
+    assert "Engine view: 0 failures" in html and "Template audit" in html

@@ -8,6 +8,9 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 PIP := $(BIN)/pip install -c constraints.txt
 PYTEST_ARGS ?=
+# Two pytest-xdist workers (CI has two cores); the modules that start Ray run one after another on one of them
+# (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in one process.
+PYTEST_WORKERS ?= 2
 
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -59,7 +62,7 @@ $(SGLANG_STAMP): $(STAMP) requirements-sglang-cpu.txt
 
 test: venv tokenizers browser sglang-cpu
 	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes bench
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The main job: verl's GRPO trainer on CPU with verl_ext switched on; writes build/demo/report.html.
 demo: venv tokenizers

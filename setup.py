@@ -30,6 +30,7 @@ setup(
             "pytest>=8",
             "pytest-asyncio",
             "pytest-timeout",
+            "pytest-xdist>=3.5",  # `make test` runs two workers; Ray modules share one (tests/conftest.py)
             "hypothesis>=6",
             "ruff",
             "openai",

@@ -17,30 +17,15 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 REPO_ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = REPO_ROOT / "tests" / "fixtures"
 
-# Modules that start Ray (verl's trainer, a Ray cluster, ray.init) run one after another on one pytest-xdist worker
-# (`make test` runs `pytest -n 2 --dist loadgroup`): two Ray sessions at once on two cores would only slow each other,
-# and a ray.init() could join a cluster another module started. The other worker takes the single-process tests.
-RAY_MODULES = (
-    "tests/demo/",
-    "tests/recipes/",
-    "tests/plugin/test_rollout_faults.py",
-)
+# Modules that start Ray (verl's trainer, a Ray cluster, ray.init) carry ``pytest.mark.xdist_group("ray")``: `make
+# test` runs `pytest -n 2 --dist loadgroup`, so they run one after another on one worker. Two Ray sessions at once
+# on two cores would only slow each other, and a ray.init() could join a cluster another module started.
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks the Ray modules' tests as one xdist group and moves them first: the group is the longest unit of work,
-    so it starts at once on one worker while the other takes everything else."""
-    ray: list[pytest.Item] = []
-    rest: list[pytest.Item] = []
-    for item in items:
-        module = Path(str(item.fspath)).resolve().relative_to(REPO_ROOT).as_posix()
-        if module.startswith(RAY_MODULES):
-            item.add_marker(pytest.mark.xdist_group("ray"))
-            ray.append(item)
-        else:
-            rest.append(item)
-    items[:] = ray + rest
+    """Moves the Ray group's tests first: the group is the longest unit of work, so it starts at once on one worker
+    while the other takes everything else."""
+    items.sort(key=lambda item: not any(m.args[:1] == ("ray",) for m in item.iter_markers("xdist_group")))  # stable
 
 
 @pytest.fixture(scope="session")

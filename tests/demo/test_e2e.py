@@ -12,7 +12,7 @@ import pytest
 
 from verl_ext.demo.run import DemoResult
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]  # the Ray group: tests/conftest.py
 
 
 @pytest.fixture(scope="module", params=["v1", "v0"])

@@ -17,6 +17,8 @@ from verl_ext.engines.sglang_output import ENGINE_FIELD
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import MAX_CONTINUATIONS, RolloutInterrupted
 
+pytestmark = pytest.mark.xdist_group("ray")  # the Ray group: tests/conftest.py
+
 PROMPT = [{"role": "user", "content": "What is 12 * 7? Use the calculator."}]
 
 

@@ -21,6 +21,8 @@ from verl_ext.demo.run import JOB_CONFIGS, trainer_command
 from verl_ext.plugin.options import OptionsError
 from verl_ext.plugin.preflight import check_config
 
+pytestmark = pytest.mark.xdist_group("ray")  # the Ray group: tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 SUBMIT = REPO / "recipes" / "agent_harness" / "submit.sh"
 

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("ray")  # the Ray group: tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "gsm8k_qwen3_sglang"
 SGLANG = REPO / "recipes" / "sglang"

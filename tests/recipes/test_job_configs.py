@@ -17,6 +17,8 @@ from omegaconf import OmegaConf
 from verl_ext.configs import CONFIG_DIR
 from verl_ext.plugin.preflight import PreflightError, check_config
 
+pytestmark = pytest.mark.xdist_group("ray")  # the Ray group: tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 JOBS = REPO / "configs"
 PATHS = {  # what submit.sh / `verl-ext demo` fill in

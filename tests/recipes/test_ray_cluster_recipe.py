@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.xdist_group("ray")  # the Ray group: tests/conftest.py
+
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "cpu_demo"
 RAY_PORT, DASHBOARD_PORT = "26479", "28365"

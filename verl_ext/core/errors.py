@@ -10,6 +10,7 @@ to the code that raises them (the module is named in brackets) and subclass ``Ve
     │   ├── TemplateError            the chat template cannot be used the way a rollout needs
     │   ├── TrajectoryError          a trajectory operation would break the token invariants
     │   ├── OptionsError             an option or command-line argument is unknown or has a bad value
+    │   │   └── HarnessSpecError     [plugin.harness_options] the gateway loop's harness cannot run
     │   ├── EngineRequestError       an engine request verl_ext's engines cannot serve
     │   │   └── StopStringError      [engines.sglang_output] a stop string sent to SGLang's token-in server
     │   ├── RecordError              [core.replay] a replay record is malformed

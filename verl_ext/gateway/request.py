@@ -3,7 +3,8 @@
 What the gateway serves is the OpenAI chat-completions shape with one choice (``n`` = 1). Messages come out
 normalized: ``content`` is text (text parts joined; null is ""), ``developer`` is ``system``, an assistant's
 ``reasoning`` is ``reasoning_content``. Nothing a request asks for is silently ignored: a field the engine cannot
-honour (``n`` > 1, ``logprobs``, penalties, a forced ``tool_choice``) is refused with the reason.
+honour (``n`` > 1, ``logprobs``, penalties, a forced ``tool_choice``, ``parallel_tool_calls: false``) is refused
+with the reason.
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     for key, defaults in _REFUSED_IF_SET.items():
         if body.get(key) not in defaults:
             raise bad_request(key, f"'{key}' is not supported by the gateway's engine; leave it out", "unsupported")
+    if body.get("parallel_tool_calls") is False:
+        raise bad_request(
+            "parallel_tool_calls",
+            "'parallel_tool_calls': false is not served: the engine samples freely and may write several calls in "
+            "one turn, and every call it wrote is returned (the tokens hold them all); leave it out or set it true",
+            "unsupported",
+        )
     response_format = body.get("response_format")
     if response_format is not None and (response_format or {}).get("type") != "text":
         raise bad_request("response_format", "only the text response format is served (no constrained decoding)")

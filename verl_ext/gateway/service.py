@@ -18,7 +18,7 @@ from verl_ext.core.engine_output import validate_engine_output
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
-from verl_ext.core.turn_end import end_of_turn_ids, judge_finish, message_body
+from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
 from verl_ext.gateway.engine import Engine, Sampling
@@ -41,6 +41,7 @@ class Completion:
     token_ids: tuple[int, ...]
     branch: int
     fork: Fork | None
+    malformed_calls: int = 0  # tool-call blocks the parser could not read (left out of content and tool_calls)
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Gateway:
 
     @property
     def counters(self) -> Counter[str]:
-        """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``."""
+        """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
+        ``malformed_calls``, ``invalid_engine_output``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
@@ -159,16 +161,20 @@ class Gateway:
                 empty = {"role": "assistant", "content": ""}
                 return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
             parse = bool(request.tools) and request.tool_choice != "none"
-            body = message_body(call.output_ids, self._end_ids)
-            turn = await self.reader.read(body, request.tools, len(branch.turns), self.renderer.decode, parse)
+            turn = await self.reader.read(
+                call.output_ids, self._end_ids, request.tools, len(branch.turns), self.renderer.decode, parse
+            )
             visible = visible_message(turn.message, self.markers, turn.calls, parse)
             branch.add_turn(call, turn.message, visible)
             session.register(branch)
             self.counters["turns"] += 1
+            self.counters["malformed_calls"] += turn.malformed
             reason = (
                 "length" if finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
             )
-            return Completion(visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork)
+            return Completion(
+                visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed
+            )
 
     def end(self, session_id: str, why: str = "ended by the client") -> list[BranchResult]:
         """End a session: check every branch and write its record. Ending an ended session returns nothing new."""

@@ -17,7 +17,7 @@ USER = {"role": "user", "content": "hi"}
 
 def refused(body: Any) -> GatewayError:
     with pytest.raises(GatewayError) as info:
-        parse_chat_request(body)
+        parse_chat_request(body).messages.check_all()  # messages are checked when read
     assert info.value.status == 400
     assert info.value.body()["error"]["type"] == "invalid_request_error"
     return info.value

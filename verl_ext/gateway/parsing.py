@@ -10,9 +10,9 @@ stream keeps it as sampled.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from verl_ext.core.turn_end import message_body
 from verl_ext.core.turn_parse import ParsedCall, ParsedTurn, assistant_message, parse_turn
@@ -88,6 +88,43 @@ class ReasoningMarkers:
         head, _, content = text.partition(self.close)
         reasoning = head.split(self.open)[-1] if self.open in head else head
         return reasoning.strip("\n"), content.lstrip("\n")
+
+
+class ReasoningSplit(Sequence[Mapping[str, Any]]):
+    """A request's messages with each assistant message whose content still holds the sampled reasoning split as
+    the answer split it (so a harness that echoes the whole text matches too), message by message when read: the
+    messages a session does not read are not split. ``raw`` is the list as sent (``MessageList.raw``), or None."""
+
+    def __init__(self, messages: Sequence[Mapping[str, Any]], markers: ReasoningMarkers) -> None:
+        self.messages = messages
+        self.markers = markers
+        self.raw: list[Any] | None = getattr(messages, "raw", None)
+        self._read: dict[int, Mapping[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Mapping[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> Mapping[str, Any] | list[Mapping[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.messages)))]
+        i = index + len(self.messages) if index < 0 else index
+        if i not in self._read:
+            message = self.messages[i]
+            if message["role"] == "assistant" and self.markers.close in message["content"]:
+                reasoning, content = self.markers.split(message["content"])
+                message = {**message, "content": content, "reasoning_content": reasoning}
+            self._read[i] = message
+        return self._read[i]
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        for i in range(len(self.messages)):
+            yield self[i]
 
 
 def reasoning_markers(tokenizer: Any) -> ReasoningMarkers | None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,7 +23,7 @@ from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
 from verl_ext.gateway.engine import Engine, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
-from verl_ext.gateway.parsing import ReasoningMarkers, visible_message
+from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Session
 from verl_ext.telemetry.records import RecordWriter
@@ -116,7 +116,7 @@ class Gateway:
         async with session.lock:
             if session.ended:
                 raise session_finished(session_id, session.ended)
-            messages = self._split_reasoning(request.messages)
+            messages = request.messages if self.markers is None else ReasoningSplit(request.messages, self.markers)
             stop_ids = tuple(sorted(set(self._stop_ids(request.stop)) | set(self.reader.stop_token_ids)))
             try:
                 prepared = session.prepare(messages, request.tools)
@@ -220,17 +220,6 @@ class Gateway:
 
     def _new_trajectory(self) -> TokenTrajectory:
         return TokenTrajectory(self.renderer, self.profile)
-
-    def _split_reasoning(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """A request's assistant messages whose content still holds the sampled reasoning, split as the response
-        split it (so a harness that echoes the whole text matches too)."""
-        out = []
-        for message in messages:
-            if message["role"] == "assistant" and self.markers and self.markers.close in message["content"]:
-                reasoning, content = self.markers.split(message["content"])
-                message = {**message, "content": content, "reasoning_content": reasoning}
-            out.append(dict(message))
-        return out
 
     def _max_tokens(self, request: ChatRequest, spent: int, prompt_length: int) -> int:
         left = self.config.response_length - spent

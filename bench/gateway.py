@@ -16,10 +16,13 @@ answers every call with the same ids at once. Measured in one run, on the same c
   own work, per turn.
 
 Costs are this process's CPU time (client, server and parser threads: on a shared machine, what other processes do
-counts against no method), with wall time printed beside them. Every method runs ``--reps`` times, the methods
-taking turns, and each figure is the fastest repetition. Concurrent figures are the cost of the whole run divided by
-the number of requests (the cost of a turn under that load). Goals, checked on CPU time at the end (``--check``:
-exit 1 when one fails):
+counts against no method), with wall time printed beside them. In the single-session run the four methods take turns
+at every turn (their order rotating), so that each turn's four figures are taken under the same moment's load; the
+run is repeated ``--reps`` times and each turn's figure is its fastest repetition. At 1, 16 and 64 sessions, turn by
+turn, the loop advances as many rollouts (as an agent-loop worker interleaves them) and each server gets every
+session's request of that turn at once, the three taking turns; each figure is the cost of the fastest of
+``--reps`` runs divided by its turns (the cost of a turn under that load). Goals, checked on CPU time at the end
+(``--check``: exit 1 when one fails):
 
 - ``gateway / (loop + bare) <= 1.5`` at each concurrency, and in each turn bucket of the long single-session run;
 - flat: that ratio in turns 193-256 at most 1.25x its value in turns 9-32. A request carries the whole history, so
@@ -27,7 +30,7 @@ exit 1 when one fails):
   record of each engine call holds the whole prompt (in ``loop``): a flat ratio means the gateway adds no work that
   grows faster than reading the request.
 
-Usage: ``python bench/gateway.py [--turns 256] [--concurrent-turns 32] [--sessions 1 16 64] [--reps 3] [--check]``.
+Usage: ``python bench/gateway.py [--turns 256] [--concurrent-turns 32] [--sessions 1 16 64] [--reps 5] [--check]``.
 """
 
 from __future__ import annotations
@@ -199,56 +202,86 @@ class Clock:
 # -- the methods -------------------------------------------------------------------------------------------------
 
 
-def loop_turns(p: dict[str, Any], turns: int) -> list[Cost]:
-    """Cost per turn of ``verl_ext_tool_agent``'s bookkeeping (its steps between two engine calls; turn 1 also
-    renders the first prompt, as the gateway's first request does)."""
-    from verl_ext.check.inputs import EngineCall
-    from verl_ext.core.engine_output import validate_engine_output
-    from verl_ext.core.trajectory import TokenTrajectory
-    from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
-    from verl_ext.plugin.tool_calls import parse_turn
+class LoopTurns:
+    """``verl_ext_tool_agent``'s bookkeeping, turn by turn (its steps between two engine calls; turn 1 also renders
+    the first prompt, as the gateway's first request does)."""
 
-    renderer, profile, ids = p["renderer"], p["profile"], p["ids"]
-    end_ids = end_of_turn_ids(profile)
-    log_probs = [-0.5] * len(ids)
-    out: list[Cost] = []
+    def __init__(self, p: dict[str, Any]) -> None:
+        from verl_ext.core.turn_end import end_of_turn_ids
 
-    async def run() -> None:  # one event loop for every turn, as the agent loop has
+        self.p = p
+        self.end_ids = end_of_turn_ids(p["profile"])
+        self.log_probs = [-0.5] * len(p["ids"])
+        self.trajectory: Any = None
+        self.prompt: Any = None
+
+    async def turn(self, k: int) -> Cost:
+        from verl_ext.check.inputs import EngineCall
+        from verl_ext.core.engine_output import validate_engine_output
+        from verl_ext.core.trajectory import TokenTrajectory
+        from verl_ext.core.turn_end import judge_finish
+        from verl_ext.plugin.tool_calls import parse_turn
+
+        p, ids, log_probs = self.p, self.p["ids"], self.log_probs
+        renderer, profile = p["renderer"], p["profile"]
         clock = Clock()
-        t = TokenTrajectory(renderer, profile)
-        prompt = t.start([{"role": "user", "content": "What is 6*7?"}], TOOLS)
-        for k in range(turns):
-            finish = judge_finish(ids, 10**9, [], profile)
-            EngineCall.of(prompt, ids, log_probs, finish.value)
-            assert not validate_engine_output(ids, log_probs, renderer.vocab_size, stop_ids=profile.stop_id_set)
-            turn = await parse_turn(p["loop_parser"], ids, end_ids, renderer.decode, p["schemas"], k, 1)
-            t.add_sampled(ids, log_probs, finish, message=turn.message)
-            tool = {"role": "tool", "tool_call_id": turn.calls[0].call_id, "content": RESULT}
-            prompt = t.append_messages([tool])
-            out.append(clock.lap())
-
-    asyncio.run(run())
-    return out
+        if self.trajectory is None:
+            self.trajectory = TokenTrajectory(renderer, profile)
+            self.prompt = self.trajectory.start([{"role": "user", "content": "What is 6*7?"}], TOOLS)
+        finish = judge_finish(ids, 10**9, [], profile)
+        EngineCall.of(self.prompt, ids, log_probs, finish.value)
+        assert not validate_engine_output(ids, log_probs, renderer.vocab_size, stop_ids=profile.stop_id_set)
+        turn = await parse_turn(p["loop_parser"], ids, self.end_ids, renderer.decode, p["schemas"], k, 1)
+        self.trajectory.add_sampled(ids, log_probs, finish, message=turn.message)
+        tool = {"role": "tool", "tool_call_id": turn.calls[0].call_id, "content": RESULT}
+        self.prompt = self.trajectory.append_messages([tool])
+        return clock.lap()
 
 
-def in_process_turns(p: dict[str, Any], bodies: Sequence[bytes]) -> list[Cost]:
-    """Cost per turn of ``parse_chat_request`` + ``Gateway.complete`` on each body read as JSON (untimed: a fresh
-    object per request, as the server reads it)."""
+METHODS = ("loop", "in_process", "bare", "gateway")
+
+
+def long_run(p: dict[str, Any], bodies: Sequence[bytes], urls: dict[str, str], tag: str) -> tuple[dict, list]:
+    """One session's turns with the four methods taking turns at every turn, their order rotating, so that each
+    turn's figures are taken under the same moment's load: the loop's bookkeeping, ``Gateway.complete`` in process
+    on the body read as JSON (untimed: a fresh object per request, as the server reads it), and the request over
+    HTTP to the bare endpoint and to the gateway. Returns the costs per method and the HTTP answers."""
+    import httpx
+
     from verl_ext.gateway.request import parse_chat_request
 
-    gateway = new_gateway(p)
-    out: list[Cost] = []
+    loop, gateway = LoopTurns(p), new_gateway(p)
+    out: dict[str, list[Cost]] = {name: [] for name in METHODS}
+    answers: list[tuple[int, bytes]] = []
+    headers = {"content-type": "application/json"}
 
     async def run() -> None:
-        for raw in bodies:
-            body = json.loads(raw)
-            clock = Clock()
-            await gateway.complete("s", parse_chat_request(body))
-            out.append(clock.lap())
+        async with httpx.AsyncClient(timeout=600) as client:
+            for name in ("bare", "gateway"):  # connections open before the timing
+                await client.post(
+                    f"{urls[name]}/sessions/{tag}-warm/v1/chat/completions", content=bodies[0], headers=headers
+                )
+            for k, raw in enumerate(bodies):
+                for name in METHODS[k % 4 :] + METHODS[: k % 4]:
+                    if name == "loop":
+                        cost = await loop.turn(k)
+                    elif name == "in_process":
+                        body = json.loads(raw)
+                        clock = Clock()
+                        await gateway.complete("s", parse_chat_request(body))
+                        cost = clock.lap()
+                    else:
+                        clock = Clock()
+                        response = await client.post(
+                            f"{urls[name]}/sessions/{tag}/v1/chat/completions", content=raw, headers=headers
+                        )
+                        cost = clock.lap()
+                        answers.append((response.status_code, response.content))
+                    out[name].append(cost)
 
     asyncio.run(run())
     assert gateway.counters["forks"] == 0 and gateway.counters["turns"] == len(bodies)
-    return out
+    return out, answers
 
 
 def bare_app(answer: bytes) -> Any:
@@ -269,50 +302,51 @@ def bare_app(answer: bytes) -> Any:
     return app
 
 
-@dataclass
-class HttpRun:
-    """One run of concurrent sessions against a server: the cost over all requests, each request's cost by turn
-    (meaningful for one session: with several, a request's clock also runs for the others), and the answers
-    (checked after the run, untimed)."""
-
-    total: Cost
-    by_turn: list[list[Cost]]
-    answers: list[tuple[int, bytes]]
-
-
-def http_run(url: str, bodies: Sequence[Sequence[bytes]], tag: str) -> HttpRun:
-    """Session k sends ``bodies[k]`` in order (a request after the previous answer), all sessions at once."""
+def concurrent_run(
+    p: dict[str, Any], bodies: Sequence[Sequence[bytes]], urls: dict[str, str], tag: str
+) -> tuple[dict[str, Cost], list[tuple[int, bytes]]]:
+    """``len(bodies)`` sessions at once, turn by turn: at each turn the loop advances as many rollouts (as an
+    agent-loop worker interleaves them), and each server gets every session's request of that turn at once; the
+    three take turns at every turn, their order rotating. Returns each method's cost over the run, and the answers."""
     import httpx
 
-    turns = len(bodies[0])
-    by_turn: list[list[Cost]] = [[] for _ in range(turns)]
+    sessions, turns = len(bodies), len(bodies[0])
+    loops = [LoopTurns(p) for _ in range(sessions)]
+    costs = {name: Cost(0.0, 0.0) for name in ("loop", "bare", "gateway")}
     answers: list[tuple[int, bytes]] = []
     headers = {"content-type": "application/json"}
 
-    async def one(client: httpx.AsyncClient, k: int) -> None:
-        path = f"/sessions/{tag}-{k}/v1/chat/completions"
-        for turn, body in enumerate(bodies[k]):
-            clock = Clock()
-            response = await client.post(path, content=body, headers=headers)
-            by_turn[turn].append(clock.lap())
-            answers.append((response.status_code, response.content))
+    async def post(client: httpx.AsyncClient, name: str, k: int, turn: int) -> None:
+        url = f"{urls[name]}/sessions/{tag}-{k}/v1/chat/completions"
+        response = await client.post(url, content=bodies[k][turn], headers=headers)
+        answers.append((response.status_code, response.content))
 
-    async def run() -> Cost:
-        limits = httpx.Limits(max_connections=len(bodies), max_keepalive_connections=len(bodies))
-        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as client:
-            await client.post(f"/sessions/{tag}-warm/v1/chat/completions", content=bodies[0][0], headers=headers)
-            clock = Clock()
-            await asyncio.gather(*(one(client, k) for k in range(len(bodies))))
-            return clock.lap()
+    async def run() -> None:
+        limits = httpx.Limits(max_connections=2 * sessions, max_keepalive_connections=2 * sessions)
+        async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+            for name in ("bare", "gateway"):  # connections open before the timing, one session each
+                warm = [f"{urls[name]}/sessions/{tag}-warm{k}/v1/chat/completions" for k in range(sessions)]
+                await asyncio.gather(*(client.post(url, content=bodies[0][0], headers=headers) for url in warm))
+            for turn in range(turns):
+                names = list(costs)
+                for name in names[turn % 3 :] + names[: turn % 3]:
+                    clock = Clock()
+                    if name == "loop":
+                        for loop in loops:
+                            await loop.turn(turn)
+                    else:
+                        await asyncio.gather(*(post(client, name, k, turn) for k in range(sessions)))
+                    lap = clock.lap()
+                    costs[name] = Cost(costs[name].cpu + lap.cpu, costs[name].wall + lap.wall)
 
-    total = asyncio.run(run())
-    return HttpRun(total, by_turn, answers)
+    asyncio.run(run())
+    return costs, answers
 
 
-def check_answers(run: HttpRun, expected_calls: Any) -> None:
+def check_answers(answers: Sequence[tuple[int, bytes]], expected_calls: Any) -> None:
     """Every answer is a 200 with the tool call the harness expects (the run measured served turns; the bare
     endpoint's canned answer is a gateway answer)."""
-    for status, body in run.answers:
+    for status, body in answers:
         if status != 200:
             raise RuntimeError(f"answered {status}: {body[:300]!r}")
         calls = json.loads(body)["choices"][0]["message"]["tool_calls"]
@@ -396,7 +430,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--turns", type=int, default=256, help="turns of the single-session run (buckets, flatness)")
     parser.add_argument("--concurrent-turns", type=int, default=32, help="turns per session of the concurrent runs")
     parser.add_argument("--sessions", type=int, nargs="+", default=[1, 16, 64])
-    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--tokenizer", default=str(REPO / "build" / "tokenizers" / "qwen3"))
     parser.add_argument("--check", action="store_true", help="exit 1 when a goal fails")
     args = parser.parse_args(argv)
@@ -413,32 +447,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     served = ServerThread(create_app(gateway, MODEL)).start()
     long_bodies = long_conv.bodies(0, n)
     series: dict[str, list[list[Cost]]] = {"loop": [], "in_process": [], "bare": [], "gateway": []}
-    totals: dict[int, dict[str, list[Cost]]] = {s: {"bare": [], "gateway": []} for s in args.sessions}
+    totals: dict[int, dict[str, list[Cost]]] = {s: {"loop": [], "bare": [], "gateway": []} for s in args.sessions}
+    urls = {"bare": bare.url, "gateway": served.url}
     try:
         for rep in range(args.reps):
             print(f"repetition {rep + 1}/{args.reps}", file=sys.stderr)
-            series["loop"].append(timed("loop", lambda: loop_turns(p, n)))
-            series["in_process"].append(timed("in process", lambda: in_process_turns(p, long_bodies)))
-            for name, url in (("bare", bare.url), ("gateway", served.url)):
-                tag = f"long{rep}"
-                run = timed(f"{name} x1, {n} turns", lambda url=url, tag=tag: http_run(url, [long_bodies], tag))
-                series[name].append([costs[0] for costs in run.by_turn])
-                check_answers(run, expected_calls)
+            tag = f"long{rep}"
+            costs, answers = timed(f"one session, {n} turns", lambda tag=tag: long_run(p, long_bodies, urls, tag))
+            for name, values in costs.items():
+                series[name].append(values)
+            check_answers(answers, expected_calls)
             for s in args.sessions:
                 bodies = [long_conv.bodies(k, args.concurrent_turns) for k in range(s)]
-                for name, url in (("bare", bare.url), ("gateway", served.url)):
-                    tag = f"c{s}r{rep}"
-                    run = timed(f"{name} x{s}", lambda url=url, bodies=bodies, tag=tag: http_run(url, bodies, tag))
-                    totals[s][name].append(run.total.per(s * args.concurrent_turns))
-                    check_answers(run, expected_calls)
+                tag = f"c{s}r{rep}"
+                run = timed(f"{s} sessions", lambda bodies=bodies, tag=tag: concurrent_run(p, bodies, urls, tag))
+                check_answers(run[1], expected_calls)
+                for name, cost in run[0].items():
+                    totals[s][name].append(cost.per(s * args.concurrent_turns))
     finally:
         bare.stop()
         served.stop()
     assert gateway.counters["forks"] == 0, "the benchmark's harness must not fork"
 
     per_turn = {name: fastest_per_turn(runs) for name, runs in series.items()}
-    loop_concurrent = bucket_mean(per_turn["loop"], 1, args.concurrent_turns)
-    concurrent = {s: {"loop": loop_concurrent, **{k: fastest(v) for k, v in totals[s].items()}} for s in args.sessions}
+    concurrent = {s: {k: fastest(v) for k, v in totals[s].items()} for s in args.sessions}
     buckets = {
         (a, b): {name: bucket_mean(values, a, b) for name, values in per_turn.items()} for a, b in BUCKETS if b <= n
     }

@@ -17,7 +17,7 @@ USER = {"role": "user", "content": "hi"}
 
 def refused(body: Any) -> GatewayError:
     with pytest.raises(GatewayError) as info:
-        parse_chat_request(body)
+        parse_chat_request(body).messages.check_all()  # messages are checked when read
     assert info.value.status == 400
     assert info.value.body()["error"]["type"] == "invalid_request_error"
     return info.value
@@ -41,6 +41,7 @@ def refused(body: Any) -> GatewayError:
         ({"messages": [USER], "temperature": 3}, "temperature"),
         ({"messages": [USER], "logprobs": True}, "logprobs"),
         ({"messages": [USER], "tool_choice": "required"}, "tool_choice"),
+        ({"messages": [USER], "parallel_tool_calls": False}, "parallel_tool_calls"),
         ({"messages": [USER, {"role": "assistant", "content": "x"}]}, "messages[1]"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0]"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages[0]"),
@@ -48,6 +49,10 @@ def refused(body: Any) -> GatewayError:
 )
 def test_malformed_field_is_named(body: dict[str, Any], param: str) -> None:
     assert refused(body).param == param
+
+
+def test_parallel_tool_calls_true_is_served() -> None:
+    assert parse_chat_request({"messages": [USER], "parallel_tool_calls": True}).tool_choice == "auto"
 
 
 def test_body_must_be_an_object() -> None:
@@ -90,6 +95,7 @@ def test_core_modules_import_neither_verl_nor_ray() -> None:
     code = (
         "import sys\n"
         "import verl_ext.gateway.session, verl_ext.gateway.request, verl_ext.gateway.conclude\n"
+        "import verl_ext.gateway.service, verl_ext.gateway.parsing, verl_ext.gateway.server\n"
         "print(sorted(m for m in ('verl', 'ray', 'torch') if m in sys.modules))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -1,23 +1,24 @@
-"""What an assistant turn's sampled ids say: its tool calls (read by verl's tool parsers, as the built-in agent loop
-reads them) and its reasoning (split from the content for the client, kept in the stream as sampled)."""
+"""What an assistant turn's sampled ids say: its tool calls and its reasoning.
+
+The calls are read by ``verl_ext.core.turn_parse.parse_turn``, the function ``verl_ext_tool_agent`` calls, with
+verl's tool parser of the same format: the same ids give the same message for the template, the same calls and the
+same count of malformed calls. The gateway has no limit on calls per turn: every call the parser read goes to the
+client (the client runs the tools; a call left out of the answer would still be in the sampled tokens, and the
+client's next request could not match them). The reasoning is split from the content for the client only; the
+stream keeps it as sampled.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
-from verl_ext.plugin.tool_calls import ParsedCall, assistant_message, call_id, malformed_count
+from verl_ext.core.turn_end import message_body
+from verl_ext.core.turn_parse import ParsedCall, ParsedTurn, assistant_message, parse_turn
+from verl_ext.gateway.history import tools_key
 
-
-@dataclass(frozen=True)
-class ParsedTurn:
-    """One turn as read: the message for the template (content as sampled, reasoning included), the calls, and the
-    number of tool-call blocks the parser saw but could not read."""
-
-    message: dict[str, Any]
-    calls: tuple[ParsedCall, ...]
-    malformed: int
+_SCHEMA_LISTS = 64  # tool lists whose schemas are kept (sessions of one gateway usually share one list)
 
 
 class ToolCallReader:
@@ -33,6 +34,7 @@ class ToolCallReader:
             known = sorted(ToolParser._registry)
             raise ValueError(f"unknown tool-call format {parser_format!r}; verl's parsers: {known}") from exc
         self.format = parser_format
+        self._schemas: dict[bytes, list[Any]] = {}  # tools key -> verl's schemas (validated once per tool list)
 
     @property
     def stop_token_ids(self) -> list[int]:
@@ -40,24 +42,34 @@ class ToolCallReader:
         return list(self.parser.stop_token_ids)
 
     async def read(
-        self, body: Sequence[int], tools: Sequence[Mapping[str, Any]] | None, turn: int, decode: Any, parse: bool
+        self,
+        ids: Sequence[int],
+        end_of_turn_ids: frozenset[int],
+        tools: Sequence[Mapping[str, Any]] | None,
+        turn: int,
+        decode: Callable[[Sequence[int]], str],
+        parse: bool,
     ) -> ParsedTurn:
-        """Read one turn's ids (its end-of-turn stop removed). ``parse`` false (``tool_choice: "none"``, or no
-        tools) keeps the whole text as content. ``decode`` turns ids into text (the renderer's)."""
+        """Read one turn's ids as sampled (an end-of-turn stop is not content) with ``parse_turn``, every call
+        kept. ``parse`` false (``tool_choice: "none"``, or no tools) keeps the whole text as content: the client
+        asked for no calls. ``decode`` turns ids into text (the renderer's)."""
         if not parse:
-            return ParsedTurn(assistant_message(decode(body), ()), (), 0)
-        content, found = await self.parser.extract_tool_calls(list(body), _schemas(tools))
-        calls = tuple(ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i)) for i, c in enumerate(found))
-        malformed = malformed_count(self.parser, decode(body), len(found))
-        return ParsedTurn(assistant_message(content, calls), calls, malformed)
+            return ParsedTurn(assistant_message(decode(message_body(ids, end_of_turn_ids)), ()), [], [], 0)
+        return await parse_turn(self.parser, ids, end_of_turn_ids, decode, self.schemas(tools), turn, None)
 
+    def schemas(self, tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:
+        """verl's ``OpenAIFunctionToolSchema`` of each tool, as the built-in loop hands its parser; built once per
+        tool list (a request repeats its session's tools on every call)."""
+        if not tools:
+            return []
+        key = tools_key(tools)
+        if key not in self._schemas:
+            from verl.tools.schemas import OpenAIFunctionToolSchema
 
-def _schemas(tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:
-    if not tools:
-        return []
-    from verl.tools.schemas import OpenAIFunctionToolSchema
-
-    return [OpenAIFunctionToolSchema.model_validate(dict(t)) for t in tools]
+            if len(self._schemas) >= _SCHEMA_LISTS:
+                del self._schemas[next(iter(self._schemas))]  # the oldest: a bounded cache, not a record
+            self._schemas[key] = [OpenAIFunctionToolSchema.model_validate(dict(t)) for t in tools]
+        return self._schemas[key]
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,43 @@ class ReasoningMarkers:
         head, _, content = text.partition(self.close)
         reasoning = head.split(self.open)[-1] if self.open in head else head
         return reasoning.strip("\n"), content.lstrip("\n")
+
+
+class ReasoningSplit(Sequence[Mapping[str, Any]]):
+    """A request's messages with each assistant message whose content still holds the sampled reasoning split as
+    the answer split it (so a harness that echoes the whole text matches too), message by message when read: the
+    messages a session does not read are not split. ``raw`` is the list as sent (``MessageList.raw``), or None."""
+
+    def __init__(self, messages: Sequence[Mapping[str, Any]], markers: ReasoningMarkers) -> None:
+        self.messages = messages
+        self.markers = markers
+        self.raw: list[Any] | None = getattr(messages, "raw", None)
+        self._read: dict[int, Mapping[str, Any]] = {}
+
+    def __len__(self) -> int:
+        return len(self.messages)
+
+    @overload
+    def __getitem__(self, index: int) -> Mapping[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Mapping[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> Mapping[str, Any] | list[Mapping[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.messages)))]
+        i = index + len(self.messages) if index < 0 else index
+        if i not in self._read:
+            message = self.messages[i]
+            if message["role"] == "assistant" and self.markers.close in message["content"]:
+                reasoning, content = self.markers.split(message["content"])
+                message = {**message, "content": content, "reasoning_content": reasoning}
+            self._read[i] = message
+        return self._read[i]
+
+    def __iter__(self) -> Iterator[Mapping[str, Any]]:
+        for i in range(len(self.messages)):
+            yield self[i]
 
 
 def reasoning_markers(tokenizer: Any) -> ReasoningMarkers | None:

@@ -3,14 +3,15 @@
 What the gateway serves is the OpenAI chat-completions shape with one choice (``n`` = 1). Messages come out
 normalized: ``content`` is text (text parts joined; null is ""), ``developer`` is ``system``, an assistant's
 ``reasoning`` is ``reasoning_content``. Nothing a request asks for is silently ignored: a field the engine cannot
-honour (``n`` > 1, ``logprobs``, penalties, a forced ``tool_choice``) is refused with the reason.
+honour (``n`` > 1, ``logprobs``, penalties, a forced ``tool_choice``, ``parallel_tool_calls: false``) is refused
+with the reason.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
 
 from verl_ext.core.messages import json_type, message_problem
 from verl_ext.gateway.errors import GatewayError, bad_request
@@ -27,11 +28,77 @@ _REFUSED_IF_SET = {
 }
 
 
+class MessageList(Sequence[dict[str, Any]]):
+    """A request's messages: the list as sent (``raw``), each message checked and normalized when it is first read
+    (a 400 naming it when it is malformed). A session reads only what it does not hold already: a message equal to
+    one it was sent before is known to be well formed, so a request's cost is reading it, not checking its history
+    again. ``check_all`` reads every message in order (the first bad one is named)."""
+
+    __slots__ = ("_read", "raw")
+
+    def __init__(self, raw: list[Any]) -> None:
+        self.raw = raw
+        self._read: list[dict[str, Any] | None] = [None] * len(raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    @overload
+    def __getitem__(self, index: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, index: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self.raw)))]
+        i = index + len(self.raw) if index < 0 else index
+        if not 0 <= i < len(self.raw):
+            raise IndexError(f"message index {index} out of range for {len(self.raw)} messages")
+        message = self._read[i]
+        if message is None:
+            message = _message(self.raw[i], i)
+            if message["role"] == "tool":
+                self._check_reply(i, message["tool_call_id"])
+            self._read[i] = message
+        return message
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for i in range(len(self.raw)):
+            yield self[i]
+
+    @property
+    def read(self) -> int:
+        """How many messages have been read (checked and normalized) so far."""
+        return len(self._read) - self._read.count(None)
+
+    def check_all(self) -> None:
+        """Read every message, in order: raises for the first malformed one."""
+        for _ in self:
+            pass
+
+    def _check_reply(self, index: int, call_id: str) -> None:
+        """A tool message answers a call of an earlier assistant message (the nearest is looked at first: tool
+        messages follow the turn they answer)."""
+        for j in range(index - 1, -1, -1):
+            raw = self.raw[j]
+            is_assistant = isinstance(raw, Mapping) and raw.get("role") == "assistant"
+            if is_assistant and any(c["id"] == call_id for c in self[j].get("tool_calls") or ()):
+                return
+        known = sorted(c["id"] for m in self[:index] if m["role"] == "assistant" for c in m.get("tool_calls") or ())
+        raise bad_request(
+            f"messages[{index}].tool_call_id",
+            f"messages[{index}]: tool_call_id {call_id!r} answers no tool call of an earlier assistant message "
+            f"(calls so far: {known})",
+        )
+
+
 @dataclass(frozen=True)
 class ChatRequest:
-    """One checked chat-completions request (messages normalized as the module says)."""
+    """One checked chat-completions request (messages normalized as the module says; a ``MessageList`` checks each
+    message when it is read)."""
 
-    messages: tuple[dict[str, Any], ...]
+    messages: Sequence[dict[str, Any]]
     tools: tuple[dict[str, Any], ...] | None
     max_tokens: int | None
     temperature: float | None
@@ -45,15 +112,15 @@ class ChatRequest:
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
-    """The checked request. Raises ``GatewayError`` (400) naming the first bad field and the fix."""
+    """The checked request. Raises ``GatewayError`` (400) naming the first bad field and the fix; a message is
+    checked when it is read (``MessageList``), and the gateway reads every message it does not hold already."""
     if not isinstance(body, Mapping):
         raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
     _refuse_unsupported(body)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("messages", "'messages' must be a non-empty list of chat messages")
-    normalized = tuple(_message(m, i) for i, m in enumerate(messages))
-    _check_tool_replies(normalized)
+    normalized = MessageList(messages)
     if normalized[-1]["role"] == "assistant":
         raise bad_request(
             f"messages[{len(normalized) - 1}]",
@@ -85,6 +152,13 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     for key, defaults in _REFUSED_IF_SET.items():
         if body.get(key) not in defaults:
             raise bad_request(key, f"'{key}' is not supported by the gateway's engine; leave it out", "unsupported")
+    if body.get("parallel_tool_calls") is False:
+        raise bad_request(
+            "parallel_tool_calls",
+            "'parallel_tool_calls': false is not served: the engine samples freely and may write several calls in "
+            "one turn, and every call it wrote is returned (the tokens hold them all); leave it out or set it true",
+            "unsupported",
+        )
     response_format = body.get("response_format")
     if response_format is not None and (response_format or {}).get("type") != "text":
         raise bad_request("response_format", "only the text response format is served (no constrained decoding)")
@@ -136,20 +210,6 @@ def _tool_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:
     function = call["function"]
     arguments = function.get("arguments")
     return {"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": arguments}}
-
-
-def _check_tool_replies(messages: Sequence[Mapping[str, Any]]) -> None:
-    """Every tool message answers a call of an earlier assistant message."""
-    known: set[str] = set()
-    for i, message in enumerate(messages):
-        if message["role"] == "assistant":
-            known |= {c["id"] for c in message.get("tool_calls") or ()}
-        elif message["role"] == "tool" and message["tool_call_id"] not in known:
-            raise bad_request(
-                f"messages[{i}].tool_call_id",
-                f"messages[{i}]: tool_call_id {message['tool_call_id']!r} answers no tool call of an earlier "
-                f"assistant message (calls so far: {sorted(known)})",
-            )
 
 
 def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:

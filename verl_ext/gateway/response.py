@@ -2,7 +2,8 @@
 stream (server-sent events ending in ``data: [DONE]``, as the OpenAI SDK reads them).
 
 Extensions, in the places SGLang's and vLLM's servers use: ``choices[0].token_ids`` (the sampled ids, stop
-included) and ``verl_ext`` (the session, the branch, and the fork the request started, if any).
+included) and ``verl_ext`` (the session, the branch, the fork the request started, if any, and the tool-call blocks
+the parser could not read).
 """
 
 from __future__ import annotations
@@ -26,7 +27,12 @@ def _usage(done: Completion) -> dict[str, int]:
 
 
 def _extension(done: Completion, session_id: str) -> dict[str, Any]:
-    return {"session": session_id, "branch": done.branch, "fork": done.fork.to_json() if done.fork else None}
+    return {
+        "session": session_id,
+        "branch": done.branch,
+        "fork": done.fork.to_json() if done.fork else None,
+        "malformed_calls": done.malformed_calls,
+    }
 
 
 def completion_body(done: Completion, session_id: str, model: str) -> dict[str, Any]:

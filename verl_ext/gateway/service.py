@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,12 +18,12 @@ from verl_ext.core.engine_output import validate_engine_output
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
-from verl_ext.core.turn_end import end_of_turn_ids, judge_finish, message_body
+from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
 from verl_ext.gateway.engine import Engine, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
-from verl_ext.gateway.parsing import ReasoningMarkers, visible_message
+from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Session
 from verl_ext.telemetry.records import RecordWriter
@@ -41,6 +41,7 @@ class Completion:
     token_ids: tuple[int, ...]
     branch: int
     fork: Fork | None
+    malformed_calls: int = 0  # tool-call blocks the parser could not read (left out of content and tool_calls)
 
 
 @dataclass
@@ -83,7 +84,8 @@ class Gateway:
 
     @property
     def counters(self) -> Counter[str]:
-        """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``."""
+        """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
+        ``malformed_calls``, ``invalid_engine_output``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
@@ -114,7 +116,7 @@ class Gateway:
         async with session.lock:
             if session.ended:
                 raise session_finished(session_id, session.ended)
-            messages = self._split_reasoning(request.messages)
+            messages = request.messages if self.markers is None else ReasoningSplit(request.messages, self.markers)
             stop_ids = tuple(sorted(set(self._stop_ids(request.stop)) | set(self.reader.stop_token_ids)))
             try:
                 prepared = session.prepare(messages, request.tools)
@@ -159,16 +161,20 @@ class Gateway:
                 empty = {"role": "assistant", "content": ""}
                 return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
             parse = bool(request.tools) and request.tool_choice != "none"
-            body = message_body(call.output_ids, self._end_ids)
-            turn = await self.reader.read(body, request.tools, len(branch.turns), self.renderer.decode, parse)
+            turn = await self.reader.read(
+                call.output_ids, self._end_ids, request.tools, len(branch.turns), self.renderer.decode, parse
+            )
             visible = visible_message(turn.message, self.markers, turn.calls, parse)
             branch.add_turn(call, turn.message, visible)
             session.register(branch)
             self.counters["turns"] += 1
+            self.counters["malformed_calls"] += turn.malformed
             reason = (
                 "length" if finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
             )
-            return Completion(visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork)
+            return Completion(
+                visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed
+            )
 
     def end(self, session_id: str, why: str = "ended by the client") -> list[BranchResult]:
         """End a session: check every branch and write its record. Ending an ended session returns nothing new."""
@@ -214,17 +220,6 @@ class Gateway:
 
     def _new_trajectory(self) -> TokenTrajectory:
         return TokenTrajectory(self.renderer, self.profile)
-
-    def _split_reasoning(self, messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """A request's assistant messages whose content still holds the sampled reasoning, split as the response
-        split it (so a harness that echoes the whole text matches too)."""
-        out = []
-        for message in messages:
-            if message["role"] == "assistant" and self.markers and self.markers.close in message["content"]:
-                reasoning, content = self.markers.split(message["content"])
-                message = {**message, "content": content, "reasoning_content": reasoning}
-            out.append(dict(message))
-        return out
 
     def _max_tokens(self, request: ChatRequest, spent: int, prompt_length: int) -> int:
         left = self.config.response_length - spent

@@ -4,13 +4,19 @@ A request continues the branch whose messages it repeats in full (and adds tool,
 Any other request departs from the session: it forks a new branch from the longest matching prefix (over every
 branch), named by the message index and field that differed. Nothing is merged silently and no branch is
 changed by another's request.
+
+A harness sends back the history it sent before: the messages the last request's branch was sent are kept as bytes,
+and a request that starts with them, as sent, is matched that far by one comparison, without reading them again (no
+message is checked, normalized or hashed twice). The messages after them are matched by ``history``'s digests.
 """
 
 from __future__ import annotations
 
 import asyncio
+import copy
+import marshal
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.core.prompt_ids import PromptIds
@@ -18,6 +24,17 @@ from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.branch import Branch, Fork
 from verl_ext.gateway.errors import GatewayError
 from verl_ext.gateway.history import ROOT, Divergence, chain, divergence, message_key, reasoning_differs, tools_key
+
+_MARSHAL = 2  # marshal's format 2 writes equal values as equal bytes (later formats mark shared objects)
+_LIST_HEADER = 5  # a marshalled list: its type byte and its length, then its items one after another
+
+
+@dataclass
+class _Sent:
+    """Messages a request sent a branch, known to match its first ``count`` messages: their marshal bytes."""
+
+    count: int = 0
+    blob: bytearray = field(default_factory=bytearray)
 
 
 @dataclass(frozen=True)
@@ -45,17 +62,34 @@ class Session:
         self.lock = asyncio.Lock()
         self._index: dict[bytes, tuple[int, int]] = {}  # digest of (tools, first n messages) -> (branch, n)
         self._registered: dict[int, int] = {}  # branch -> digests registered so far
+        self._sent: dict[int, _Sent] = {}  # branch -> the first messages a request sent it, known to match them
+        self._last: Branch | None = None  # the branch the last request went to: the next one most likely repeats it
+        self._tools: tuple[Sequence[Mapping[str, Any]] | None, bytes] | None = None  # the last tools and their digest
 
     def match(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[Branch | None, int]:
         """The branch holding the longest prefix of ``messages`` (with the same tools), and its length in
-        messages: one hash and one lookup per request message."""
-        digest = chain(ROOT, tools_key(tools))
+        messages. The messages the last request's branch was sent, repeated as sent, cost one marshal of them
+        compared with the kept bytes (``_known_prefix``, at C speed); each later message is read, hashed and looked
+        up once."""
+        branch, matched, _ = self._match(messages, tools)
+        return branch, matched
+
+    def _match(
+        self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
+    ) -> tuple[Branch | None, int, int]:
+        """``match``, and the length of the prefix known from the last branch's raw messages (0: none)."""
+        digest = self._tools_digest(tools)
         if digest not in self._index:
-            return None, 0
+            return None, 0, 0
         best: tuple[Branch | None, int] = (self.branches[self._index[digest][0]], 0)
-        for i, message in enumerate(messages):
+        known = self._known_prefix(messages, digest)
+        if known:
+            assert self._last is not None
+            best, digest = (self._last, known), self._last.digests[known]
+        for i in range(known, len(messages)):
+            message = messages[i]
             digest = chain(digest, message_key(message))
             hit = self._index.get(digest)
             if hit is None:
@@ -64,11 +98,65 @@ class Session:
             if message["role"] == "assistant" and reasoning_differs(message, branch.messages[i]):
                 break
             best = (branch, i + 1)
-        return best
+        return best[0], best[1], known
+
+    def _known_prefix(self, messages: Sequence[Mapping[str, Any]], tools_digest: bytes) -> int:
+        """How many leading messages of the request are, as sent, the messages kept for the last branch (all of
+        them or none): their marshal bytes against the kept bytes, at C speed, with no message read, checked or
+        hashed in Python."""
+        raw, last = getattr(messages, "raw", None), self._last
+        if raw is None or last is None or last.digests[0] != tools_digest:
+            return 0
+        sent = self._sent.get(last.number)
+        if sent is None or not sent.count or len(raw) < sent.count:
+            return 0
+        try:
+            dumped = marshal.dumps(raw[: sent.count], _MARSHAL)
+        except ValueError:  # an object marshal does not take (a caller's own type): read message by message
+            return 0
+        return sent.count if dumped[_LIST_HEADER:] == sent.blob else 0
+
+    def _tools_digest(self, tools: Sequence[Mapping[str, Any]] | None) -> bytes:
+        """The digest of no messages with these tools (the last request's, when they are equal)."""
+        if self._tools is None or self._tools[0] != tools:
+            self._tools = (copy.deepcopy(tools), chain(ROOT, tools_key(tools)))
+        return self._tools[1]
 
     def prepare(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> Prepared:
-        """Continue the branch the request repeats, or fork one (raises ``GatewayError`` 409 over the branch cap)."""
-        branch, matched = self.match(messages, tools)
+        """Continue the branch the request repeats, or fork one (raises ``GatewayError`` 409 over the branch cap,
+        or 400 for a malformed message)."""
+        branch, matched, known = self._match(messages, tools)
+        _ = messages[matched:]  # read: every message the session does not hold is checked before anything changes
+        prepared = self._prepare(messages, tools, branch, matched)
+        self._keep_sent(prepared.branch, messages, known if prepared.branch is self._last else 0)
+        self._last = prepared.branch
+        return prepared
+
+    def _keep_sent(self, branch: Branch, messages: Sequence[Mapping[str, Any]], known: int) -> None:
+        """Keep the request's messages as sent for ``branch``, as far as it holds them (an exhausted branch does not
+        take the new ones), as marshal bytes (a snapshot: a caller may change its objects afterwards). The first
+        ``known`` are kept already; a turn adds only its new messages."""
+        raw = getattr(messages, "raw", None)
+        if raw is None:
+            return
+        held = min(len(raw), len(branch.messages))
+        sent = self._sent.get(branch.number) if known else None
+        if sent is None:
+            sent = self._sent[branch.number] = _Sent()
+        try:
+            for message in raw[sent.count : held]:
+                sent.blob += marshal.dumps(message, _MARSHAL)
+                sent.count += 1
+        except ValueError:
+            del self._sent[branch.number]
+
+    def _prepare(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None,
+        branch: Branch | None,
+        matched: int,
+    ) -> Prepared:
         if not self.branches:
             return Prepared(self._new_branch(messages, tools, None), self.branches[-1].trajectory.prompt_ids(), None)
         if branch is not None and matched == len(branch.messages):

@@ -1,0 +1,95 @@
+"""One sampled turn's ids read as an assistant message: the one parse step every verl_ext loop shares.
+
+``verl_ext_tool_agent`` and the gateway both call ``parse_turn``, so the same ids give the same message, the same
+calls and the same count of malformed calls in both. The tool parser is verl's ``ToolParser`` (hermes, gpt-oss,
+qwen3_coder, ...), used through its interface only (``extract_tool_calls``, ``tool_call_regex``): nothing here
+imports verl, so the gateway's core stays free of verl, Ray and torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ParsedCall:
+    """One tool call the parser read from a turn's output."""
+
+    name: str
+    arguments: str  # JSON text as the model wrote it (verl re-dumps parsed JSON)
+    call_id: str
+
+
+@dataclass(frozen=True)
+class ParsedTurn:
+    """One assistant turn read from its output ids: the message for the template (every call the model wrote, so
+    that it describes the sampled tokens, and the content as the parser returned it, reasoning included), the calls
+    within the caller's limit, the calls read past that limit, and how many tool calls the parser could not read."""
+
+    message: dict[str, Any]
+    calls: list[ParsedCall]
+    dropped: list[ParsedCall]
+    malformed: int
+
+
+def call_id(turn: int, index: int) -> str:
+    """A 9-character alphanumeric id (Mistral's templates require exactly that) when the model wrote none."""
+    return f"c{turn:04d}{index:04d}"
+
+
+def malformed_count(parser: Any, text: str, parsed: int) -> int:
+    """Tool-call blocks the parser saw but could not read (parsers with a ``tool_call_regex``, e.g. hermes)."""
+    regex = getattr(parser, "tool_call_regex", None)
+    if regex is None:
+        return 0
+    return max(0, len(regex.findall(text)) - parsed)
+
+
+def arguments_object(text: str) -> Any:
+    """Tool-call arguments as a JSON object where the text parses to one, else the text as written."""
+    try:
+        value = json.loads(text)
+    except (json.JSONDecodeError, TypeError):
+        return text
+    return value if isinstance(value, dict) else text
+
+
+def assistant_message(content: str, calls: Sequence[ParsedCall]) -> dict[str, Any]:
+    """The assistant message for the template: ``content``, and ``tool_calls`` when there are calls (arguments as
+    a JSON object where they parse to one, else the text the model wrote)."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c.call_id,
+                "type": "function",
+                "function": {"name": c.name, "arguments": arguments_object(c.arguments)},
+            }
+            for c in calls
+        ]
+    return message
+
+
+async def parse_turn(
+    tool_parser: Any,
+    ids: Sequence[int],
+    end_of_turn_ids: frozenset[int],
+    decode: Callable[[Sequence[int]], str],
+    schemas: Sequence[Any],
+    turn: int,
+    max_parallel_calls: int | None,
+) -> ParsedTurn:
+    """One turn's output ids, minus an end-of-turn stop, read by verl's ``tool_parser`` (the ids themselves stay as
+    sampled). ``decode`` decodes ids to text (to count malformed calls); ``schemas`` are verl's tool schemas the
+    parser may use; calls past ``max_parallel_calls`` are ``dropped`` (None: no limit, every call is in ``calls``).
+    """
+    # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
+    body = list(ids[:-1] if ids and ids[-1] in end_of_turn_ids else ids)
+    content, found = await tool_parser.extract_tool_calls(body, list(schemas))
+    parsed = [ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i)) for i, c in enumerate(found)]
+    malformed = malformed_count(tool_parser, decode(body), len(found))
+    limit = len(parsed) if max_parallel_calls is None else max(0, max_parallel_calls)
+    return ParsedTurn(assistant_message(content, parsed), parsed[:limit], parsed[limit:], malformed)

@@ -19,7 +19,7 @@ from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import GatewayError, bad_request
-from verl_ext.gateway.request import ChatRequest
+from verl_ext.gateway.request import ChatRequest, number_in
 
 # Fields whose presence asks for something the engine cannot do (value None or absent is fine).
 _REFUSED = {
@@ -59,8 +59,8 @@ def parse_messages_request(body: Any) -> ChatRequest:
         messages=tuple(messages),
         tools=_tools(body.get("tools")),
         max_tokens=max_tokens,
-        temperature=_number(body, "temperature", 0.0, 1.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+        temperature=number_in(body, "temperature", 0.0, 1.0),
+        top_p=number_in(body, "top_p", 0.0, 1.0, low_open=True),
         seed=None,
         stop=_stop_sequences(body.get("stop_sequences")),
         stream=_stream(body.get("stream")),
@@ -268,17 +268,6 @@ def _tool_choice(choice: Any) -> str:
         'use {"type": "auto"} (or {"type": "none"})',
         "unsupported",
     )
-
-
-def _number(body: Mapping[str, Any], key: str, low: float, high: float, low_open: bool = False) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad_request(key, f"'{key}' must be a number, got {json_type(value)}")
-    if value > high or value < low or (low_open and value == low):
-        raise bad_request(key, f"'{key}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
-    return float(value)
 
 
 def _stop_sequences(stops: Any) -> tuple[str, ...]:

@@ -134,8 +134,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
         messages=normalized,
         tools=_tools(body.get("tools")),
         max_tokens=_max_tokens(body),
-        temperature=_number(body, "temperature", 0.0, 2.0),
-        top_p=_number(body, "top_p", 0.0, 1.0, low_open=True),
+        temperature=number_in(body, "temperature", 0.0, 2.0),
+        top_p=number_in(body, "top_p", 0.0, 1.0, low_open=True),
         seed=_integer(body, "seed"),
         stop=_stop(body.get("stop")),
         stream=_boolean(body, "stream"),
@@ -264,7 +264,9 @@ def _integer(body: Mapping[str, Any], key: str) -> int | None:
     return value
 
 
-def _number(body: Mapping[str, Any], key: str, low: float, high: float, low_open: bool = False) -> float | None:
+def number_in(body: Mapping[str, Any], key: str, low: float, high: float, low_open: bool = False) -> float | None:
+    """``body[key]`` as a float in [low, high] (``(low, high]`` with low_open); None when absent; else a 400 naming
+    the field (both request shapes read their sampling numbers with it)."""
     value = body.get(key)
     if value is None:
         return None

@@ -49,7 +49,7 @@ def test_a_continued_request_reads_only_its_new_messages(make_gateway: Any, monk
     assert harness(make_gateway([CALL % k for k in range(TURNS)])) == [1, 2, 2]
     # without the kept raw messages every request reads its whole history: the count above tells them apart
     monkeypatch.setattr(session_module.Session, "_known_prefix", lambda *_: 0)
-    assert harness(make_gateway([CALL % k for k in range(TURNS)])) == [1, 3, 5]
+    assert harness(make_gateway([CALL % k for k in range(TURNS)]), 2) == [1, 3]
 
 
 @pytest.mark.parametrize("verified", [True, False])

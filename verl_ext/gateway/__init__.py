@@ -8,8 +8,10 @@ recorded as one rollout when the session ends. Modules, one job each:
 - ``request``: the request body, checked field by field (400 naming the field);
 - ``history``: message keys, digests and the divergence (which message, which field);
 - ``branch``: one rollout (a trajectory and its replayable log); ``session``: branches and matching;
-- ``parsing``: tool calls (verl's parsers) and reasoning; ``engine`` / ``cpu_engine``: the engine;
+- ``parsing``: tool calls (``verl_ext.core.turn_parse``, the built-in loop's parse step, with verl's parsers) and
+  reasoning; ``engine`` / ``cpu_engine``: the engine;
 - ``service``: the gateway itself; ``conclude``: check and records; ``server``: the HTTP layer.
 
-The core modules (request, history, branch, session, engine) import neither verl nor Ray.
+Importing the package imports neither verl nor Ray: a ``ToolCallReader`` (verl's parser) and the CPU engine import
+verl when built.
 """

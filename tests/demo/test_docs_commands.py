@@ -20,7 +20,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 DOCS = (REPO / "README.md", *sorted((REPO / "docs").glob("*.md")))
 
-pytestmark = [pytest.mark.timeout(900), pytest.mark.xdist_group("ray")]  # the Ray group: tests/conftest.py
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("ray")]  # demo beside a worker; Ray group
 
 # Commands that cannot run in CI, each with the reason (and where what it does is tested instead).
 NOT_RUN: dict[str, str] = {

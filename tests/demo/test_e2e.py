@@ -12,7 +12,7 @@ import pytest
 
 from verl_ext.demo.run import DemoResult
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]  # the Ray group: tests/conftest.py
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("ray")]  # demo beside a worker; Ray group
 
 
 @pytest.fixture(scope="module", params=["v1", "v0"])

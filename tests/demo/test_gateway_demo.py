@@ -15,7 +15,7 @@ import pytest
 from verl_ext.demo.data import DATA_SOURCE
 from verl_ext.demo.run import DemoResult, run_demo
 
-pytestmark = [pytest.mark.timeout(600), pytest.mark.xdist_group("ray")]  # the Ray group: tests/conftest.py
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("ray")]  # demo beside a worker; Ray group
 ONE_ROW = ("data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
 ROLLOUTS = 2  # 1 row x rollout.n 2 (configs/cpu_demo.yaml)
 

@@ -49,6 +49,7 @@ class _Reading:
 
     objects: tuple[Any, ...]
     runs: tuple[str, ...]
+    spaced: tuple[str, ...] = ()  # each run with its whitespace as one space (words as written)
 
     @property
     def text(self) -> str:
@@ -62,14 +63,25 @@ def message_holds_sampled(
     frame: Collection[str] = (),
     normalize: Callable[[str], str] = lambda s: s,
     shapes: Collection[Sequence[str]] = (),
+    reasoning_closes: Collection[str] = (),
 ) -> TurnVerdict:
     """The verdict for one turn: ``sampled`` is the text of the engine's output, ``rendered`` the text the template
     writes for the turn's message; ``structure`` matches control-token text; ``frame`` holds the (squashed) text
     runs the template writes around any assistant content; ``normalize`` is the tokenizer's normalizer; ``shapes``
-    are the runs the template writes for this message (``message_shape``), each as its text between slots."""
+    are the runs the template writes for this message (``message_shape``), each as its text between slots;
+    ``reasoning_closes`` are the texts the template ends reasoning with: where the engine wrote one and the render
+    holds none (the template dropped the reasoning), the render's text must be sampled after the last one (the
+    answer), never text of the dropped reasoning."""
     text = normalize(sampled)
     ours = _read(text, structure)
-    theirs = _read(normalize(rendered), structure)
+    rendered = normalize(rendered)
+    theirs = _read(rendered, structure)
+    if not any(c in rendered for c in reasoning_closes):
+        ends = [text.rfind(c) + len(c) for c in reasoning_closes if c in text]
+        if ends:
+            answer = _read(text[max(ends) :], structure)
+            ours = _Reading(ours.objects, answer.runs)
+            text = text[max(ends) :]
     unmatched = list(ours.objects)
     for obj in theirs.objects:
         hit = next((k for k, mine in enumerate(unmatched) if _same_call(obj, mine)), None)
@@ -85,9 +97,16 @@ def message_holds_sampled(
     def is_sampled(run: str) -> bool:
         return run in ours.text or run in whole or _pieced(run, whole, pieces)
 
-    for run in theirs.runs:
-        if is_sampled(run) or run in frame or _frame_only(run, frame):
+    # Words as the engine wrote them: a template strips or adds whitespace around content, never inside it, so a
+    # run whose words the engine wrote apart or together ("/ tmp" for "/tmp") is not what was sampled.
+    words = " ".join(text.split())
+    for run, spaced in zip(theirs.runs, theirs.spaced, strict=True):
+        if run in frame or _frame_only(run, frame):
             continue
+        if is_sampled(run):
+            if " " not in spaced or spaced in words or _pieced(spaced, words, pieces + 2):
+                continue
+            return TurnVerdict(False, f"the message holds {spaced[:80]!r}, spaced otherwise than the engine wrote it")
         if any(_fills(parts, run, is_sampled) for parts in shapes):
             continue
         return TurnVerdict(False, f"the message holds text {run[:80]!r} that the engine did not sample")
@@ -169,16 +188,18 @@ def _frame_only(run: str, frame: Collection[str]) -> bool:
 def _read(text: str, structure: re.Pattern[str] | None) -> _Reading:
     objects: list[Any] = []
     runs: list[str] = []
+    spaced: list[str] = []
     pieces = structure.split(text) if structure is not None else [text]
     for piece in pieces:
         for kind, value in json_and_text(piece):
             if kind == "json":
                 objects.append(value)
             else:
-                squashed = "".join(value.split())
-                if squashed:
-                    runs.append(squashed)
-    return _Reading(tuple(objects), tuple(runs))
+                words = value.split()
+                if words:
+                    runs.append("".join(words))
+                    spaced.append(" ".join(words))
+    return _Reading(tuple(objects), tuple(runs), tuple(spaced))
 
 
 def json_and_text(piece: str) -> Iterator[tuple[str, Any]]:

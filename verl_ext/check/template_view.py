@@ -301,7 +301,7 @@ class _Rules:
                 frame = frame | {run for run in runs if not SLOT.search(run)}
                 shapes = tuple(SLOT.split(run) for run in runs if SLOT.search(run))
             self._verdicts[part.turn] = message_holds_sampled(
-                sampled, rendered, self.r.control_pattern, frame, self._normalized, shapes
+                sampled, rendered, self.r.control_pattern, frame, self._normalized, shapes, self._reasoning_closes
             )
         return self._verdicts[part.turn]
 
@@ -312,6 +312,10 @@ class _Rules:
     @functools.cached_property
     def _reasoning_tags(self) -> tuple[str, ...]:
         return _assistant_frame(self.r)[1]
+
+    @functools.cached_property
+    def _reasoning_closes(self) -> tuple[str, ...]:
+        return _assistant_frame(self.r)[2]
 
     def end_close_suffix(self, ids: Sequence[int]) -> int:
         """How many of ``ids``' last tokens are the template's END close and/or trailer (0 if none)."""
@@ -398,7 +402,12 @@ class _Rules:
         for turn, c in enumerate(self.loc.calls):
             start = c.output_start
             for gen in self._prefills(turn):
-                if not start - len(gen) <= i1 < start or i2 > c.output_end:
+                # The prompt the engine saw ends with it, intact (a pre-fill written twice is not one).
+                if (
+                    not start - len(gen) <= i1 < start
+                    or i2 > c.output_end
+                    or tuple(self.stream[start - len(gen) : start]) != gen
+                ):
                     continue
                 head = tuple(self.stream[i1:start] if i2 > start else self.stream[i1:i2])
                 if i2 <= start and any(gen[k : k + len(head)] == head for k in range(len(gen) - len(head) + 1)):
@@ -429,6 +438,10 @@ class _Rules:
     def _unicode_forms_only(self) -> bool:
         """The tokenizer's normalizer is Unicode normalization only (its state parsed once per check)."""
         return _unicode_forms_only(self.r.tokenizer.backend_tokenizer.normalizer)
+
+    def _all_sampled(self, i1: int, i2: int) -> bool:
+        """Every stream position in ``[i1, i2)`` is a token the engine sampled (in some call's output)."""
+        return any(c.output_start <= i1 and i2 <= c.output_end for c in self.loc.calls)
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
         return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)
@@ -541,14 +554,20 @@ def special_token_escaped(d: Divergence) -> Named:
     """Same text; the render has special tokens where the stream has their text: content that holds special-token
     text was kept as text, as the engine saw it (the safe way)."""
     special = d.ctx.r.control_ids
-    if d.ds == d.dr and set(d.r_ids) & special and not set(d.s_ids) & special:
-        return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
+    # Only the engine's own text: special-token text in untrusted content is compared with the escaped render (no
+    # divergence there), so outside sampled tokens this is structure written as text (a broken turn boundary).
+    if d.ds == d.dr and set(d.r_ids) & special and not set(d.s_ids) & special and d.ctx._all_sampled(d.i1, d.i2):
+        return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text the engine sampled as text, kept as it sampled it"
     return None
 
 
 def bpe_remerge(d: Divergence) -> Named:
     """Same text (or the same once the tokenizer's normalizer has run) in other ids: the sampled split is not the
-    one re-encoding the text gives."""
+    one re-encoding the text gives. Never a different set of control tokens: a split of text does not make or undo
+    a special token (the special-token rules before this one name those that are allowed)."""
+    control = d.ctx.r.control_ids
+    if {i for i in d.s_ids if i in control} != {i for i in d.r_ids if i in control}:
+        return None
     if d.ds == d.dr:
         return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
     if d.ctx._same_normalized(d.ds, d.dr):
@@ -560,7 +579,8 @@ def close_variant(d: Divergence) -> Named:
     """At a turn end, one turn-end token in the stream against one close in the render: the turn stopped on another
     of the template's turn ends (GPT-OSS ``<|return|>``, Llama ``<|eom_id|>``) and keeps it as its close."""
     c = d.ctx
-    if d.at_end and len(d.s_ids) == 1 and d.s_ids[0] in c.turn_ends and len(d.r_ids) == 1 and d.r_ids[0] in c.closes:
+    one = len(d.s_ids) == 1 and d.s_ids[0] in c.turn_ends and len(d.r_ids) == 1 and d.r_ids[0] in c.closes
+    if d.at_end and one and c._all_sampled(d.i1, d.i2):  # the engine's stop: a close verl_ext wrote is the template's
         return (
             Cause.CLOSE_VARIANT,
             f"the turn ended on {d.ds!r}, one of the template's turn ends; it writes {d.dr!r} here",
@@ -584,7 +604,7 @@ def close_missing(d: Divergence) -> Named:
 def eos_alias(d: Divergence) -> Named:
     """Stream-only stop ids the template never renders (e.g. ``<|endoftext|>``): the sampled stop, kept."""
     aliases = d.ctx.aliases  # all(): a stripped block's first id answers, no set of its thousands of ids
-    if d.s_ids and not d.r_ids and all(i in aliases for i in d.s_ids):
+    if d.s_ids and not d.r_ids and all(i in aliases for i in d.s_ids) and d.ctx._all_sampled(d.i1, d.i2):
         return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {d.ds!r}, which the template never renders"
     return None
 
@@ -750,7 +770,7 @@ _CONTEXT_END_TOKENS = 8  # tokens of the context after the last turn compared wi
 # a stop twice. (Whatever the template writes after its close is the gap's.) A stop's text in the message
 # (stop_text_in_message) stays a defect wherever it is: the message does not describe the sampled tokens.
 _TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED})
-_FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
+_FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]] = {}
 
 
 def _escaped_spots(
@@ -791,14 +811,16 @@ def _context_ends_like(context: Sequence[int], rendered: Sequence[int]) -> bool:
     return k > 0 and tuple(rendered[len(rendered) - k :]) == tuple(context[len(context) - k :])
 
 
-def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...]]:
-    """What the template writes around any assistant message's content (squashed text runs, structure aside), and
-    the non-whitespace text it writes around reasoning (its tags): rendered once per template with marker texts."""
+def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]:
+    """What the template writes around any assistant message's content (squashed text runs, structure aside), the
+    non-whitespace text it writes around reasoning (its tags), and of those the ones after the reasoning (its
+    closes): rendered once per template with marker texts."""
     key = r.fingerprint
     if key not in _FRAMES:
         user = {"role": "user", "content": "QXUSER"}
         frame: frozenset[str] = frozenset()
         tags: tuple[str, ...] = ()
+        closes: tuple[str, ...] = ()
         try:
             head = r.render_text([user], None, add_generation_prompt=True)
             plain = r.render_text([user, {"role": "assistant", "content": "QXANSWER"}])
@@ -813,7 +835,9 @@ def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...]]:
         if thought.startswith(head) and "QXTHOUGHT" in thought:
             around = thought[len(head) :].replace("QXANSWER", " ").split("QXTHOUGHT")
             tags = tuple(t for t in dict.fromkeys(w for part in around for w in part.split()) if t not in head)
-        _FRAMES[key] = (frame, tags)
+            between = thought[len(head) :].split("QXTHOUGHT", 1)[1].partition("QXANSWER")[0]
+            closes = tuple(t for t in dict.fromkeys(between.split()) if t not in head)
+        _FRAMES[key] = (frame, tags, closes)
     return _FRAMES[key]
 
 

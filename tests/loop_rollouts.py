@@ -108,6 +108,7 @@ def build_loop_rollout(
     prompt_ids = t.start([dict(m) for m in prompt], tools)
     first = len(prompt_ids)
     end_ids = frozenset(s.id for s in profile.stop_ids if set(s.sources) - {"user"})
+    schemas = tool_schemas(tools)
     texts = iter([*tool_texts, *["ok"] * 64])
     for turn, out in enumerate(outputs):
         remaining = response_length - (len(t.input_ids) - first)
@@ -122,9 +123,7 @@ def build_loop_rollout(
             t.add_sampled(ids, lps, finish)
             lr.ended = "invalid"
             break
-        parsed = asyncio.run(
-            parse_turn(parser, ids, end_ids, renderer.decode, [], turn, max_parallel_calls)  # schemas unused here
-        )
+        parsed = asyncio.run(parse_turn(parser, ids, end_ids, renderer.decode, schemas, turn, max_parallel_calls))
         t.add_sampled(ids, lps, finish, message=parsed.message)
         if finish is FinishReason.LENGTH or turn == len(outputs) - 1:
             lr.ended = "length" if finish is FinishReason.LENGTH else "last"
@@ -148,6 +147,13 @@ def build_loop_rollout(
             break
     t.finish()
     return lr, lr.rollout(response_length, tools, len(prompt))
+
+
+def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:
+    """The tools as the loop hands them to verl's parser (``OpenAIFunctionToolSchema``; some parsers read the names)."""
+    from verl.tools.schemas import OpenAIFunctionToolSchema
+
+    return [OpenAIFunctionToolSchema.model_validate(dict(t)) for t in tools or ()]
 
 
 def canonical_call_text(renderer: ChatRenderer, profile: TemplateProfile, arguments: Any) -> str:

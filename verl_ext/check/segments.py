@@ -86,7 +86,7 @@ def segments(
         # A gap lies after one assistant body, which the template writes in about as many tokens as were sampled.
         body = outputs[g - 1][1] - outputs[g - 1][0] if g > 0 else 0
         window = cursor + 2 * body + (g2 - g1) + _SLACK
-        found = _find_gap(stream, finder, g1, g2, lead, trail, cursor, window)
+        found = _find_gap(stream, finder, g1, g2, lead, trail, cursor, window, control_ids, prefill)
         if found is None and g == 0:
             found = _find_prompt_end(stream, finder, g2, trail, control_ids, window)
         if found is None:
@@ -137,17 +137,26 @@ def _find_gap(
     trail: int,
     cursor: int,
     window: int,
+    control_ids: Collection[int] = (),
+    prefill: int = 0,
 ) -> tuple[int, int, int, int, bool] | None:
     """The gap ``stream[g1:g2]`` found in the render at or after ``cursor``: whole, else without up to ``lead`` /
     ``trail`` edge tokens (those merge with the sampled text next to them; they stay with the sampled segment).
-    An empty gap is found where the cursor is. The match must end before ``window``."""
+    An empty gap is found where the cursor is. The match must end before ``window``. A gap cut only at its end, by at
+    most ``prefill`` tokens of the generation prompt it ends with, may be short: a pre-fill the template does not
+    re-render for history (DeepSeek-R1's ``<think>\n``) leaves little of a short context message around it."""
     if g1 == g2:
         return (g1, g2, cursor, cursor, True)
     best: tuple[int, int, int, int, bool] | None = None
+    structured = any(i in control_ids for i in stream[g1:g2])
     for a in range(0, min(lead, g2 - g1 - 1) + 1):
         for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
             core = stream[g1 + a : g2 - b]
-            if (a or b) and len(core) < max(_MIN_CORE, (g2 - g1 + 1) // 2):
+            keeps_structure = not structured or any(i in control_ids for i in core)
+            if (a or b) and not keeps_structure:
+                continue  # text alone (a call id the message renders too) is no anchor: a trimmed gap keeps structure
+            prefill_cut = not a and b <= prefill and structured
+            if (a or b) and len(core) < max(_MIN_CORE, (g2 - g1 + 1) // 2) and not prefill_cut:
                 continue  # a short core matches anywhere: trimmed, a gap keeps at least half of itself
             at = finder.find(core, cursor, window if best is None else min(window, best[2] + a + len(core)))
             # The earliest place wins (a gap repeated later, e.g. a final turn that renders the pre-fill, is not it);

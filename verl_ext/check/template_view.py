@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -19,8 +20,10 @@ from typing import Any
 from verl_ext.check.align import align, check_deadline
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
+from verl_ext.check.message_shape import SLOT, message_shape
 from verl_ext.check.sampled_text import TurnVerdict, frame_runs, json_and_text, message_holds_sampled
 from verl_ext.check.segments import Segment, segment_opcodes, segments
+from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, spec_components
 
@@ -139,6 +142,14 @@ class _Rules:
         # A rollout that ran out of budget right after its context ends on the generation prompt of a turn that never
         # ran: the final messages do not render it, and nothing was sampled after it. Compared apart, then skipped.
         self.prompt_cut = _trailing_generation_prompt(stream, profile.generation_prompt_ids, outputs)
+        after = bool(loc.next_roles) and loc.next_roles[-1] != "end"
+        context = stream[outputs[-1][1] : self.prompt_cut] if outputs else ()
+        end = profile.boundary(END)
+        trims = {0, tail, len(end.trailer_ids), len(end.close_ids)}  # the render may end in the END close, trailer
+        if after and not any(_context_ends_like(context, rendered[: len(rendered) - t]) for t in trims):
+            # The cut is inside the context after the last turn (Seed-OSS opens a user message with the <seed:bos>
+            # its generation prompt starts with): the response length cut a message, not a generation prompt.
+            self.prompt_cut = len(stream)
         prefill = len(profile.generation_prompt_ids)
         self.parts = segments(
             stream[: self.prompt_cut],
@@ -149,7 +160,7 @@ class _Rules:
             deadline,
             prefill,
             renderer.control_ids,
-            messages_after_last_turn=bool(loc.next_roles) and loc.next_roles[-1] != "end",
+            messages_after_last_turn=after,
         )
         if self.prompt_cut < len(stream):
             self.parts.append(Segment(self.prompt_cut, len(stream), len(rendered), len(rendered)))
@@ -173,14 +184,68 @@ class _Rules:
             return False  # entirely in the gap's edge next to the turn: the gap's
         lead = self.r.decode(self.stream[d.i1 : min(d.i2, call.output_start)]) if d.i1 < call.output_start else ""
         trail = self.r.decode(self.stream[max(d.i1, call.output_end) : d.i2]) if d.i2 > call.output_end else ""
-        return (d.dr.startswith(lead) or self._in_prefill(d, call.output_start)) and d.dr.endswith(trail)
+        closed_apart = d.i2 == call.output_end + len(self._inserted_close(part.turn)) and self._unclosed(part)
+        return (d.dr.startswith(lead) or self._in_prefill(d, call.output_start)) and (
+            d.dr.endswith(trail) or closed_apart
+        )
+
+    def _inserted_close(self, turn: int) -> tuple[int, ...]:
+        """The close verl_ext inserted after the turn's output (mask 0), as the template writes it for the message
+        that follows; empty when the turn ended on its own end-of-turn token or nothing was inserted."""
+        call = self.loc.calls[turn]
+        if call.output_ids and call.output_ids[-1] in self.turn_ends:
+            return ()
+        role = self.loc.next_roles[turn] if turn < len(self.loc.next_roles) else END
+        try:
+            close = self.profile.boundary(role).close_ids
+        except TemplateError:
+            return ()
+        end = call.output_end
+        return close if close and tuple(self.stream[end : end + len(close)]) == close else ()
+
+    def _closed_after(self, d: Divergence) -> bool:
+        """The divergence ends where a turn's output ends, and verl_ext's close for the turn follows it: the render's
+        close inside the span is one the template writes within the message (DeepSeek-R1 closes the tool calls, then
+        writes the content as one more part), not the turn's missing close."""
+        return any(
+            c.output_end == d.i2 and self._inserted_close(k)
+            for k, c in enumerate(self.loc.calls)
+            if d.i1 < c.output_end
+        )
+
+    def _unclosed(self, part: Segment) -> bool:
+        """The template writes the turn's message without an end-of-turn token (Seed-OSS writes nothing for an
+        assistant message with no content and no call), while the stream holds the turn's close: sampled, or
+        inserted by verl_ext, as the engine saw it in every later prompt."""
+        call = self.loc.calls[part.turn]
+        closed = bool(call.output_ids) and call.output_ids[-1] in self.turn_ends
+        has_close = closed or bool(self._inserted_close(part.turn))
+        return has_close and not any(t in self.turn_ends for t in self.rendered[part.j1 : part.j2])
 
     def _in_prefill(self, d: Divergence, output_start: int) -> bool:
-        """The divergence's part before the turn's output lies in the generation prompt right before it (its
-        pre-fill, which a template may not re-render once the turn is history)."""
+        """The divergence's part before the turn's output lies in the prompt's tail the template does not write
+        once the turn is history (a generation prompt's pre-fill; see ``_prefills``)."""
+        turn = next((k for k, c in enumerate(self.loc.calls) if c.output_start == output_start), None)
+        for tail in self._prefills(turn):
+            begin = output_start - len(tail)
+            if begin <= d.i1 < output_start and tuple(self.stream[begin:output_start]) == tail:
+                return True
+        return False
+
+    def _prefills(self, turn: int | None) -> tuple[tuple[int, ...], ...]:
+        """The prompt tails before ``turn``'s output that the template may not write once the turn is history: its
+        generation prompt (whose pre-fill, Qwen3's empty think block with thinking off, it drops), and what it wrote
+        after the message before the turn that it does not write once this kind of assistant message follows
+        (DeepSeek-R1 closes its tool outputs block with ``<｜tool▁outputs▁end｜>`` before a generation, and writes
+        the next tool-call turn into the block instead)."""
         gen = tuple(self.profile.generation_prompt_ids)
-        begin = output_start - len(gen)
-        return bool(gen) and begin <= d.i1 < output_start and tuple(self.stream[begin:output_start]) == gen
+        if turn is None or turn >= len(self.loc.assistant_indices):
+            return (gen,) if gen else ()
+        at = self.loc.assistant_indices[turn]
+        role = str(self.messages[at - 1].get("role", "")) if 0 < at <= len(self.messages) else ""
+        calls = bool(self.messages[at].get("tool_calls")) if at < len(self.messages) else False
+        tail = _prompt_tail(self.r, self.profile, role, calls) if role in _PROMPT_CONTEXTS else ()
+        return tuple(t for t in dict.fromkeys((gen, tail)) if t)
 
     def sampled_cause(self, d: Divergence, part: Segment, cause: Cause, detail: str) -> tuple[Cause, str]:
         """The cause of a divergence inside a sampled turn. The stream is the engine's there: a rule's innocent
@@ -197,10 +262,23 @@ class _Rules:
         if not verdict.holds:
             return Cause.MESSAGE_DIFFERS, verdict.detail
         start = self.loc.calls[part.turn].output_start
+        if self._unclosed(part) and not any(t in self.turn_ends for t in d.r_ids):
+            inserted = self._inserted_close(part.turn)
+            if inserted and d.i2 == self.loc.calls[part.turn].output_end + len(inserted):
+                return Cause.SYNTHETIC_CLOSE, (
+                    f"the template writes this message without a close ({d.dr!r} where the stream has {d.ds!r}); "
+                    f"the close verl_ext inserted (mask 0) stays, as the engine saw it in every later prompt"
+                )
+            if any(t in self.turn_ends for t in d.s_ids):
+                return Cause.SAMPLED_TEXT_KEPT, (
+                    f"the template writes this message without a close ({d.dr!r} where the engine sampled "
+                    f"{d.ds!r}); the stream keeps the sampled close"
+                )
         if d.i1 < start and self._in_prefill(d, start):
             return Cause.PREFILL_DROPPED, (
-                f"the generation prompt pre-filled text the template does not re-render once the turn is history; "
-                f"the stream keeps {d.ds[:80]!r} as the engine saw and sampled it"
+                f"the prompt the engine saw ends in text the template does not write before this turn once it is "
+                f"history (a generation prompt's pre-fill, a block it closes only before a generation); the stream "
+                f"keeps {d.ds[:80]!r} as the engine saw and sampled it"
             )
         if _squash(d.ds) == _squash(d.dr):
             return Cause.CONTENT_WHITESPACE, f"the template writes {d.dr!r} where the engine sampled {d.ds!r}"
@@ -217,8 +295,13 @@ class _Rules:
         """Whether the turn's message holds what the engine sampled (``sampled_text``), once per turn."""
         if part.turn not in self._verdicts:
             sampled, rendered = self.r.decode_many([self.stream[part.i1 : part.i2], self.rendered[part.j1 : part.j2]])
+            frame, shapes = self._frame, ()
+            if part.turn < len(self.assistants):
+                runs = message_shape(self.r, self.profile, self.assistants[part.turn])
+                frame = frame | {run for run in runs if not SLOT.search(run)}
+                shapes = tuple(SLOT.split(run) for run in runs if SLOT.search(run))
             self._verdicts[part.turn] = message_holds_sampled(
-                sampled, rendered, self.r.control_pattern, self._frame, self._normalized
+                sampled, rendered, self.r.control_pattern, frame, self._normalized, shapes, self._reasoning_closes
             )
         return self._verdicts[part.turn]
 
@@ -229,6 +312,10 @@ class _Rules:
     @functools.cached_property
     def _reasoning_tags(self) -> tuple[str, ...]:
         return _assistant_frame(self.r)[1]
+
+    @functools.cached_property
+    def _reasoning_closes(self) -> tuple[str, ...]:
+        return _assistant_frame(self.r)[2]
 
     def end_close_suffix(self, ids: Sequence[int]) -> int:
         """How many of ``ids``' last tokens are the template's END close and/or trailer (0 if none)."""
@@ -312,16 +399,21 @@ class _Rules:
     def _prefill_dropped(self, i1: int, i2: int) -> str | None:
         """A stream-only span that starts in the generation prompt right before a turn's output and is the end of
         it: "prefill" when it stops there, "prefill and sampled" when it runs on into the turn's output."""
-        gen = tuple(self.profile.generation_prompt_ids)
-        for c in self.loc.calls:
+        for turn, c in enumerate(self.loc.calls):
             start = c.output_start
-            if not gen or not start - len(gen) <= i1 < start or i2 > c.output_end:
-                continue
-            head = tuple(self.stream[i1:start] if i2 > start else self.stream[i1:i2])
-            if i2 <= start and any(gen[k : k + len(head)] == head for k in range(len(gen) - len(head) + 1)):
-                return "prefill"
-            if i2 > start and gen[len(gen) - len(head) :] == head:
-                return "prefill and sampled"
+            for gen in self._prefills(turn):
+                # The prompt the engine saw ends with it, intact (a pre-fill written twice is not one).
+                if (
+                    not start - len(gen) <= i1 < start
+                    or i2 > c.output_end
+                    or tuple(self.stream[start - len(gen) : start]) != gen
+                ):
+                    continue
+                head = tuple(self.stream[i1:start] if i2 > start else self.stream[i1:i2])
+                if i2 <= start and any(gen[k : k + len(head)] == head for k in range(len(gen) - len(head) + 1)):
+                    return "prefill"
+                if i2 > start and gen[len(gen) - len(head) :] == head:
+                    return "prefill and sampled"
         return None
 
     def _assistant_texts(self) -> set[str]:
@@ -346,6 +438,10 @@ class _Rules:
     def _unicode_forms_only(self) -> bool:
         """The tokenizer's normalizer is Unicode normalization only (its state parsed once per check)."""
         return _unicode_forms_only(self.r.tokenizer.backend_tokenizer.normalizer)
+
+    def _all_sampled(self, i1: int, i2: int) -> bool:
+        """Every stream position in ``[i1, i2)`` is a token the engine sampled (in some call's output)."""
+        return any(c.output_start <= i1 and i2 <= c.output_end for c in self.loc.calls)
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
         return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)
@@ -458,14 +554,20 @@ def special_token_escaped(d: Divergence) -> Named:
     """Same text; the render has special tokens where the stream has their text: content that holds special-token
     text was kept as text, as the engine saw it (the safe way)."""
     special = d.ctx.r.control_ids
-    if d.ds == d.dr and set(d.r_ids) & special and not set(d.s_ids) & special:
-        return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text in content kept as text, as the engine saw it"
+    # Only the engine's own text: special-token text in untrusted content is compared with the escaped render (no
+    # divergence there), so outside sampled tokens this is structure written as text (a broken turn boundary).
+    if d.ds == d.dr and set(d.r_ids) & special and not set(d.s_ids) & special and d.ctx._all_sampled(d.i1, d.i2):
+        return Cause.SPECIAL_TOKEN_ESCAPED, "special-token text the engine sampled as text, kept as it sampled it"
     return None
 
 
 def bpe_remerge(d: Divergence) -> Named:
     """Same text (or the same once the tokenizer's normalizer has run) in other ids: the sampled split is not the
-    one re-encoding the text gives."""
+    one re-encoding the text gives. Never a different set of control tokens: a split of text does not make or undo
+    a special token (the special-token rules before this one name those that are allowed)."""
+    control = d.ctx.r.control_ids
+    if {i for i in d.s_ids if i in control} != {i for i in d.r_ids if i in control}:
+        return None
     if d.ds == d.dr:
         return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
     if d.ctx._same_normalized(d.ds, d.dr):
@@ -477,7 +579,8 @@ def close_variant(d: Divergence) -> Named:
     """At a turn end, one turn-end token in the stream against one close in the render: the turn stopped on another
     of the template's turn ends (GPT-OSS ``<|return|>``, Llama ``<|eom_id|>``) and keeps it as its close."""
     c = d.ctx
-    if d.at_end and len(d.s_ids) == 1 and d.s_ids[0] in c.turn_ends and len(d.r_ids) == 1 and d.r_ids[0] in c.closes:
+    one = len(d.s_ids) == 1 and d.s_ids[0] in c.turn_ends and len(d.r_ids) == 1 and d.r_ids[0] in c.closes
+    if d.at_end and one and c._all_sampled(d.i1, d.i2):  # the engine's stop: a close verl_ext wrote is the template's
         return (
             Cause.CLOSE_VARIANT,
             f"the turn ended on {d.ds!r}, one of the template's turn ends; it writes {d.dr!r} here",
@@ -489,9 +592,10 @@ def close_missing(d: Divergence) -> Named:
     """At a turn end, the render has a close the stream lacks: the turn stopped on an alias (and got no close),
     or on nothing the template closes with."""
     c = d.ctx
-    if d.at_end and d.s_ids and d.s_ids[-1] in c.aliases and set(d.r_ids) & c.closes:
+    if d.at_end and d.s_ids and d.s_ids[-1] in c.aliases and set(d.r_ids) & c.closes and not c._closed_after(d):
         return Cause.CLOSE_MISSING, f"the turn stopped on {c.r.decode(d.s_ids[-1:])!r} and has no close"
-    if d.at_end and set(d.r_ids) & c.closes and not set(d.s_ids) & c.closes:
+    # A turn that ended on another of the template's turn ends is closed (its turn-end finding names the variant).
+    if d.at_end and set(d.r_ids) & c.closes and not set(d.s_ids) & c.turn_ends and not c._closed_after(d):
         has = f"has {d.ds!r}" if d.ds else "has nothing there"
         return Cause.CLOSE_MISSING, f"the template closes the turn with {d.dr!r}; the stream {has}"
     return None
@@ -500,7 +604,7 @@ def close_missing(d: Divergence) -> Named:
 def eos_alias(d: Divergence) -> Named:
     """Stream-only stop ids the template never renders (e.g. ``<|endoftext|>``): the sampled stop, kept."""
     aliases = d.ctx.aliases  # all(): a stripped block's first id answers, no set of its thousands of ids
-    if d.s_ids and not d.r_ids and all(i in aliases for i in d.s_ids):
+    if d.s_ids and not d.r_ids and all(i in aliases for i in d.s_ids) and d.ctx._all_sampled(d.i1, d.i2):
         return Cause.EOS_ALIAS, f"the stream keeps the sampled stop {d.ds!r}, which the template never renders"
     return None
 
@@ -549,8 +653,8 @@ def prefill_dropped(d: Divergence) -> Named:
     which the template does not re-render once the turn is history."""
     if not d.r_ids and d.ctx._prefill_dropped(d.i1, d.i2) == "prefill":
         return Cause.PREFILL_DROPPED, (
-            f"the generation prompt pre-filled {d.ds!r} before this turn; the template does not re-render it once "
-            "the turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
+            f"the prompt the engine saw ends in {d.ds!r} before this turn; the template does not write it once the "
+            "turn is history (e.g. an empty think block with thinking disabled); kept as the engine saw it"
         )
     return None
 
@@ -661,11 +765,12 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
 
 _MOVED_MIN_CHARS = 24
 _END_LOOKBACK = 16  # render tokens read for the END close and trailer
+_CONTEXT_END_TOKENS = 8  # tokens of the context after the last turn compared with the render's end
 # Turn-end defects a rule names at the end of a sampled turn: the stream lacks the close the template writes, or holds
 # a stop twice. (Whatever the template writes after its close is the gap's.) A stop's text in the message
 # (stop_text_in_message) stays a defect wherever it is: the message does not describe the sampled tokens.
 _TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED})
-_FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...]]] = {}
+_FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]] = {}
 
 
 def _escaped_spots(
@@ -699,14 +804,23 @@ def _trailing_generation_prompt(stream: Sequence[int], gen: Sequence[int], outpu
     return len(stream)
 
 
-def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...]]:
-    """What the template writes around any assistant message's content (squashed text runs, structure aside), and
-    the non-whitespace text it writes around reasoning (its tags): rendered once per template with marker texts."""
+def _context_ends_like(context: Sequence[int], rendered: Sequence[int]) -> bool:
+    """The stream's context after the last turn ends as the render of the final messages does (its last few tokens):
+    what follows it in the stream is a generation prompt, not the rest of a message the response length cut."""
+    k = min(len(context), _CONTEXT_END_TOKENS)
+    return k > 0 and tuple(rendered[len(rendered) - k :]) == tuple(context[len(context) - k :])
+
+
+def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]:
+    """What the template writes around any assistant message's content (squashed text runs, structure aside), the
+    non-whitespace text it writes around reasoning (its tags), and of those the ones after the reasoning (its
+    closes): rendered once per template with marker texts."""
     key = r.fingerprint
     if key not in _FRAMES:
         user = {"role": "user", "content": "QXUSER"}
         frame: frozenset[str] = frozenset()
         tags: tuple[str, ...] = ()
+        closes: tuple[str, ...] = ()
         try:
             head = r.render_text([user], None, add_generation_prompt=True)
             plain = r.render_text([user, {"role": "assistant", "content": "QXANSWER"}])
@@ -721,8 +835,51 @@ def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...]]:
         if thought.startswith(head) and "QXTHOUGHT" in thought:
             around = thought[len(head) :].replace("QXANSWER", " ").split("QXTHOUGHT")
             tags = tuple(t for t in dict.fromkeys(w for part in around for w in part.split()) if t not in head)
-        _FRAMES[key] = (frame, tags)
+            between = thought[len(head) :].split("QXTHOUGHT", 1)[1].partition("QXANSWER")[0]
+            closes = tuple(t for t in dict.fromkeys(between.split()) if t not in head)
+        _FRAMES[key] = (frame, tags, closes)
     return _FRAMES[key]
+
+
+# A conversation ending in a message of each role after an assistant turn (marker texts), and the assistant messages
+# that may follow it: with text, or with a tool call.
+_PROBE_CALL = {"id": "call00001", "type": "function", "function": {"name": "calculator", "arguments": {"x": "1"}}}
+_PROMPT_CONTEXTS: dict[str, list[dict[str, Any]]] = {
+    "tool": [
+        {"role": "user", "content": "QXUSER"},
+        {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL]},
+        {"role": "tool", "content": "QXTOOL", "tool_call_id": "call00001", "name": "calculator"},
+    ],
+    "user": [
+        {"role": "user", "content": "QXUSER"},
+        {"role": "assistant", "content": "QXANSWER"},
+        {"role": "user", "content": "QXUSERB"},
+    ],
+}
+_FOLLOWERS = {
+    False: {"role": "assistant", "content": "QXNEXT"},
+    True: {"role": "assistant", "content": "", "tool_calls": [{**_PROBE_CALL, "id": "call00002"}]},
+}
+_PROMPT_TAILS: dict[tuple[str, str, bool], tuple[int, ...]] = {}
+
+
+def _prompt_tail(r: ChatRenderer, profile: TemplateProfile, role: str, calls: bool) -> tuple[int, ...]:
+    """What the template writes at the end of a prompt ending in a ``role`` message (generation prompt included)
+    that it does not write there once an assistant message (with a tool call: ``calls``) follows; rendered once per
+    template (empty where it cannot render the marker conversation)."""
+    key = (r.fingerprint, role, calls)
+    if key not in _PROMPT_TAILS:
+        chat = profile.tool_call_shape.conform(_PROMPT_CONTEXTS[role])
+        try:
+            prompt = r.render(chat, None, add_generation_prompt=True, escape=False).ids
+            history = r.render(
+                profile.tool_call_shape.conform([*chat, _FOLLOWERS[calls]]), None, add_generation_prompt=False
+            ).ids
+            tail = tuple(prompt[len(os.path.commonprefix([prompt, history])) :])
+        except Exception:  # noqa: BLE001 - a template that needs more to render: no tail known (a stricter check)
+            tail = ()
+        _PROMPT_TAILS[key] = tail
+    return _PROMPT_TAILS[key]
 
 
 _NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")

@@ -9,8 +9,9 @@ message texts are unique markers, and reading the tokens around those markers. T
 from __future__ import annotations
 
 import json
+import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -169,6 +170,22 @@ class TemplateProfile:
         return data
 
 
+def added_generation_prompt(
+    gen_ids: Sequence[int], head_ids: Sequence[int], control_ids: Collection[int]
+) -> tuple[int, ...]:
+    """What the generation prompt adds to a conversation (``gen_ids``: rendered with it, ``head_ids``: without): the
+    ids after the conversation, or after what the two share where the conversation without it ends in control tokens
+    only (Phi-4-mini's Ollama template writes ``</s>`` there instead of ``<|assistant|>``); empty when neither."""
+    gen_ids, head_ids = tuple(gen_ids), tuple(head_ids)
+    if gen_ids[: len(head_ids)] == head_ids:
+        return gen_ids[len(head_ids) :]
+    shared = len(os.path.commonprefix([gen_ids, head_ids]))
+    rest = head_ids[shared:]
+    if rest and all(i in control_ids for i in rest):
+        return gen_ids[shared:]
+    return ()
+
+
 _ProbeKey = tuple[str, tuple[int, ...], tuple[int, ...]]
 _PROFILE_CACHE: dict[_ProbeKey, TemplateProfile] = {}
 _NAMED_CACHE: dict[tuple[str, tuple[int, ...], tuple[int, ...], str], TemplateProfile] = {}
@@ -268,7 +285,7 @@ class _Prober:
         self.round_trip()
         gen_ids = self.probe_head()
         _, head_ids = self.render(self.head, gen=False)
-        gen_prompt = gen_ids[len(head_ids) :] if gen_ids[: len(head_ids)] == head_ids else ()
+        gen_prompt = self.generation_prompt(gen_ids, head_ids)
         profile_boundaries, unsupported = self.probe_boundaries(gen_ids)
         grouped = self.tool_grouping() if "tool" not in unsupported else None
         parallel, parallel_error = self.parallel_tool_calls() if "tool" not in unsupported else (None, "")
@@ -294,6 +311,9 @@ class _Prober:
             parallel_tool_calls=parallel,
             parallel_tool_calls_error=parallel_error,
         )
+
+    def generation_prompt(self, gen_ids: tuple[int, ...], head_ids: tuple[int, ...]) -> tuple[int, ...]:
+        return added_generation_prompt(gen_ids, head_ids, self.r.control_ids)
 
     def probe_head(self) -> tuple[int, ...]:
         """Choose the messages before the probed turn (``self.head``) and the kinds of assistant turn to probe

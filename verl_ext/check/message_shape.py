@@ -1,0 +1,80 @@
+"""What a chat template writes for one assistant message, with the message's own data left as slots.
+
+The per-turn verdict (``sampled_text``) asks whether the text a template renders for a turn is the template's own
+text or data the engine sampled. A template writes a tool call in its own format (Kimi's
+``functions.NAME:0``, Seed-OSS's ``<function=NAME><parameter=KEY>VALUE</parameter>``, DeepSeek's
+``function<sep>NAME`` and code fence), whatever format the model sampled it in. Rendering the message once more with
+every data string (content, reasoning, each call's name, argument keys and values) replaced by a slot marker shows
+which text is the template's: the verdict then matches a rendered run against that shape, and only what fills a
+slot must be sampled text. Call ids are the loop's metadata, never sampled: they stay as they are (template text).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from verl_ext.check.sampled_text import text_runs
+from verl_ext.core.probe import TemplateProfile
+from verl_ext.core.rendering import ChatRenderer
+
+SLOT = re.compile(r"QXSLOT\d+QX")
+_USER = {"role": "user", "content": "QXUSER"}
+_SHAPES: dict[tuple[str, str], tuple[str, ...]] = {}
+
+
+def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Mapping[str, Any]) -> tuple[str, ...]:
+    """The squashed text runs the template writes for ``message`` after a user turn, each data string a slot
+    (``SLOT``); empty when the template cannot render the masked message alone. Cached per template and shape."""
+    masked = _masked(message)
+    key = (renderer.fingerprint, json.dumps(masked, sort_keys=True, default=str))
+    if key not in _SHAPES:
+        runs: tuple[str, ...] = ()
+        try:
+            head = renderer.render_text([_USER], None, add_generation_prompt=True)
+            full = renderer.render_text(profile.tool_call_shape.conform([_USER, masked]), None)
+        except Exception:  # noqa: BLE001 - a template that needs more to render: no shape (a stricter verdict)
+            full = head = ""
+        if full:
+            # After the generation prompt where the message continues it; else after what the two share (a template
+            # that writes an empty message without the prompt's trailing newline).
+            body = full[len(os.path.commonprefix([head, full])) :]
+            runs = tuple(dict.fromkeys(text_runs(body, renderer.control_pattern)))
+        _SHAPES[key] = runs
+    return _SHAPES[key]
+
+
+def _masked(message: Mapping[str, Any]) -> dict[str, Any]:
+    """``message`` with every data string a numbered slot (empty strings and call ids kept as they are)."""
+    count = iter(range(1_000_000))
+
+    def slot(value: Any) -> Any:
+        return f"QXSLOT{next(count)}QX" if value not in ("", None) else value
+
+    out: dict[str, Any] = {"role": "assistant"}
+    for key in ("content", "reasoning_content", "thinking"):
+        if key in message:
+            value = message[key]
+            out[key] = slot(value) if isinstance(value, str) else value
+    calls = []
+    for call in message.get("tool_calls") or ():
+        if not isinstance(call, Mapping) or not isinstance(call.get("function"), Mapping):
+            calls.append(call)
+            continue
+        function = dict(call["function"])
+        function["name"] = slot(function.get("name"))
+        args = function.get("arguments")
+        if isinstance(args, str):
+            try:
+                parsed = json.loads(args)
+            except json.JSONDecodeError:
+                parsed = None
+            args = parsed if isinstance(parsed, dict) else args
+        function["arguments"] = {slot(k): slot(v) for k, v in args.items()} if isinstance(args, dict) else slot(args)
+        calls.append({**call, "function": function})
+    if "tool_calls" in message:
+        out["tool_calls"] = calls
+    return out

@@ -25,7 +25,10 @@ from verl_ext.check.align import Opcode, align
 
 EDGE_TRIM = 2  # tokens of a gap next to a sampled output that may merge with it in the render
 _MIN_CORE = 4  # tokens a trimmed gap keeps at least
+_PROMPT_TAILS = 32
 _PROMPT_TAILS = 32  # control tokens of the prompt tried as the start of its tail
+_MIDDLE_MIN = 64  # ids of a gap's middle (what every trim keeps) from which its places replace a search per trim
+_MIDDLE_PLACES = 8  # places of a middle listed; past them each trim is searched
 _SLACK = 512  # render tokens a gap may lie further than twice the sampled body before it (a template's own text)
 
 
@@ -148,22 +151,45 @@ def _find_gap(
     if g1 == g2:
         return (g1, g2, cursor, cursor, True)
     best: tuple[int, int, int, int, bool] | None = None
-    structured = any(i in control_ids for i in stream[g1:g2])
+    # Read once, not per trim: a gap is a whole tool result (thousands of ids), tried at up to 18 trims.
+    controls = _controls_near_edges(stream, g1, g2, lead, trail, control_ids)
+    packed = _Finder.pack(stream[g1:g2])
+    a_most, b_most = min(lead, g2 - g1 - 1), min(trail, g2 - g1 - 1)
+    middle = _Middle.of(finder, packed[4 * a_most : len(packed) - 4 * b_most], cursor, window)
+    if middle is not None and not middle.places:
+        return None  # every trim of the gap holds its middle: one search rules out all of them
     for a in range(0, min(lead, g2 - g1 - 1) + 1):
         for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
-            core = stream[g1 + a : g2 - b]
-            keeps_structure = not structured or any(i in control_ids for i in core)
+            size = g2 - g1 - a - b
+            keeps_structure = not controls or any(g1 + a <= p < g2 - b for p in controls)
             if (a or b) and not keeps_structure:
                 continue  # text alone (a call id the message renders too) is no anchor: a trimmed gap keeps structure
-            prefill_cut = not a and b <= prefill and structured
-            if (a or b) and len(core) < max(_MIN_CORE, (g2 - g1 + 1) // 2) and not prefill_cut:
+            prefill_cut = not a and b <= prefill and bool(controls)
+            if (a or b) and size < max(_MIN_CORE, (g2 - g1 + 1) // 2) and not prefill_cut:
                 continue  # a short core matches anywhere: trimmed, a gap keeps at least half of itself
-            at = finder.find(core, cursor, window if best is None else min(window, best[2] + a + len(core)))
+            core = packed[4 * a : len(packed) - 4 * b]
+            limit = window if best is None else min(window, best[2] + a + size)
+            if middle is None:
+                at = finder.find_packed(core, cursor, limit)
+            else:
+                at = middle.find(core, a_most - a, cursor, limit)
             # The earliest place wins (a gap repeated later, e.g. a final turn that renders the pre-fill, is not it);
             # at one place, the least trimmed.
             if at is not None and (best is None or at - a < best[2] - (best[0] - g1)):
-                best = (g1 + a, g2 - b, at, at + len(core), True)
+                best = (g1 + a, g2 - b, at, at + size, True)
     return best
+
+
+def _controls_near_edges(
+    stream: Sequence[int], g1: int, g2: int, lead: int, trail: int, control_ids: Collection[int]
+) -> list[int]:
+    """Positions of control ids in ``stream[g1:g2]`` as far as trimming ``lead`` / ``trail`` edge tokens can tell them
+    apart: those in the edges, and one middle position standing for any number there (a trim never removes it)."""
+    head, tail = min(g1 + lead, g2), max(g2 - trail, g1)
+    edges = [p for p in (*range(g1, head), *range(max(tail, head), g2)) if stream[p] in control_ids]
+    ids = control_ids if isinstance(control_ids, (set, frozenset)) else frozenset(control_ids)
+    middle = [head] if head < tail and not ids.isdisjoint(stream[head:tail]) else []
+    return sorted(edges + middle)
 
 
 def _find_prompt_end(
@@ -243,17 +269,57 @@ def _map_position(ops: Sequence[Opcode], i: int, rendered_len: int, start: bool)
     return rendered_len
 
 
+@dataclass(frozen=True)
+class _Middle:
+    """The places in the render of a gap's middle (the ids every trim of the gap keeps): a trim can only lie where the
+    middle does, at a known offset, so one comparison per place replaces a search of the window per trim (a gap is a
+    whole tool result, thousands of ids, tried at up to 18 trims)."""
+
+    finder: _Finder
+    places: list[int]
+    complete: bool  # every place before the window is listed
+
+    @classmethod
+    def of(cls, finder: _Finder, middle: bytes, start: int, end: int) -> _Middle | None:
+        """The middle's places in ``rendered[start:end]``; None for a middle too short to be worth it."""
+        if len(middle) < 4 * _MIDDLE_MIN:
+            return None
+        places: list[int] = []
+        at = finder.find_packed(middle, start, end)
+        while at is not None and len(places) < _MIDDLE_PLACES:
+            places.append(at)
+            at = finder.find_packed(middle, at + 1, end)
+        return cls(finder, places, at is None)
+
+    def find(self, core: bytes, offset: int, start: int, end: int) -> int | None:
+        """``finder.find_packed(core, start, end)`` for a core that holds the middle ``offset`` ids from its start."""
+        for place in self.places:
+            at = place - offset
+            if 4 * at + len(core) > 4 * end:
+                return None  # places are in order: every later one ends past ``end`` too
+            if at >= start and self.finder.raw[4 * at : 4 * at + len(core)] == core:
+                return at
+        return None if self.complete else self.finder.find_packed(core, start, end)
+
+
 class _Finder:
     """Exact search for a run of ids in the render, as a byte search over the ids packed 4 bytes each."""
 
     def __init__(self, rendered: Sequence[int]) -> None:
         self.raw = array("I", rendered).tobytes()
 
+    @staticmethod
+    def pack(ids: Sequence[int]) -> bytes:
+        return array("I", ids).tobytes()
+
     def find(self, needle: Sequence[int], start: int, end: int) -> int | None:
         """Where ``needle`` first occurs in ``rendered[start:end]``, or None."""
-        if not needle:
+        return self.find_packed(self.pack(needle), start, end)
+
+    def find_packed(self, pattern: bytes, start: int, end: int) -> int | None:
+        """``find`` for a needle already packed (``pack``)."""
+        if not pattern:
             return start
-        pattern = array("I", needle).tobytes()
         at = self.raw.find(pattern, start * 4, end * 4)
         while at != -1 and at % 4:
             at = self.raw.find(pattern, at + 1, end * 4)

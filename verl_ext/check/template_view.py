@@ -61,7 +61,10 @@ def template_findings(
     spans = _divergent_spans(rules, explained)
     # Every span's two texts in one batch, decoded once (rules and findings read them): a stripped thinking block is
     # thousands of tokens, and the batch decodes the blocks on the free cores.
-    decoded = renderer.decode_many([ids for i1, i2, j1, j2, _ in spans for ids in (stream[i1:i2], native[j1:j2])])
+    wanted = [span for i1, i2, j1, j2, _ in spans for span in ((True, i1, i2), (False, j1, j2))]
+    turns = [rules.parts[seg] for seg in dict.fromkeys(seg for *_, seg in spans) if rules.parts[seg].sampled]
+    # with the texts of the turns those spans lie in, which their verdicts read: one batch for all
+    decoded = rules.texts([*wanted, *(span for p in turns for span in ((True, p.i1, p.i2), (False, p.j1, p.j2)))])
     per_turn: dict[int, list[int]] = {}  # the findings of each sampled segment, by index in ``out``
     for k, (i1, i2, j1, j2, seg) in enumerate(spans):
         check_deadline(deadline, f"explaining divergence {k + 1} of {len(spans)}")
@@ -167,6 +170,16 @@ class _Rules:
         # the alignment, segment by segment: computed once, read by every rule
         self.opcodes, self.owners = segment_opcodes(stream, rendered, self.parts, deadline)
         self._verdicts: dict[int, TurnVerdict] = {}
+        self._texts: dict[tuple[bool, int, int], str] = {}
+
+    def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
+        """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
+        once per check and the new ones in one batch: a turn's verdict reads the thinking block its divergence read."""
+        new = [span for span in dict.fromkeys(spans) if span not in self._texts]
+        if new:
+            ids = [(self.stream if in_stream else self.rendered)[a:b] for in_stream, a, b in new]
+            self._texts.update(zip(new, self.r.decode_many(ids), strict=True))
+        return [self._texts[span] for span in spans]
 
     def cut_inside(self, i1: int, j1: int) -> bool:
         """The stream ends at ``i1``'s divergence with a prefix of what the render holds from ``j1`` on: the trainer's
@@ -294,7 +307,7 @@ class _Rules:
     def verdict(self, part: Segment) -> TurnVerdict:
         """Whether the turn's message holds what the engine sampled (``sampled_text``), once per turn."""
         if part.turn not in self._verdicts:
-            sampled, rendered = self.r.decode_many([self.stream[part.i1 : part.i2], self.rendered[part.j1 : part.j2]])
+            sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
             frame, shapes = self._frame, ()
             if part.turn < len(self.assistants):
                 runs = message_shape(self.r, self.profile, self.assistants[part.turn])
@@ -346,9 +359,11 @@ class _Rules:
         if bool(ds) == bool(dr) or region not in ("prompt", "context", "boundary"):
             return ""
         text = (ds or dr).strip()
+        if len(text) < _MOVED_MIN_CHARS:
+            return ""  # before the whole texts are read: decoding them costs more than the rest of the check
         mine, other = (self._stream_text, self._rendered_text) if ds else (self._rendered_text, self._stream_text)
         held = other.count(text)
-        if len(text) < _MOVED_MIN_CHARS or not held:
+        if not held:
             return ""
         # The first prompt is what the engine saw first: a block the template later renders elsewhere moved there.
         if region == "prompt" or mine.count(text) <= held:
@@ -424,7 +439,9 @@ class _Rules:
     def _normalized(self, text: str) -> str:
         """``text`` as the tokenizer's own normalizer leaves it (Qwen: NFC); unchanged when it has none."""
         normalizer = getattr(self.r.tokenizer.backend_tokenizer, "normalizer", None)
-        return normalizer.normalize_str(text) if normalizer is not None else text
+        if normalizer is None or (text.isascii() and self._unicode_forms_only):
+            return text  # every Unicode normal form leaves ASCII as it is
+        return normalizer.normalize_str(text)
 
     def _same_normalized(self, a: str, b: str) -> bool:
         """``_normalized(a) == _normalized(b)``. Where one text is empty and the normalizer is Unicode normalization

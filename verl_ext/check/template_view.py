@@ -72,7 +72,13 @@ def template_findings(
             cause, detail = rules.sampled_cause(d, part, cause, detail)
             per_turn.setdefault(seg, []).append(len(out))
         texts = (d.ds, d.dr)
-        out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts))
+        # Tokens the stream lacks at a gap's end are context missing after the turn before the gap, not the next
+        # turn's: located by the gap's last token (the position itself is where the next output starts).
+        at = i1 - 1 if not part.sampled and i1 == i2 == part.i2 > part.i1 and seg > 0 else i1
+        where = {"turn": loc.turn(at), "region": loc.region(at)} if at != i1 else {}
+        out.append(
+            loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts, **where)
+        )
     for seg, indices in per_turn.items():
         verdict = rules.verdict(rules.parts[seg])
         if not verdict.holds and all(out[i].cause is not Cause.MESSAGE_DIFFERS for i in indices):
@@ -426,6 +432,15 @@ class _Rules:
         normalizer = getattr(self.r.tokenizer.backend_tokenizer, "normalizer", None)
         return normalizer.normalize_str(text) if normalizer is not None else text
 
+    def _same_after_last_match(self, d: Divergence) -> bool:
+        """The two spans read the same (once normalized) after the token before them, where that token is the same on
+        both sides. A span decoded alone can lose text: SentencePiece decodes a leading "▁" as nothing, so a space
+        token a loop added (re-encoding decoded text) reads as no text at all."""
+        if not d.i1 or not d.j1 or self.stream[d.i1 - 1] != self.rendered[d.j1 - 1]:
+            return True
+        before = self.stream[d.i1 - 1]
+        return self._same_normalized(self.r.decode([before, *d.s_ids]), self.r.decode([before, *d.r_ids]))
+
     def _same_normalized(self, a: str, b: str) -> bool:
         """``_normalized(a) == _normalized(b)``. Where one text is empty and the normalizer is Unicode normalization
         only (which keeps every non-empty text non-empty), they differ without normalizing the other: a thinking
@@ -569,8 +584,9 @@ def bpe_remerge(d: Divergence) -> Named:
     if {i for i in d.s_ids if i in control} != {i for i in d.r_ids if i in control}:
         return None
     if d.ds == d.dr:
-        return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
-    if d.ctx._same_normalized(d.ds, d.dr):
+        if d.ctx._same_after_last_match(d):
+            return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
+    elif d.ctx._same_normalized(d.ds, d.dr) and d.ctx._same_after_last_match(d):
         return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
     return None
 

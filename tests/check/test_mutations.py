@@ -166,7 +166,7 @@ def inject_special(c: Clean, after_turn: int, at: int, content: str) -> None:
 
 
 def drop_repair(c: Clean) -> None:
-    if not any("repair" == kind for kind, _ in c.pieces):
+    if not any(kind == "repair" for kind, _ in c.pieces):
         trailers = {b.next_role: b.trailer_ids for b in c.profile.boundaries if b.trailer_ids}
         assert not trailers, f"the template writes trailers {trailers} but the loop repaired none"
         pytest.skip("the template writes nothing after a turn's close: no boundary repair to drop")

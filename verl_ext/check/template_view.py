@@ -432,15 +432,6 @@ class _Rules:
         normalizer = getattr(self.r.tokenizer.backend_tokenizer, "normalizer", None)
         return normalizer.normalize_str(text) if normalizer is not None else text
 
-    def _same_after_last_match(self, d: Divergence) -> bool:
-        """The two spans read the same (once normalized) after the token before them, where that token is the same on
-        both sides. A span decoded alone can lose text: SentencePiece decodes a leading "▁" as nothing, so a space
-        token a loop added (re-encoding decoded text) reads as no text at all."""
-        if not d.i1 or not d.j1 or self.stream[d.i1 - 1] != self.rendered[d.j1 - 1]:
-            return True
-        before = self.stream[d.i1 - 1]
-        return self._same_normalized(self.r.decode([before, *d.s_ids]), self.r.decode([before, *d.r_ids]))
-
     def _same_normalized(self, a: str, b: str) -> bool:
         """``_normalized(a) == _normalized(b)``. Where one text is empty and the normalizer is Unicode normalization
         only (which keeps every non-empty text non-empty), they differ without normalizing the other: a thinking
@@ -584,9 +575,8 @@ def bpe_remerge(d: Divergence) -> Named:
     if {i for i in d.s_ids if i in control} != {i for i in d.r_ids if i in control}:
         return None
     if d.ds == d.dr:
-        if d.ctx._same_after_last_match(d):
-            return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
-    elif d.ctx._same_normalized(d.ds, d.dr) and d.ctx._same_after_last_match(d):
+        return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
+    if d.ctx._same_normalized(d.ds, d.dr):
         return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
     return None
 

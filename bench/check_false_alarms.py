@@ -5,8 +5,8 @@ builds them from random engine output (``tests/loop_rollouts.py``: odd text, the
 random ids, stops, length cuts), each checked with the template view on. Printed per template: rollouts with a
 defect per 1,000 (the goal is 0: the stream is right by construction), engine-view failures, and the check's cost
 against one render of the final messages in the same run (``ChatRenderer.render``, the render the check holds).
-Then the mutation suite (``tests/check/test_mutations.py``): every injected defect on every template it covers, and
-the share reported (the goal is 100%).
+Then the mutation suite (``tests/check/test_mutations.py``): every injected defect on every template (the same
+five), the share reported in its turn (the goal is 100%), and the mutations a template cannot take, with why.
 
     PYTHONPATH=. .venv/bin/python bench/check_false_alarms.py [--rollouts 1000] [--seed 0]
 """
@@ -117,28 +117,28 @@ def false_alarms(family: str, kwargs: dict, rollouts: int, seed: int) -> dict:
     }
 
 
-def mutation_detection() -> tuple[int, int, list[str]]:
-    """(caught, injected, the names missed) over the mutation suite's defects and families."""
+def mutation_detection() -> tuple[int, int, list[str], list[str]]:
+    """(caught, injected, the names missed, the names that cannot apply with why) over every mutation of the suite
+    on every template it covers."""
+    import _pytest.outcomes
     import test_mutations as suite
-    from transformers import AutoTokenizer
-
-    from verl_ext.core.rendering import ChatRenderer
 
     caught = injected = 0
     missed: list[str] = []
-    for family in ("qwen3", "qwen2.5"):
-        r = ChatRenderer(AutoTokenizer.from_pretrained(str(shipped_tokenizers()[family])))
-        for name, (mutate, turn) in suite.MUTATIONS.items():
-            pieces, messages = suite.clean(r)
-            mutate(r, pieces, messages)
-            result = suite.check(r, pieces, messages)
+    skipped: list[str] = []
+    for case in suite.CASES:
+        for name, m in suite.MUTATIONS.items():
+            try:
+                result = suite.mutated(case, name)
+            except _pytest.outcomes.Skipped as why:
+                skipped.append(f"{case}: {name} ({why.msg.split(': ', 1)[-1][:90]})")
+                continue
             injected += 1
-            defects = [f for f in result.findings if not f.allowed]
-            if result.engine_failures or any(f.turn == turn for f in defects):
+            if suite.reported_in_turn(result, m.turn):
                 caught += 1
             else:
-                missed.append(f"{family}: {name}")
-    return caught, injected, missed
+                missed.append(f"{case}: {name}")
+    return caught, injected, missed, skipped
 
 
 def main() -> int:
@@ -166,13 +166,15 @@ def main() -> int:
     for row in rows:
         for example in row["examples"]:
             print(f"  {row['template']}: {example}")
-    caught, injected, missed = mutation_detection()
+    caught, injected, missed, skipped = mutation_detection()
     print(
         f"\nmutation suite: {caught} of {injected} injected defects reported in their turn "
-        f"({100 * caught / injected:.0f}%)"
+        f"({100 * caught / injected:.0f}%) over {len(CASES)} templates; {len(skipped)} cannot apply"
     )
     for name in missed:
         print(f"  missed: {name}")
+    for name in skipped:
+        print(f"  cannot apply: {name}")
     worst = max(row["per_1000"] for row in rows)
     print(
         f"\ngoals: false alarms 0 per 1,000 ({'met' if worst == 0 else f'not met: up to {worst:.1f}'}); "

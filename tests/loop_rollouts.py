@@ -92,17 +92,20 @@ def build_loop_rollout(
     profile: TemplateProfile,
     parser: Any,
     outputs: Sequence[Sequence[int]],
-    tool_texts: Sequence[str],
+    tool_texts: Sequence[str | list[dict[str, Any]]],
     *,
     response_length: int = 512,
     tools: Sequence[Mapping[str, Any]] | None = TOOLS,
     prompt: Sequence[Mapping[str, Any]] = PROMPT,
     user_after_text: bool = False,
     max_parallel_calls: int = 1,
+    roles_after_text: Sequence[str] = ("user",),
 ) -> tuple[LoopRollout, Rollout]:
     """Drive a trajectory through ``outputs`` (one engine output per turn) as the loop does; ``tool_texts`` answer
-    the calls in order. With ``user_after_text``, a turn without a call is followed by a user message instead of
-    ending the rollout (a multi-turn chat). Returns the loop's state and the ``Rollout`` the check reads."""
+    the calls in order (a text, or content as a list of parts). With ``user_after_text``, a turn without a call is
+    followed by a message per role of ``roles_after_text`` (by default one user message; their contents drawn from
+    ``tool_texts`` too) instead of ending the rollout (a multi-turn chat). Returns the loop's state and the
+    ``Rollout`` the check reads."""
     t = TokenTrajectory(renderer, profile)
     lr = LoopRollout(t)
     prompt_ids = t.start([dict(m) for m in prompt], tools)
@@ -139,7 +142,7 @@ def build_loop_rollout(
             if not user_after_text:
                 lr.ended = "no call"
                 break
-            replies = [{"role": "user", "content": next(texts) or "go on"}]
+            replies = [{"role": role, "content": next(texts) or "go on"} for role in roles_after_text]
         try:
             prompt_ids = t.append_messages(replies)
         except TemplateError as exc:
@@ -161,7 +164,12 @@ def canonical_call_text(renderer: ChatRenderer, profile: TemplateProfile, argume
     what a model trained on this template writes to call a tool."""
     function = {"name": "calculator", "arguments": arguments}
     tool_call = {"id": "call00001", "type": "function", "function": function}
-    message = {"role": "assistant", "content": "", "tool_calls": [tool_call]}
+    return canonical_message_text(renderer, profile, {"role": "assistant", "content": "", "tool_calls": [tool_call]})
+
+
+def canonical_message_text(renderer: ChatRenderer, profile: TemplateProfile, message: Mapping[str, Any]) -> str:
+    """The text the template renders for one assistant message after the prompt (between the generation prompt and
+    the close): what a model trained on this template writes for it. Empty where the template cannot render it."""
     try:
         body = renderer.render_text([*PROMPT, message], TOOLS, add_generation_prompt=False)
         head = renderer.render_text(PROMPT, TOOLS, add_generation_prompt=True)

@@ -96,6 +96,7 @@ def segments(
             # A gap the render does not hold (a moved tool list, an altered message): every boundary is placed by
             # one whole-rollout alignment instead, and each segment is aligned inside what it pairs with.
             return _segments_by_alignment(align(stream, rendered, deadline), gaps, outputs, len(rendered))
+        found = _with_repeats(stream, rendered, found) if 0 < g < len(gaps) - 1 else found
         placed.append(found)
         cursor = found[3]
     placed[0] = (0, placed[0][1], 0, placed[0][3], placed[0][4])  # the render's start is the prompt's
@@ -190,6 +191,21 @@ def _controls_near_edges(
     ids = control_ids if isinstance(control_ids, (set, frozenset)) else frozenset(control_ids)
     middle = [head] if head < tail and not ids.isdisjoint(stream[head:tail]) else []
     return sorted(edges + middle)
+
+
+def _with_repeats(
+    stream: Sequence[int], rendered: Sequence[int], found: tuple[int, int, int, int, bool]
+) -> tuple[int, int, int, int, bool]:
+    """The gap's place in the render extended over copies of it that follow at once where the stream goes on with
+    other tokens: context the render holds again and the stream lacks (a tool result the loop's messages hold twice)
+    is the gap's, not the next turn's, where a template writes no generation prompt to end the gap."""
+    i1, i2, j1, j2, anchored = found
+    core = list(rendered[j1:j2])
+    if not core or list(stream[i2 : i2 + len(core)]) == core:
+        return found
+    while list(rendered[j2 : j2 + len(core)]) == core:
+        j2 += len(core)
+    return (i1, i2, j1, j2, anchored)
 
 
 def _find_prompt_end(

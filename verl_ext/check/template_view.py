@@ -75,7 +75,13 @@ def template_findings(
             cause, detail = rules.sampled_cause(d, part, cause, detail)
             per_turn.setdefault(seg, []).append(len(out))
         texts = (d.ds, d.dr)
-        out.append(loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts))
+        # Tokens the stream lacks at a gap's end are context missing after the turn before the gap, not the next
+        # turn's: located by the gap's last token (the position itself is where the next output starts).
+        at = i1 - 1 if not part.sampled and i1 == i2 == part.i2 > part.i1 and seg > 0 else i1
+        where = {"turn": loc.turn(at), "region": loc.region(at)} if at != i1 else {}
+        out.append(
+            loc.finding(cause, allowed(cause), Span(i1, i2), Span(j1, j2), d.r_ids, detail, texts=texts, **where)
+        )
     for seg, indices in per_turn.items():
         verdict = rules.verdict(rules.parts[seg])
         if not verdict.holds and all(out[i].cause is not Cause.MESSAGE_DIFFERS for i in indices):

@@ -182,7 +182,7 @@ def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> 
         ({}, "verl_ext_gateway_agent has no harness: set verl_ext.harness.function"),
         ({"function": "a:b", "command": "x"}, "entry: both function ('a:b') and command ('x') are set"),
         ({"function": "nocolon"}, "entry.function must be module:function"),
-        ({"function": "a:b", "branches": "all"}, "entry.branches=all is not supported"),
+        ({"function": "a:b", "branches": "first"}, "entry.branches must be 'last' (the session's last branch"),
         ({"x": 1}, "unknown option entry.x"),
     ],
 )

@@ -239,9 +239,9 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         _each_sampled_token_trained_once(trained)
         counters["gateway/samples"] += len(trained)
         # sampled tokens left out of an earlier branch's sample because a later branch (a fork) trains them
-        counters["gateway/shared_tokens_masked"] += sum(
-            sum(r.rollout.sample.response_mask) - r.trained_tokens for r in trained
-        )
+        shared = sum(sum(r.rollout.sample.response_mask) - r.trained_tokens for r in trained)
+        if shared:
+            counters["gateway/shared_tokens_masked"] += shared
         metrics_sink.report(chosen.result, counters)
         for other in results[:-1]:
             metrics_sink.report(other.result, {})

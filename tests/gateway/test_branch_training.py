@@ -42,6 +42,7 @@ def test_all_trains_a_forks_replayed_turn_once_in_the_fork(make_gateway: Any, tm
     # the parent keeps the shared turn in its stream (context) but trains only its own answer
     shared = len(parent.calls[0].output_ids)
     own = len(parent.calls[1].output_ids)
+    assert (shared, own) == (21, 19)  # the figures docs/gateway.md quotes
     assert sum(first.rollout.sample.response_mask) == shared + own and first.trained_tokens == own
     assert second.trained_tokens == sum(second.rollout.sample.response_mask) == shared + len(child.calls[1].output_ids)
     start = len(first.rollout.sample.prompt_ids)

@@ -29,7 +29,9 @@ def calculate(expression: str) -> str:
     return str(int(result)) if float(result).is_integer() else str(result)
 
 
-def react_calculator(client: OpenAI, question: str, tools: list[dict[str, Any]], max_turns: int = 4) -> dict[str, Any]:
+def react_calculator(
+    client: OpenAI, question: str, tools: list[dict[str, Any]], max_turns: int = 4, max_tokens: int = 64
+) -> dict[str, Any]:
     """A ReAct loop: ask, run every tool call, send the results back, until the model answers. Like many harnesses
     it drops the reasoning and re-serializes the arguments it sends back."""
     messages: list[dict[str, Any]] = [
@@ -38,7 +40,9 @@ def react_calculator(client: OpenAI, question: str, tools: list[dict[str, Any]],
     ]
     responses = []
     for _ in range(max_turns):
-        response = client.chat.completions.create(model="policy", messages=messages, tools=tools, max_tokens=64)
+        response = client.chat.completions.create(
+            model="policy", messages=messages, tools=tools, max_tokens=max_tokens
+        )
         responses.append(response)
         choice = response.choices[0]
         message = choice.message
@@ -69,23 +73,39 @@ def react_calculator(client: OpenAI, question: str, tools: list[dict[str, Any]],
     return {"answer": None, "messages": messages, "responses": responses}
 
 
+CALCULATOR_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
+        },
+    }
+]
+
+
 def loop_react(base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, Any]:
     """The ReAct calculator as ``verl_ext_gateway_agent`` calls a harness (sync): the row's last user message is
     the question; the tools are the calculator's schema."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     question = [m for m in row["raw_prompt"] if m["role"] == "user"][-1]["content"]
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": "calculator",
-                "description": "Evaluate an arithmetic expression.",
-                "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}},
-            },
-        }
-    ]
-    out = react_calculator(client, question, tools)
+    out = react_calculator(client, question, CALCULATOR_TOOLS)
     return {"answer": out["answer"], "turns": len(out["responses"])}
+
+
+def loop_forking(base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The ReAct calculator, then its conversation again up to the first tool result, edited, for one more answer
+    (as a harness exploring an alternative does): the gateway forks the session there. Turns are cut short (40
+    tokens, 8 for the fork: a tiny random model's answers are noise; the forced first call fits whole)."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    question = [m for m in row["raw_prompt"] if m["role"] == "user"][-1]["content"]
+    out = react_calculator(client, question, CALCULATOR_TOOLS, max_turns=2, max_tokens=40)
+    messages = out["messages"]
+    at = next(i for i, m in enumerate(messages) if m["role"] == "tool")
+    edited = [*messages[:at], {**messages[at], "content": "-1"}]
+    client.chat.completions.create(model="policy", messages=edited, tools=CALCULATOR_TOOLS, max_tokens=8)
+    return {"answer": out["answer"], "turns": len(out["responses"]) + 1}
 
 
 async def loop_failing(base_url: str, api_key: str, row: dict[str, Any]) -> None:

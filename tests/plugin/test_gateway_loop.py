@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from loop_harness import RecordingServer, load_tools, run_loop, verl_config
 
@@ -39,6 +40,7 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
         command: str | None = None,
         prompt_length: int = 512,
         section: dict[str, Any] | None = None,
+        overrides: list[str] = (),
     ) -> tuple[Any, RecordingServer]:
         cfg = verl_config(
             [
@@ -47,6 +49,7 @@ def gateway_loop(tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.Monke
                 "actor_rollout_ref.rollout.multi_turn.format=hermes",
                 f"actor_rollout_ref.rollout.prompt_length={prompt_length}",
                 "actor_rollout_ref.rollout.response_length=96",
+                *overrides,
             ]
         )
         server = RecordingServer(
@@ -176,13 +179,77 @@ def test_harness_prompt_over_prompt_length_trains_nothing(gateway_loop: Any) -> 
     assert metrics_sink.drain()["tito/gateway/prompt_over_length"] == 1
 
 
+def test_branches_all_hands_verls_v1_worker_each_branch_with_each_turn_trained_once(
+    gateway_loop: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+    from verl import DataProto
+    from verl.trainer.ppo.v1 import agent_loop_tq
+    from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+
+    metrics_sink.drain()
+    loop, server = gateway_loop(
+        "sdk_harness:loop_forking", section={"branches": "all"}, overrides=["algorithm.adv_estimator=grpo"]
+    )
+    with pytest.raises(OptionsError, match=r"needs verl's v1 trainer: .*this rollout's worker passed no session_id"):
+        run_loop(loop, PROMPT, global_steps=3)  # as v0's worker calls a loop: it takes one output per row
+    outs = run_loop(loop, PROMPT, global_steps=3, uid="u", session_id=0)  # as v1's worker calls a loop
+    assert isinstance(outs, list) and len(outs) == 2
+    first, second, forked = server.requests  # the call, the answer; the fork's answer after the edited result
+    shared, own, fork_own = (len(r["output_ids"]) for r in (first, second, forked))
+    parent, fork = outs
+    assert all(o.extra_fields["verl_ext_check"]["engine_ok"] for o in outs)
+    assert fork.prompt_ids == parent.prompt_ids and fork.response_ids[:shared] == parent.response_ids[:shared]
+    assert parent.response_mask[:shared] == [0] * shared and sum(parent.response_mask) == own  # left to the fork
+    assert fork.response_mask[:shared] == [1] * shared and sum(fork.response_mask) == shared + fork_own
+    trains = [o.extra_fields["verl_ext_gateway"]["trains"] for o in outs]
+    assert trains == [
+        {"turns": [1], "tokens": own, "elsewhere": [{"turn": 0, "branch": 1}]},
+        {"turns": [0, 1], "tokens": shared + fork_own},
+    ]
+    m = metrics_sink.drain()
+    counted = (m["tito/gateway/samples"], m["tito/gateway/shared_tokens_masked"], m["tito/gateway/forks"])
+    assert counted == (2, shared, 1)
+    lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
+    assert [r["gateway"]["trains"] for r in lines[1:]] == trains  # each branch's record says what it trains
+
+    # verl's own v1 worker stores both outputs of the session, the last one last, each with its loss mask
+    stored: dict[str, Any] = {}
+
+    async def kv_batch_put(keys: list[str], fields: Any, tags: Any, partition_id: str) -> None:
+        stored.update(keys=keys, fields=fields)
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    worker = object.__new__(agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None
+    asyncio.run(worker._agent_loop_postprocess(outs, False, uid="u", session_id=0, global_steps=3))
+    assert stored["keys"] == ["u_0_0", "u_0_1"]
+    loss_masks = [stored["fields"]["loss_mask"][i].tolist() for i in range(2)]
+    assert loss_masks == [parent.response_mask, fork.response_mask]
+    # and its GRPO gives the parent's own turn the fork's advantage; the shared turn trains once, in the fork
+    width = max(len(o.response_ids) for o in outs)
+    masks = torch.tensor([mask + [0] * (width - len(mask)) for mask in loss_masks] + [[1] * width])
+    rewards = torch.zeros(3, width)
+    rewards[1, len(fork.response_ids) - 1] = 1.0  # the session's reward, at its last output; another session: 0
+    data = DataProto.from_dict(
+        tensors={"token_level_rewards": rewards, "response_mask": masks},
+        non_tensors={"uid": np.array(["u"] * 3, dtype=object)},
+    )
+    keys = [*stored["keys"], "u_1_0"]
+    advantages = compute_advantage_for_multi_trajectories(data, keys, "grpo", num_repeat=2).batch["advantages"]
+    trained = advantages[:2] != 0
+    assert trained[0].sum() == own and trained[1].sum() == shared + fork_own
+    assert not trained[0][:shared].any() and trained[1][:shared].all()
+    assert advantages[0][trained[0]].unique().tolist() == advantages[1][trained[1]].unique().tolist()
+
+
 @pytest.mark.parametrize(
     ("options", "message"),
     [
         ({}, "verl_ext_gateway_agent has no harness: set verl_ext.harness.function"),
         ({"function": "a:b", "command": "x"}, "entry: both function ('a:b') and command ('x') are set"),
         ({"function": "nocolon"}, "entry.function must be module:function"),
-        ({"function": "a:b", "branches": "all"}, "entry.branches=all is not supported"),
+        ({"function": "a:b", "branches": "first"}, "entry.branches must be 'last' (the session's last branch"),
         ({"x": 1}, "unknown option entry.x"),
     ],
 )

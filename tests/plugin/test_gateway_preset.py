@@ -1,7 +1,7 @@
 """The ``gateway`` preset of the ``verl_ext`` group, composed with verl's real ppo_trainer config, and the driver's
 preflight of its harness: a harness that can run is accepted and named in one line; one that cannot (nothing named,
-an unimportable or uncallable function, a missing program, ``branches: all``) stops the driver in one line naming
-the option and the fix."""
+an unimportable or uncallable function, a missing program, ``branches: all`` where verl's trainer cannot train every
+branch: v0, an estimator other than GRPO, distillation) stops the driver in one line naming the option and the fix."""
 
 from __future__ import annotations
 
@@ -106,11 +106,21 @@ def test_a_harness_set_for_another_loop_is_said_to_be_unused() -> None:
         (["verl_ext.harness.command='python -c \"1'"], r"does not parse as a shell line"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.command=agent"],
          r"^verl_ext.harness: both function .* and command .* are set"),
-        ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=all"],
-         r"^verl_ext.harness.branches=all is not supported yet: verl_ext_gateway_agent hands verl one sample per row.*"
-         r"v0 trainer takes exactly one .* v1 trainer .*last one's GRPO advantage.*trained twice.*Every branch is "
-         r"still checked and recorded.*Fix: verl_ext.harness.branches=last$"),
-        ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=first"], r"branches must be 'last'"),
+        ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=all", "trainer.use_v1=false",
+          "algorithm.adv_estimator=grpo"],
+         r"^verl_ext.harness.branches=all needs verl's v1 trainer: verl 0.9.1's v0 trainer takes exactly one "
+         r"agent-loop output per row, so a session can hand it one branch only\. Fix: trainer.use_v1=true \(the "
+         r"default\), or verl_ext.harness.branches=last \(the session's last branch is trained; every branch is still "
+         r"checked and recorded\)$"),
+        ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=all"],  # verl's default: gae
+         r"^verl_ext.harness.branches=all needs algorithm.adv_estimator=grpo, got gae: .*last output's advantage only "
+         r"under GRPO .*Fix: algorithm.adv_estimator=grpo, or verl_ext.harness.branches=last"),
+        ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=all", "algorithm.adv_estimator=grpo",
+          "distillation.enabled=true"],
+         r"^verl_ext.harness.branches=all does not work with distillation.enabled=true: .*teacher logprobs for a "
+         r"session's last output only\. Fix: distillation.enabled=false, or verl_ext.harness.branches=last"),
+        ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=first"],
+         r"branches must be 'last' \(the session's last branch is trained\) or 'all'"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.timeout_s=0"], r"timeout_s must be a positive"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.max_branches=0"], r"max_branches must be"),
         ([f"verl_ext.harness.function={SDK_HARNESS}", "+verl_ext.harness.fucntion=x"],
@@ -122,6 +132,15 @@ def test_a_harness_that_cannot_run_stops_the_driver_in_one_line(overrides: list[
     with pytest.raises(OptionsError) as raised:
         check_config(cfg)
     assert re.search(message, str(raised.value)) and "\n" not in str(raised.value), str(raised.value)
+
+
+def test_branches_all_is_accepted_under_verls_v1_trainer_with_grpo() -> None:
+    overrides = [f"verl_ext.harness.function={SDK_HARNESS}", "verl_ext.harness.branches=all"]
+    lines = check_config(config("gateway", [*overrides, "algorithm.adv_estimator=grpo"]))
+    assert lines[1] == (
+        f"verl_ext: verl_ext_gateway_agent runs the harness function {SDK_HARNESS} (timeout 600 s, at most 8 "
+        "branches, trains every branch, each engine turn once)"
+    )
 
 
 def test_a_file_that_is_not_executable_is_refused(tmp_path: Path) -> None:
@@ -151,7 +170,7 @@ def test_verls_validate_config_prints_the_harness_error_last_and_exits_2(capsys:
     assert last.startswith("verl_ext.harness.function=nope:run: cannot import nope (ModuleNotFoundError"), last
 
 
-# -- why branches: all is refused, held to verl's own code (a verl upgrade that changes it fails here) ------------
+# -- where branches: all is sound, held to verl's own code (a verl upgrade that changes it fails here) -------------
 def test_verls_v0_worker_takes_one_output_per_row() -> None:
     import asyncio
 
@@ -178,3 +197,45 @@ def test_verls_v1_grpo_gives_every_output_of_a_session_the_last_ones_advantage()
     keys = ["u_0_0", "u_0_1", "u_1_0"]  # {uid}_{session}_{output}, as v1's worker stores them
     advantages = compute_advantage_for_multi_trajectories(data, keys, "grpo", num_repeat=2).batch["advantages"]
     assert torch.equal(advantages[0], advantages[1]) and advantages[0][0] < 0 < advantages[2][0]  # 5.0 is not seen
+
+
+def test_verls_v1_worker_passes_each_session_its_id_and_stores_its_outputs_as_a_list(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import asyncio
+    from types import SimpleNamespace
+
+    from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+    from verl.trainer.ppo.v1 import agent_loop_tq
+
+    puts: list[dict[str, Any]] = []
+
+    async def kv_put(**kwargs: Any) -> None:
+        pass
+
+    async def kv_batch_put(**kwargs: Any) -> None:
+        puts.append(kwargs)
+
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_put", kv_put)
+    monkeypatch.setattr(agent_loop_tq.tq, "async_kv_batch_put", kv_batch_put)
+    worker = object.__new__(agent_loop_tq.AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.reward_loop_worker_handles, worker.distillation_enabled, worker.processor = None, False, None
+    # each of a row's rollout.n loops gets its session_id (the gateway loop's sign that a list is taken)
+    seen: list[dict[str, Any]] = []
+
+    async def run_agent_loop(sampling_params: Any, trajectory: Any, trace: bool, **kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    worker._run_agent_loop = run_agent_loop
+    worker.config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(n=2)))
+    asyncio.run(worker._run_prompt({"uid": "u"}, {}, trajectory={"validate": False}))
+    assert [s["session_id"] for s in seen] == [0, 1]
+    # a loop's list of outputs is stored as {uid}_{session}_{index}, each with its response_mask as the loss mask
+    outputs = [
+        AgentLoopOutput(prompt_ids=[1], response_ids=[2, 3], response_mask=mask, num_turns=1, metrics={})
+        for mask in ([0, 1], [1, 1])
+    ]
+    asyncio.run(worker._agent_loop_postprocess(outputs, False, uid="u", session_id=1, global_steps=4))
+    (put,) = puts
+    assert put["keys"] == ["u_1_0", "u_1_1"]
+    assert [put["fields"]["loss_mask"][i].tolist() for i in range(2)] == [[0, 1], [1, 1]]

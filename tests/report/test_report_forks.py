@@ -36,6 +36,7 @@ def gateway_records(
     from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
     from verl_ext.gateway.request import parse_chat_request
     from verl_ext.gateway.service import Gateway
+    from verl_ext.gateway.training import plan_training
     from verl_ext.telemetry.records import RecordWriter, header_record
 
     renderer = renderer_for("qwen3")  # the tiny model's tokenizer is Qwen3's (loaded once for the session)
@@ -63,6 +64,8 @@ def gateway_records(
         await ask("plain", QUESTION)
 
     asyncio.run(sessions())
+    # the edited session as verl_ext_gateway_agent ends it with branches=all: each record says what it trains
+    gateway.end("edits", training=plan_training(gateway.sessions["edits"].branches, "all"))
     gateway.end_all()
     return writer.path
 
@@ -93,7 +96,7 @@ def test_each_branch_of_a_forked_session_names_its_parent_and_what_differed(fork
         [text_of(cell) for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)]
         for row in re.findall(r"<tr>(.*?)</tr>", forks, re.DOTALL)[1:]
     ]
-    # branch, rollout, started as, what differed, turns kept, turns, verdict
+    # branch, rollout, started as, what differed, turns kept, turns, trained, verdict
     first, question, tool_result = rows
     assert first[0] == "0" and first[2] == "the session's first request" and first[-1] == "ok"
     assert question[0] == "1" and question[2] == "fork of branch 0 at messages[1], content"
@@ -102,6 +105,10 @@ def test_each_branch_of_a_forked_session_names_its_parent_and_what_differed(fork
     assert tool_result[0] == "2" and tool_result[2] == "fork of branch 0 at messages[3], content"
     assert tool_result[3] == "content: '42' -> '41'" and tool_result[4] == "1"  # the calculator call is kept
     assert [r[-1] for r in rows] == ["ok", "ok", "ok"]
+    # branch 2 replayed branch 0's calculator call: it trains it, branch 0 only its answer
+    assert re.fullmatch(r"turn 1 \(\d+ tokens\); turn 0 in branch 2", first[6]), first[6]
+    assert re.fullmatch(r"turn 0 \(\d+ tokens\)", question[6])
+    assert re.fullmatch(r"turns 0, 1 \(\d+ tokens\)", tool_result[6])
 
 
 def test_forked_rollouts_are_badged_and_filterable_in_the_list(forks_report: Any) -> None:
@@ -132,3 +139,19 @@ def test_a_malformed_fork_cause_is_an_error_naming_the_rollout_and_key(gateway_r
     records = load_records([path])  # the record reader passes the gateway key through; the report reads it
     with pytest.raises(RecordError, match=r"^broken.jsonl #2: gateway.fork.parent must be an integer, got a string;"):
         fork_counts(records.rollouts)
+
+
+def test_a_malformed_trains_key_is_an_error_naming_the_rollout_and_key(gateway_records: Path, tmp_path: Path) -> None:
+    from verl_ext.core.replay import RecordError
+    from verl_ext.report.forks import fork_counts
+    from verl_ext.report.load import load_records
+
+    lines = [json.loads(line) for line in gateway_records.read_text().splitlines()]
+    assert sum("trains" in obj.get("gateway", {}) for obj in lines) == 3  # the edited session's branches
+    for obj in lines:
+        if "trains" in obj.get("gateway", {}):
+            obj["gateway"]["trains"]["turns"] = "0"
+    path = tmp_path / "broken.jsonl"
+    path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
+    with pytest.raises(RecordError, match=r"^broken.jsonl #1: gateway.trains.turns must be a list of integers"):
+        fork_counts(load_records([path]).rollouts)

@@ -3,32 +3,45 @@
 A branch is one rollout, checked exactly as the built-in agent loop's rollouts are (the engine view always; the
 template view at the policy's rate) and written with the same record writer, so ``verl-ext report`` reads it. The
 record's ``extra["gateway"]`` names the session, the branch, why the session ended and, for a fork, its parent
-and cause (which message, which field).
+and cause (which message, which field); where a trainer takes the branch (the agent loop passes its
+``BranchTraining``), ``trains`` says which of its engine turns are trained in it (verl_ext.gateway.training).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
+from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.branch import Branch
+from verl_ext.gateway.training import BranchTraining, trained_mask
 from verl_ext.telemetry.records import RecordWriter
 
 
 @dataclass(frozen=True)
 class BranchResult:
-    """One concluded branch: its rollout (what a trainer would get) and the check's verdict on it."""
+    """One concluded branch: its rollout (what a trainer would get) and the check's verdict on it; with a training
+    decision, the response mask a trainer trains (the rollout's, less the turns another branch trains) and the
+    finished trajectory it was cut from."""
 
     session: str
     branch: int
     rollout: Rollout
     result: CheckResult
+    trained_mask: tuple[int, ...] | None = None  # None: no trainer's decision was passed (the standalone gateway)
+    trajectory: TokenTrajectory | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def trained_tokens(self) -> int:
+        """Sampled tokens a trainer trains in this branch (all of its sampled ones without a decision)."""
+        mask = self.trained_mask if self.trained_mask is not None else self.rollout.sample.response_mask
+        return sum(mask)
 
 
 def branch_rollout(
@@ -38,9 +51,11 @@ def branch_rollout(
     *,
     response_length: int | None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
+    training: BranchTraining | None = None,
 ) -> Rollout | None:
     """Finish the branch's trajectory and build its rollout; None for a branch the engine never answered (nothing
-    in it was sampled, so nothing in it can be trained on)."""
+    in it was sampled, so nothing in it can be trained on). ``training``: what a trainer trains of it, written as
+    ``gateway.trains``."""
     t = branch.trajectory
     t.finish()
     if not branch.calls:
@@ -49,6 +64,8 @@ def branch_rollout(
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
+    if training is not None:
+        gateway["trains"] = training.to_json(sum(trained_mask(t, sample, training.turns)))
     return Rollout.of(
         branch.calls,
         sample,
@@ -72,18 +89,22 @@ def conclude_branch(
     writer: RecordWriter | None,
     *,
     response_length: int | None,
+    training: BranchTraining | None = None,
 ) -> BranchResult | None:
-    """Check one branch and write its record (when a writer is given); None when it holds no engine call."""
+    """Check one branch and write its record (when a writer is given); None when it holds no engine call.
+    ``training``: what a trainer trains of the branch (recorded, and its mask in the result)."""
     rollout = branch_rollout(
         branch,
         session_id,
         ended,
         response_length=response_length,
         chat_template_kwargs=checker.renderer.template_kwargs,
+        training=training,
     )
     if rollout is None:
         return None
     result = checker.check_rollout(rollout)
     if writer is not None:
         writer.write(rollout.record(result))
-    return BranchResult(session_id, branch.number, rollout, result)
+    mask = None if training is None else trained_mask(branch.trajectory, rollout.sample, training.turns)
+    return BranchResult(session_id, branch.number, rollout, result, mask, branch.trajectory)

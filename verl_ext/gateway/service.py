@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from verl_ext.gateway.errors import GatewayError, bad_request, session_finished,
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Session
+from verl_ext.gateway.training import BranchTraining
 from verl_ext.telemetry.records import RecordWriter
 
 log = logging.getLogger("verl_ext.gateway")
@@ -176,15 +177,22 @@ class Gateway:
                 visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed
             )
 
-    def end(self, session_id: str, why: str = "ended by the client") -> list[BranchResult]:
-        """End a session: check every branch and write its record. Ending an ended session returns nothing new."""
+    def end(
+        self,
+        session_id: str,
+        why: str = "ended by the client",
+        training: Mapping[int, BranchTraining] | None = None,
+    ) -> list[BranchResult]:
+        """End a session: check every branch and write its record. Ending an ended session returns nothing new.
+        ``training``: branch number -> what a trainer trains of it (``plan_training``; the agent loop's), recorded
+        with each branch and applied to its result's ``trained_mask``."""
         session = self.sessions.get(session_id)
         if session is None:
             raise unknown_session(session_id)
         if session.concluded:
             return []
         session.ended = session.ended or why
-        return self._conclude(session)
+        return self._conclude(session, training)
 
     def end_all(self, why: str = "the gateway shut down") -> list[BranchResult]:
         """End every open session (on shutdown): nothing served goes unrecorded."""
@@ -194,7 +202,7 @@ class Gateway:
                 out += self.end(session_id, why)
         return out
 
-    def _conclude(self, session: Session) -> list[BranchResult]:
+    def _conclude(self, session: Session, training: Mapping[int, BranchTraining] | None = None) -> list[BranchResult]:
         session.concluded = True
         out = []
         for branch in session.branches:
@@ -205,6 +213,7 @@ class Gateway:
                 self.checker,
                 self.writer,
                 response_length=self.config.response_length,
+                training=None if training is None else training.get(branch.number),
             )
             if result is not None:
                 out.append(result)

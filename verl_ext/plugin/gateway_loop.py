@@ -3,15 +3,18 @@
 Each agent-loop worker process starts one gateway server (on a free port, in the worker's own event loop, the first
 time a rollout runs); its engine is verl's rollout server (``generate_turn``, as ``verl_ext_tool_agent`` calls it),
 with verl's sampling parameters. For each row the loop opens a session, runs the harness against the session's base
-URL and, when the harness is done, ends the session: each branch is checked and recorded as one rollout, and the
-last branch is the row's training sample. The harness is a Python callable (``module:function``, async or sync,
-called with ``base_url``, ``api_key`` and ``row``) or a command line run with ``OPENAI_BASE_URL`` and
-``OPENAI_API_KEY`` set (and the row as JSON in ``VERL_EXT_ROW``), named by ``verl_ext.harness`` (the ``gateway``
-preset) with the ``harness`` key of the loop's entry over it (``HarnessOptions``; the driver's preflight checks it).
-Its result goes to ``extra_fields["harness_result"]`` (the callable's return value, or the command's last stdout
-line, parsed as JSON where it parses). A harness that raises, runs past its timeout or exits non-zero ends the
-rollout with the reason in its record and ``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so
-nothing of it is trained.
+URL and, when the harness is done, ends the session: each branch is checked and recorded as one rollout. With
+``branches: last`` the last branch is the row's training sample; with ``branches: all`` (verl's v1 trainer) every
+branch with a turn of its own is one, each engine turn trained in the last branch holding it (a fork's replayed turns
+are masked out of its parent's sample: verl_ext.gateway.training), and the row's samples go to verl as a list (the
+last one last: v1 gives every sample of a session the last one's reward and GRPO advantage). The harness is a Python
+callable (``module:function``, async or sync, called with ``base_url``, ``api_key`` and ``row``) or a command line
+run with ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` set (and the row as JSON in ``VERL_EXT_ROW``), named by
+``verl_ext.harness`` (the ``gateway`` preset) with the ``harness`` key of the loop's entry over it
+(``HarnessOptions``; the driver's preflight checks it). Its result goes to ``extra_fields["harness_result"]`` (the
+callable's return value, or the command's last stdout line, parsed as JSON where it parses). A harness that raises,
+runs past its timeout or exits non-zero ends the rollout with the reason in its record and
+``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is trained.
 """
 
 from __future__ import annotations
@@ -33,14 +36,21 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
 from verl_ext.check.inputs import EngineCall
+from verl_ext.core.errors import OptionsError
 from verl_ext.gateway.conclude import BranchResult
 from verl_ext.gateway.engine import Sampled, Sampling
 from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
 from verl_ext.gateway.service import Gateway, GatewayConfig
+from verl_ext.gateway.training import plan_training, trained_count
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop, _plain_index, merge_engine_extra_fields, training_step
 from verl_ext.plugin.engine_turn import generate_turn
-from verl_ext.plugin.harness_options import HarnessOptions, resolve_function
+from verl_ext.plugin.harness_options import (
+    V0_TRAINER_REFUSED,
+    HarnessOptions,
+    branches_all_refusal,
+    resolve_function,
+)
 from verl_ext.telemetry.records import RecordWriter
 
 log = logging.getLogger("verl_ext.plugin")
@@ -89,19 +99,24 @@ class ServerManagerEngine:
         filed = self.extra_fields.get(session) or {}
         return next(iter(filed.values()), {}).get("global_steps")
 
-    def take_extra_fields(self, session: str, calls: Sequence[EngineCall]) -> tuple[dict[str, Any], int]:
-        """verl's extra fields of ``calls`` merged as verl's tool_agent merges turns' (the first call's, the latest
-        max_global_steps), and how many calls have none filed; forgets the session's calls."""
+    def take_extra_fields(
+        self, session: str, samples: Sequence[Sequence[EngineCall]]
+    ) -> tuple[list[dict[str, Any]], int]:
+        """For each sample's calls, verl's extra fields of them merged as verl's tool_agent merges turns' (the first
+        call's, the latest max_global_steps), and how many calls have none filed; forgets the session's calls."""
         filed = self.extra_fields.pop(session, {})
-        merged: dict[str, Any] = {}
+        out: list[dict[str, Any]] = []
         missing = 0
-        for call in calls:
-            fields = filed.get((call.prompt_ids, call.output_ids))
-            if fields is None:
-                missing += 1
-            else:
-                merge_engine_extra_fields(merged, fields)
-        return merged, missing
+        for calls in samples:
+            merged: dict[str, Any] = {}
+            for call in calls:
+                fields = filed.get((call.prompt_ids, call.output_ids))
+                if fields is None:
+                    missing += 1
+                else:
+                    merge_engine_extra_fields(merged, fields)
+            out.append(merged)
+        return out, missing
 
 
 class _RowRecords:
@@ -162,9 +177,18 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         self.harness = HarnessOptions.from_mapping(
             harness, base=self.options.harness, where=f"{AGENT_NAME} harness"
         ).required()
+        refusal = branches_all_refusal(self.config) if self.harness.branches == "all" else None
+        if refusal is not None:  # the driver's preflight says so first; an entry point without it gets it here
+            raise OptionsError(refusal)
 
-    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
-        """One row: open a session, run the harness, end the session, return the last branch as the sample."""
+    async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput | list[AgentLoopOutput]:
+        """One row: open a session, run the harness, end the session, return its training samples (the last branch;
+        with ``branches: all`` a list, one per branch with a turn of its own)."""
+        every_branch = self.harness.branches == "all"
+        if every_branch and "session_id" not in kwargs:
+            # verl 0.9.1's v1 worker passes each rollout its session_id and takes a list; a worker that passes none
+            # (v0's AgentLoopWorker) takes one output per row
+            raise OptionsError(f"{V0_TRAINER_REFUSED} (this rollout's worker passed no session_id: not v1's)")
         worker = await self._worker(sampling_params)
         session_id = uuid4().hex
         worker.records.rows[session_id] = {
@@ -181,7 +205,9 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             worker.records.rows[session_id]["step"] = training_step(kwargs, worker.engine.served_version(session_id))
             session = worker.gateway.sessions[session_id]
             async with session.lock:
-                results = worker.gateway.end(session_id, failure or "the harness finished")
+                untrainable = self._untrainable(session.branches, failure)
+                plan = plan_training(session.branches, self.harness.branches, untrainable)
+                results = worker.gateway.end(session_id, failure or "the harness finished", training=plan)
         finally:
             del worker.records.rows[session_id]
             del worker.engine.session_params[session_id]
@@ -190,32 +216,56 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         counters["gateway/branches"] = len(results)
         counters.update(worker.engine.counters)
         worker.engine.counters.clear()
-        trained_calls = results[-1].rollout.calls if results else ()
-        engine_fields, missing = worker.engine.take_extra_fields(session_id, trained_calls)
+        trained = [r for r in results if r.trained_tokens]  # branch order: the last branch last
+        samples = [r.rollout.calls for r in trained or results[-1:]]
+        fields, missing = worker.engine.take_extra_fields(session_id, samples)
         if missing:  # never expected: each call the gateway made ran under its session
             counters["gateway/engine_fields_missing"] += missing
-        engine_fields = _with_weight_versions(engine_fields, kwargs)
+        fields = [_with_weight_versions(f, kwargs) for f in fields]
         if failure is not None or not results:
             counters["gateway/harness_failed" if failure else "gateway/no_engine_call"] += 1
             metrics_sink.count(counters)
             why = failure or "the harness made no chat-completions call"
-            return self._untrained(kwargs, why, result, engine_fields)
+            return self._untrained(kwargs, why, result, fields[0] if fields else _with_weight_versions({}, kwargs))
         chosen = results[-1]
-        prompt_length = len(chosen.rollout.sample.prompt_ids)
-        if prompt_length > self.prompt_length:
-            # verl would cut the prompt to rollout.prompt_length: the trainer would see other tokens than the engine
-            counters["gateway/prompt_over_length"] += 1
+        over = [r for r in results if len(r.rollout.sample.prompt_ids) > self.prompt_length]
+        counters["gateway/prompt_over_length"] += len(over)
+        if not trained or trained[-1] is not chosen:
+            # the session's reward is its last branch's: without that sample (its prompt is over
+            # rollout.prompt_length, or it sampled nothing) nothing of the session is trained
             metrics_sink.report(chosen.result, counters)
-            why = (
-                f"the harness's first prompt renders to {prompt_length} tokens, more than rollout.prompt_length="
-                f"{self.prompt_length}; raise data.max_prompt_length (and rollout.prompt_length)"
-            )
-            return self._untrained(kwargs, why, result, engine_fields)
+            why = chosen.rollout.extra["gateway"]["trains"].get("untrained") or "its last branch sampled no token"
+            return self._untrained(kwargs, str(why), result, fields[-1])
+        _each_sampled_token_trained_once(trained)
+        counters["gateway/samples"] += len(trained)
+        # sampled tokens left out of an earlier branch's sample because a later branch (a fork) trains them
+        shared = sum(sum(r.rollout.sample.response_mask) - r.trained_tokens for r in trained)
+        if shared:
+            counters["gateway/shared_tokens_masked"] += shared
         metrics_sink.report(chosen.result, counters)
         for other in results[:-1]:
             metrics_sink.report(other.result, {})
-        self.rt.enforcer.enforce(chosen.result, training_step(kwargs, engine_fields.get("global_steps")))
-        return self._output(chosen, result, engine_fields)
+        outputs = []
+        for r, engine_fields in zip(trained, fields, strict=True):
+            self.rt.enforcer.enforce(r.result, training_step(kwargs, engine_fields.get("global_steps")))
+            outputs.append(self._output(r, result, engine_fields))
+        return outputs if every_branch else outputs[0]
+
+    def _untrainable(self, branches: Sequence[Any], failure: str | None) -> dict[int, str]:
+        """Branch number -> why no sample of it can be trained: the harness failed (every branch), or its first
+        prompt is longer than rollout.prompt_length (verl would cut it: the trainer would see other tokens than the
+        engine)."""
+        out = {}
+        for branch in branches:
+            if failure is not None:
+                out[branch.number] = failure
+            elif branch.first_prompt > self.prompt_length:
+                out[branch.number] = (
+                    f"the harness's first prompt renders to {branch.first_prompt} tokens, more than "
+                    f"rollout.prompt_length={self.prompt_length}; raise data.max_prompt_length (and "
+                    "rollout.prompt_length)"
+                )
+        return out
 
     async def _worker(self, sampling_params: Mapping[str, Any]) -> _WorkerGateway:
         loop = asyncio.get_running_loop()
@@ -268,11 +318,13 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         return _WorkerGateway(gateway, engine, url, server, records)
 
     def _output(self, chosen: BranchResult, harness_result: Any, engine_fields: Mapping[str, Any]) -> AgentLoopOutput:
+        """One training sample: the branch's checked sample, its mask the turns the branch trains."""
         sample = chosen.rollout.sample
+        mask = chosen.trained_mask if chosen.trained_mask is not None else sample.response_mask
         return AgentLoopOutput(
             prompt_ids=list(sample.prompt_ids),
             response_ids=list(sample.response_ids),
-            response_mask=list(sample.response_mask),
+            response_mask=list(mask),
             response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
             num_turns=1 + 2 * len(chosen.rollout.calls),
             metrics=AgentLoopMetrics(),
@@ -308,6 +360,18 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
                 "verl_ext_gateway": {"failed": why},
                 "turn_scores": [],
             },
+        )
+
+
+def _each_sampled_token_trained_once(trained: Sequence[BranchResult]) -> None:
+    """Raise where the samples a session hands verl train an engine-sampled token other than once (a verl_ext defect:
+    ``plan_training`` gives each engine call to one branch)."""
+    counts = trained_count([(r.rollout.calls, r.trajectory, r.trained_mask) for r in trained])  # type: ignore[misc]
+    wrong = Counter(n for n in counts.values() if n != 1)
+    if wrong:
+        raise RuntimeError(
+            f"{AGENT_NAME}: the session's {len(trained)} samples would train engine-sampled tokens other than once "
+            f"(times trained -> tokens: {dict(wrong)}); this is a verl_ext defect, please report it"
         )
 
 

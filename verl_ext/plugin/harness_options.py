@@ -26,17 +26,41 @@ SECTION = "verl_ext.harness"
 GATEWAY_LOOP = "verl_ext_gateway_agent"
 # the keywords the loop calls a harness function with
 HARNESS_KEYWORDS = ("base_url", "api_key", "row")
-# verl 0.9.1's v0 worker (agent_loop.py, _agent_loop_postprocess) takes one AgentLoopOutput per row; the v1 worker
-# (trainer/ppo/v1/agent_loop_tq.py) takes a list, and its GRPO advantage (v1/utils.py,
-# compute_advantage_for_multi_trajectories) gives every output of a session the last one's. A fork replays its
-# parent's turns, so those would be trained in both branches unless masked in one: not built (docs/gateway.md).
-BRANCHES_ALL_REFUSED = (
-    f"{SECTION}.branches=all is not supported yet: {GATEWAY_LOOP} hands verl one sample per row, the session's last "
-    "branch (verl 0.9.1's v0 trainer takes exactly one agent-loop output per row; its v1 trainer takes several and "
-    "gives each the last one's GRPO advantage, but the turns a fork replays from its parent would be trained twice, "
-    "and verl_ext does not mask them yet). Every branch is still checked and recorded (verl_ext.records.dir, "
-    f"`verl-ext report`). Fix: {SECTION}.branches=last"
+BRANCHES = ("last", "all")
+# branches=all hands verl one sample per trained branch. Sound only under verl 0.9.1's v1 trainer: its worker
+# (trainer/ppo/v1/agent_loop_tq.py, AgentLoopWorkerTQ._agent_loop_postprocess) stores a list of outputs per session,
+# and its GRPO advantage (v1/utils.py, compute_advantage_for_multi_trajectories) gives every output of a session the
+# last one's. The v0 worker (agent_loop.py, _agent_loop_postprocess) takes exactly one output per row.
+_ALL_FIX = f"Fix: {{fix}}, or {SECTION}.branches=last (the session's last branch is trained; every branch is still "
+_ALL_FIX += "checked and recorded)"
+V0_TRAINER_REFUSED = (
+    f"{SECTION}.branches=all needs verl's v1 trainer: verl 0.9.1's v0 trainer takes exactly one agent-loop output "
+    f"per row, so a session can hand it one branch only. " + _ALL_FIX.format(fix="trainer.use_v1=true (the default)")
 )
+
+
+def branches_all_refusal(trainer_config: Any) -> str | None:
+    """Why verl's trainer ``trainer_config`` cannot train every branch of a session as its own sample, with the fix;
+    None where it can (verl 0.9.1's v1 trainer with GRPO and no distillation). Reads the config only (no verl)."""
+    trainer = trainer_config.get("trainer") or {}
+    if not trainer.get("use_v1", True):
+        return V0_TRAINER_REFUSED
+    estimator = str((trainer_config.get("algorithm") or {}).get("adv_estimator", "grpo"))
+    if estimator != "grpo":
+        return (
+            f"{SECTION}.branches=all needs algorithm.adv_estimator=grpo, got {estimator}: verl 0.9.1's v1 trainer "
+            "gives every output of a session its last output's advantage only under GRPO "
+            "(compute_advantage_for_multi_trajectories); under other estimators each branch would be a sample of its "
+            "own, with the session's reward. " + _ALL_FIX.format(fix="algorithm.adv_estimator=grpo")
+        )
+    if (trainer_config.get("distillation") or {}).get("enabled", False):
+        return (
+            f"{SECTION}.branches=all does not work with distillation.enabled=true: verl 0.9.1's v1 worker computes "
+            "teacher logprobs for a session's last output only. " + _ALL_FIX.format(fix="distillation.enabled=false")
+        )
+    return None
+
+
 # shell words that are not programs: a command starting with one is run as written, its program not looked up
 _SHELL_WORDS = frozenset(
     {"cd", "set", "export", "source", ".", "eval", "exec", "if", "for", "while", "case", "{", "(", "!", "time"}
@@ -51,7 +75,7 @@ class HarnessOptions:
     function: str | None = None  # module:function, called with base_url=, api_key=, row= (async or sync)
     command: str | None = None  # a shell command line, run with OPENAI_BASE_URL, OPENAI_API_KEY and VERL_EXT_ROW set
     timeout_s: float = 600.0  # per row; past it the rollout ends and nothing of it is trained
-    branches: str = "last"  # the branch of a session that becomes the row's training sample ("all": refused)
+    branches: str = "last"  # "last": the session's last branch is the row's sample; "all": every branch is one
     max_branches: int = 8  # per session; a request that would fork one more ends the session (409)
 
     @classmethod
@@ -60,7 +84,8 @@ class HarnessOptions:
     ) -> HarnessOptions:
         """``value`` over ``base`` (an absent key keeps ``base``'s value); ``where`` names the section in errors
         (``verl_ext.harness``, or the loop entry's ``harness`` key). Raises ``OptionsError``, one line naming the key
-        and the fix, for an unknown key or a bad value; a harness named both ways; ``branches: all``."""
+        and the fix, for an unknown key or a bad value; a harness named both ways. (Whether the trainer can take
+        ``branches: all`` is ``branches_all_refusal``'s to say.)"""
         if value is None:
             value = {}
         if not isinstance(value, Mapping):
@@ -89,10 +114,11 @@ class HarnessOptions:
         timeout = options.timeout_s
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not (0 < timeout < math.inf):
             raise OptionsError(f"{where}.timeout_s must be a positive finite number of seconds, got {timeout!r}")
-        if options.branches == "all":
-            raise OptionsError(BRANCHES_ALL_REFUSED.replace(f"{SECTION}.", f"{where}.", 1))
-        if options.branches != "last":
-            raise OptionsError(f"{where}.branches must be 'last', got {options.branches!r}")
+        if options.branches not in BRANCHES:
+            raise OptionsError(
+                f"{where}.branches must be 'last' (the session's last branch is trained) or 'all' (every branch, each "
+                f"engine turn once), got {options.branches!r}"
+            )
         branches = options.max_branches
         if isinstance(branches, bool) or not isinstance(branches, int) or branches < 1:
             raise OptionsError(f"{where}.max_branches must be a positive integer, got {branches!r}")
@@ -110,7 +136,8 @@ class HarnessOptions:
     def describe(self) -> str:
         """One line for the driver's log: which harness, its timeout and branch cap."""
         what = f"function {self.function}" if self.function is not None else f"command {self.command!r}"
-        return f"harness {what} (timeout {self.timeout_s:g} s, at most {self.max_branches} branches, trains the last)"
+        trains = "trains the last" if self.branches == "last" else "trains every branch, each engine turn once"
+        return f"harness {what} (timeout {self.timeout_s:g} s, at most {self.max_branches} branches, {trains})"
 
 
 class HarnessSpecError(OptionsError):

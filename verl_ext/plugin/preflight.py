@@ -12,7 +12,8 @@ minutes later, in an agent-loop worker, with the message buried in the log. Here
   (the presets set both; a later override can undo them), a ``verl_ext.records.dir`` the driver cannot create;
 - where the default loop is ``verl_ext_gateway_agent`` (the ``gateway`` preset), its harness (``verl_ext.harness``
   with the loop entry's ``harness`` key over it): named, importable and callable with the loop's keywords, or a
-  command whose program exists; ``branches: all`` is refused with the reason (verl_ext.plugin.harness_options);
+  command whose program exists; ``branches: all`` only where verl's trainer can train every branch (the v1 trainer,
+  GRPO, no distillation), else refused with the reason (verl_ext.plugin.harness_options.branches_all_refusal);
 - the local parquet files of ``data.train_files`` / ``data.val_files`` are read for an ``agent_name`` column: with
   ``verl_ext.agent_name_column=stop`` a row naming a loop that is not verl_ext's stops the run here; otherwise one
   line says which rows switch to verl_ext's loop and which will bypass it.
@@ -113,7 +114,7 @@ def _loop_options(config: Any, section: Any, name: str, entry: Mapping[str, Any]
 def _gateway_harness(config: Any, name: str, entry: Any, options: LoopOptions) -> HarnessOptions | None:
     """The harness loop ``name`` runs (``verl_ext.harness``, its entry's ``harness`` key over it), checked that it can
     run, where the loop is ``verl_ext_gateway_agent`` or a subclass; None for any other loop."""
-    from verl_ext.plugin.harness_options import HarnessOptions, check_harness
+    from verl_ext.plugin.harness_options import HarnessOptions, branches_all_refusal, check_harness
     from verl_ext.plugin.options import OptionsError
 
     target = entry.get("_target_") if hasattr(entry, "get") else None
@@ -125,6 +126,9 @@ def _gateway_harness(config: Any, name: str, entry: Any, options: LoopOptions) -
         path = config.actor_rollout_ref.rollout.agent.get("agent_loop_config_path")
         raise OptionsError(f"{path}: the harness key of agent loop {name!r}: {exc}") from None
     check_harness(harness.required())
+    refusal = branches_all_refusal(config) if harness.branches == "all" else None
+    if refusal is not None:
+        raise OptionsError(refusal)
     return harness
 
 

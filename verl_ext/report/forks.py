@@ -2,7 +2,9 @@
 
 A gateway record (``verl_ext.gateway.conclude``) names its session and branch under ``gateway``, and, for a
 branch a request forked, the cause: the parent branch, the message index and the field that differed, what
-differed, and how many of the parent's turns the branch replayed. Rollouts of other loops have no ``gateway`` key
+differed, and how many of the parent's turns the branch replayed; where a trainer took the branch
+(``verl_ext_gateway_agent``), ``trains`` says which of its engine turns it trains (verl_ext.gateway.training).
+Rollouts of other loops have no ``gateway`` key
 and are not counted here. The key is read field by field: a malformed one is an error naming the rollout.
 """
 
@@ -32,6 +34,25 @@ class ForkCause:
 
 
 @dataclass(frozen=True)
+class BranchTrains:
+    """What a trainer trains of a branch: the record's ``gateway.trains`` object."""
+
+    turns: tuple[int, ...]
+    tokens: int
+    elsewhere: tuple[tuple[int, int], ...]  # (turn, the later branch that trains it)
+    untrained: str | None
+
+    def describe(self) -> str:
+        """One line for the page: the turns trained here, those trained in a later branch, or why none is."""
+        if not self.turns:
+            said = f"nothing: {self.untrained}" if self.untrained else "nothing"
+        else:
+            said = f"turn{'s' if len(self.turns) > 1 else ''} {', '.join(map(str, self.turns))} ({self.tokens} tokens)"
+        moved = "; ".join(f"turn {t} in branch {b}" for t, b in self.elsewhere)
+        return f"{said}; {moved}" if moved else said
+
+
+@dataclass(frozen=True)
 class GatewayBranch:
     """A rollout's ``gateway`` key: its session, its branch number, why the session ended, its fork (None for a
     session's first branch)."""
@@ -40,6 +61,7 @@ class GatewayBranch:
     branch: int
     ended: str
     fork: ForkCause | None
+    trains: BranchTrains | None = None  # None: no trainer's decision recorded (the standalone gateway)
 
 
 @dataclass(frozen=True)
@@ -103,6 +125,28 @@ def gateway_branch(ref: RolloutRef) -> GatewayBranch | None:
         branch=_field(obj, "branch", int, where),
         ended=_field(obj, "ended", str, where),
         fork=cause,
+        trains=None if obj.get("trains") is None else _trains(obj["trains"], f"{where}.trains"),
+    )
+
+
+def _trains(value: Any, where: str) -> BranchTrains:
+    obj = _object(value, where)
+    turns = obj.get("turns")
+    if not isinstance(turns, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in turns):
+        raise RecordError(f"{where}.turns must be a list of integers, got {json_type(turns)}")
+    elsewhere = obj.get("elsewhere", [])
+    if not isinstance(elsewhere, list):
+        raise RecordError(f"{where}.elsewhere must be a list, got {json_type(elsewhere)}")
+    moved = tuple(
+        (_field(_object(e, f"{where}.elsewhere"), "turn", int, where), _field(e, "branch", int, where))
+        for e in elsewhere
+    )
+    untrained = obj.get("untrained")
+    return BranchTrains(
+        tuple(turns),
+        _field(obj, "tokens", int, where),
+        moved,
+        None if untrained is None else _field(obj, "untrained", str, where),
     )
 
 

@@ -74,6 +74,9 @@ def run_gateway(args: argparse.Namespace) -> int:
         sock.bind((args.host, args.port))
     except OSError as exc:
         raise OptionsError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another --port") from exc
+    # Listening before the address is printed: a client that reads it and connects at once waits in the backlog
+    # until the server takes it, instead of being refused while the app starts (seen under load).
+    sock.listen(2048)
     host, port = sock.getsockname()[:2]
     on = f" (SGLang at {args.sglang_url})" if args.sglang_url else ""
     print(f"verl-ext gateway: serving {args.model}{on} at http://{host}:{port}/sessions/{{id}}/v1", flush=True)

@@ -92,10 +92,9 @@ def test_a_gpt_oss_rollout_calling_the_calculator_passes_the_check(gpt_oss: dict
     assert [(f.cause.value, f.turn, f.detail) for f in result.findings if not f.allowed] == []
 
 
-def test_a_reading_that_adds_the_stop_but_no_call_is_not_taken(renderer_for: Any) -> None:
-    """verl's qwen3_coder parser reads an unclosed parameter up to the end of its text: given the stop, it writes
-    ``<|im_end|>`` into the arguments (a fake turn end in the rendered call). The same calls either way: the reading
-    without the stop is the turn's."""
+def test_a_parser_that_reads_the_call_without_the_stop_is_not_given_it(renderer_for: Any) -> None:
+    """verl's qwen3_coder parser reads an unclosed parameter up to the end of its text: given the stop, it would
+    write ``<|im_end|>`` into the arguments (a fake turn end in the rendered call)."""
     from verl.experimental.agent_loop.tool_parser import ToolParser
 
     r = renderer_for("qwen3")

@@ -231,7 +231,10 @@ class LoopTurns:
         finish = judge_finish(ids, 10**9, [], profile)
         EngineCall.of(self.prompt, ids, log_probs, finish.value)
         assert not validate_engine_output(ids, log_probs, renderer.vocab_size, stop_ids=profile.stop_id_set)
-        turn = await parse_turn(p["loop_parser"], ids, self.end_ids, renderer.decode, p["schemas"], k, 1)
+        gen = profile.generation_prompt_ids
+        turn = await parse_turn(
+            p["loop_parser"], ids, self.end_ids, renderer.decode, p["schemas"], k, 1, generation_prompt=gen
+        )
         self.trajectory.add_sampled(ids, log_probs, finish, message=turn.message)
         tool = {"role": "tool", "tool_call_id": turn.calls[0].call_id, "content": RESULT}
         self.prompt = self.trajectory.append_messages([tool])

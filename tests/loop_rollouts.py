@@ -126,7 +126,10 @@ def build_loop_rollout(
             t.add_sampled(ids, lps, finish)
             lr.ended = "invalid"
             break
-        parsed = asyncio.run(parse_turn(parser, ids, end_ids, renderer.decode, schemas, turn, max_parallel_calls))
+        gen = profile.generation_prompt_ids
+        parsed = asyncio.run(
+            parse_turn(parser, ids, end_ids, renderer.decode, schemas, turn, max_parallel_calls, generation_prompt=gen)
+        )
         t.add_sampled(ids, lps, finish, message=parsed.message)
         if finish is FinishReason.LENGTH or turn == len(outputs) - 1:
             lr.ended = "length" if finish is FinishReason.LENGTH else "last"

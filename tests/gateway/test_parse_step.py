@@ -56,6 +56,7 @@ def readers(gateway_parts: dict[str, Any]) -> dict[str, Any]:
         "gateway": gateway_parts["reader"],
         "end_ids": end_of_turn_ids(gateway_parts["profile"]),
         "decode": gateway_parts["renderer"].decode,
+        "generation_prompt": gateway_parts["profile"].generation_prompt_ids,
     }
 
 
@@ -63,11 +64,16 @@ def loop_reading(r: dict[str, Any], ids: Sequence[int], turn: int) -> ParsedTurn
     """``VerlExtToolAgentLoop._parse``'s call, as the loop makes it."""
     from verl_ext.plugin.tool_calls import parse_turn
 
-    return asyncio.run(parse_turn(r["loop_parser"], ids, r["end_ids"], r["decode"], r["schemas"], turn, LOOP_LIMIT))
+    gen = r["generation_prompt"]
+    return asyncio.run(
+        parse_turn(
+            r["loop_parser"], ids, r["end_ids"], r["decode"], r["schemas"], turn, LOOP_LIMIT, generation_prompt=gen
+        )
+    )
 
 
 def gateway_reading(r: dict[str, Any], ids: Sequence[int], turn: int) -> ParsedTurn:
-    return asyncio.run(r["gateway"].read(ids, r["end_ids"], TOOLS, turn, r["decode"], True))
+    return asyncio.run(r["gateway"].read(ids, r["end_ids"], TOOLS, turn, r["decode"], True, r["generation_prompt"]))
 
 
 def differences(loop: ParsedTurn, gateway: ParsedTurn) -> list[str]:
@@ -122,7 +128,10 @@ def test_differences_catch_a_reading_that_departs(readers: dict[str, Any], gatew
 def test_tool_choice_none_keeps_the_text_whole(readers: dict[str, Any], gateway_parts: Any) -> None:
     text = CALL % "6*7"
     ids = gateway_parts["tokenizer"].encode(text + END, add_special_tokens=False)
-    turn = asyncio.run(readers["gateway"].read(ids, readers["end_ids"], TOOLS, 0, readers["decode"], False))
+    read = readers["gateway"].read(
+        ids, readers["end_ids"], TOOLS, 0, readers["decode"], False, readers["generation_prompt"]
+    )
+    turn = asyncio.run(read)
     assert (turn.message, turn.calls, turn.malformed) == ({"role": "assistant", "content": text}, [], 0)
 
 

@@ -9,7 +9,7 @@ imports verl, so the gateway's core stays free of verl, Ray and torch.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,6 +73,46 @@ def assistant_message(content: str, calls: Sequence[ParsedCall]) -> dict[str, An
     return message
 
 
+@dataclass(frozen=True)
+class _Reading:
+    """One text the parser read for a turn: the ids it was given, and the text to take off the content's ends."""
+
+    ids: list[int]
+    head: str  # the generation prompt's text, taken off the start of the content where it starts with it
+    tail: str  # the stop's text, taken off the end of the content where it ends with it
+
+
+def _readings(
+    ids: Sequence[int],
+    end_of_turn_ids: frozenset[int],
+    generation_prompt: Sequence[int],
+    decode: Callable[[Sequence[int]], str],
+) -> Iterator[_Reading]:
+    """The turn as parsers may need it, from the least added to the most (each built when asked for): the ids minus
+    an end-of-turn stop; the ids as sampled (a parser may match the stop, as gpt-oss's matches ``<|call|>``); the
+    generation prompt then the ids (a parser may match the header the prompt pre-filled, as gpt-oss's matches
+    ``<|start|>assistant``)."""
+    ids = list(ids)
+    stopped = bool(ids) and ids[-1] in end_of_turn_ids
+    # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
+    yield _Reading(ids[:-1] if stopped else ids, "", "")
+    tail = decode(ids[-1:]) if stopped else ""
+    if stopped:
+        yield _Reading(ids, "", tail)
+    if generation_prompt:
+        yield _Reading([*generation_prompt, *ids], decode(generation_prompt), tail)
+
+
+def _content(text: str, reading: _Reading) -> str:
+    """The parser's content minus the text the reading added: the prompt's header and the stop are rendered by the
+    template around the message, so in the content they would be written twice (a stop text: a fake turn end)."""
+    if reading.head and text.startswith(reading.head):
+        text = text[len(reading.head) :]
+    if reading.tail and text.endswith(reading.tail):
+        text = text[: -len(reading.tail)]
+    return text
+
+
 async def parse_turn(
     tool_parser: Any,
     ids: Sequence[int],
@@ -81,15 +121,26 @@ async def parse_turn(
     schemas: Sequence[Any],
     turn: int,
     max_parallel_calls: int | None,
+    *,
+    generation_prompt: Sequence[int],
 ) -> ParsedTurn:
-    """One turn's output ids, minus an end-of-turn stop, read by verl's ``tool_parser`` (the ids themselves stay as
-    sampled). ``decode`` decodes ids to text (to count malformed calls); ``schemas`` are verl's tool schemas the
-    parser may use; calls past ``max_parallel_calls`` are ``dropped`` (None: no limit, every call is in ``calls``).
+    """One turn's output ids read by verl's ``tool_parser`` (the ids themselves stay as sampled). The parser reads
+    the ids minus an end-of-turn stop, then the ids with it, then ``generation_prompt`` (the ids the template's
+    generation prompt ended the prompt with) and the ids, up to the first reading that reads a call (none: the
+    first reading), and the header's and stop's text are taken off its content. A parser that reads its calls
+    without the stop or the header is given neither: it may read more into them (qwen3_coder reads an unclosed
+    parameter to the end of its text, the stop included); and a turn with calls costs it one reading. ``decode``
+    decodes ids to text (to count malformed calls); ``schemas`` are verl's tool schemas the parser may use; calls
+    past ``max_parallel_calls`` are ``dropped`` (None: no limit, every call is in ``calls``).
     """
-    # only an end-of-turn stop is not content; a user stop id such as </tool_call> is part of the call
-    body = list(ids[:-1] if ids and ids[-1] in end_of_turn_ids else ids)
-    content, found = await tool_parser.extract_tool_calls(body, list(schemas))
+    read: list[tuple[_Reading, str, list[Any]]] = []
+    for reading in _readings(ids, end_of_turn_ids, generation_prompt, decode):
+        content, found = await tool_parser.extract_tool_calls(reading.ids, list(schemas))
+        read.append((reading, content, list(found)))
+        if found:
+            break
+    reading, content, found = read[-1] if read[-1][2] else read[0]
     parsed = [ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i)) for i, c in enumerate(found)]
-    malformed = malformed_count(tool_parser, decode(body), len(found))
+    malformed = malformed_count(tool_parser, decode(reading.ids), len(found))
     limit = len(parsed) if max_parallel_calls is None else max(0, max_parallel_calls)
-    return ParsedTurn(assistant_message(content, parsed), parsed[:limit], parsed[limit:], malformed)
+    return ParsedTurn(assistant_message(_content(content, reading), parsed), parsed[:limit], parsed[limit:], malformed)

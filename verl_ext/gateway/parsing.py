@@ -49,13 +49,24 @@ class ToolCallReader:
         turn: int,
         decode: Callable[[Sequence[int]], str],
         parse: bool,
+        generation_prompt: Sequence[int],
     ) -> ParsedTurn:
         """Read one turn's ids as sampled (an end-of-turn stop is not content) with ``parse_turn``, every call
         kept. ``parse`` false (``tool_choice: "none"``, or no tools) keeps the whole text as content: the client
-        asked for no calls. ``decode`` turns ids into text (the renderer's)."""
+        asked for no calls. ``decode`` turns ids into text (the renderer's); ``generation_prompt`` is the ids the
+        template's generation prompt ends a prompt with (a parser may need the header it pre-fills)."""
         if not parse:
             return ParsedTurn(assistant_message(decode(message_body(ids, end_of_turn_ids)), ()), [], [], 0)
-        return await parse_turn(self.parser, ids, end_of_turn_ids, decode, self.schemas(tools), turn, None)
+        return await parse_turn(
+            self.parser,
+            ids,
+            end_of_turn_ids,
+            decode,
+            self.schemas(tools),
+            turn,
+            None,
+            generation_prompt=generation_prompt,
+        )
 
     def schemas(self, tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:
         """verl's ``OpenAIFunctionToolSchema`` of each tool, as the built-in loop hands its parser; built once per

@@ -163,7 +163,13 @@ class Gateway:
                 return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
             parse = bool(request.tools) and request.tool_choice != "none"
             turn = await self.reader.read(
-                call.output_ids, self._end_ids, request.tools, len(branch.turns), self.renderer.decode, parse
+                call.output_ids,
+                self._end_ids,
+                request.tools,
+                len(branch.turns),
+                self.renderer.decode,
+                parse,
+                self.profile.generation_prompt_ids,
             )
             visible = visible_message(turn.message, self.markers, turn.calls, parse)
             branch.add_turn(call, turn.message, visible)

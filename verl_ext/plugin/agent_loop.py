@@ -323,12 +323,19 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     async def _parse(
         self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]
     ) -> tuple[dict[str, Any], list[ParsedCall], list[ParsedCall], int]:
-        """The assistant message for the template (content and every tool call), from the ids minus the stop token;
-        the calls to run; those past ``max_parallel_calls``; and how many tool calls the parser could not read."""
+        """The assistant message for the template (content and every tool call), read by ``parse_turn``; the calls
+        to run; those past ``max_parallel_calls``; and how many tool calls the parser could not read."""
         schemas = [tool.tool_schema for tool in active.values()]
         decode = self.rt.renderer.decode
         turned = await parse_turn(
-            self.tool_parser, ids, self.rt.end_of_turn_ids, decode, schemas, turn, self.max_parallel_calls
+            self.tool_parser,
+            ids,
+            self.rt.end_of_turn_ids,
+            decode,
+            schemas,
+            turn,
+            self.max_parallel_calls,
+            generation_prompt=self.rt.profile.generation_prompt_ids,
         )
         if turned.malformed:
             counters[f"tool/{ToolStatus.MALFORMED.value}"] += turned.malformed

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import json
 import os
 from collections import Counter
@@ -61,10 +62,10 @@ def template_findings(
     spans = _divergent_spans(rules, explained)
     # Every span's two texts in one batch, decoded once (rules and findings read them): a stripped thinking block is
     # thousands of tokens, and the batch decodes the blocks on the free cores.
-    wanted = [span for i1, i2, j1, j2, _ in spans for span in ((True, i1, i2), (False, j1, j2))]
+    decoded = rules.texts([span for i1, i2, j1, j2, _ in spans for span in ((True, i1, i2), (False, j1, j2))])
     turns = [rules.parts[seg] for seg in dict.fromkeys(seg for *_, seg in spans) if rules.parts[seg].sampled]
-    # with the texts of the turns those spans lie in, which their verdicts read: one batch for all
-    decoded = rules.texts([*wanted, *(span for p in turns for span in ((True, p.i1, p.i2), (False, p.j1, p.j2)))])
+    # then the texts of the turns those spans lie in, which their verdicts read: each the rest of what is decoded
+    rules.texts([span for p in turns for span in ((True, p.i1, p.i2), (False, p.j1, p.j2))])
     per_turn: dict[int, list[int]] = {}  # the findings of each sampled segment, by index in ``out``
     for k, (i1, i2, j1, j2, seg) in enumerate(spans):
         check_deadline(deadline, f"explaining divergence {k + 1} of {len(spans)}")
@@ -180,12 +181,35 @@ class _Rules:
 
     def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
-        once per check and the new ones in one batch: a turn's verdict reads the thinking block its divergence read."""
+        once per check and the new ones in one batch. Where the tokenizer's decode joins (``decode_joins``), a span
+        holding one already decoded (a turn holding the thinking block its divergence read) decodes only the rest."""
         new = [span for span in dict.fromkeys(spans) if span not in self._texts]
-        if new:
-            ids = [(self.stream if in_stream else self.rendered)[a:b] for in_stream, a, b in new]
-            self._texts.update(zip(new, self.r.decode_many(ids), strict=True))
+        pieces = {span: self._known_inside(span) for span in new}
+        wanted = list(dict.fromkeys(piece for span in new for piece in pieces[span] if piece not in self._texts))
+        if wanted:
+            ids = [(self.stream if in_stream else self.rendered)[a:b] for in_stream, a, b in wanted]
+            self._texts.update(zip(wanted, self.r.decode_many(ids), strict=True))
+        for span in new:
+            parts = [self._texts[piece] for piece in pieces[span]]
+            cut = any(
+                left.endswith("\ufffd") or right.startswith("\ufffd") for left, right in itertools.pairwise(parts)
+            )
+            self._texts[span] = self.r.decode_many([self._ids(span)])[0] if cut else "".join(parts)
         return [self._texts[span] for span in spans]
+
+    def _ids(self, span: tuple[bool, int, int]) -> Sequence[int]:
+        in_stream, a, b = span
+        return (self.stream if in_stream else self.rendered)[a:b]
+
+    def _known_inside(self, span: tuple[bool, int, int]) -> list[tuple[bool, int, int]]:
+        """``span`` as pieces: the longest span already decoded inside it with what lies before and after it, where
+        decode joins; else ``span`` itself."""
+        in_stream, a, b = span
+        inside = [(s, x, y) for s, x, y in self._texts if s == in_stream and a <= x < y <= b and (x, y) != (a, b)]
+        if not inside or not self.r.decode_joins:
+            return [span]
+        _, x, y = max(inside, key=lambda k: k[2] - k[1])
+        return [piece for piece in ((in_stream, a, x), (in_stream, x, y), (in_stream, y, b)) if piece[1] < piece[2]]
 
     def cut_inside(self, i1: int, j1: int) -> bool:
         """The stream ends at ``i1``'s divergence with a prefix of what the render holds from ``j1`` on: the trainer's

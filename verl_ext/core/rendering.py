@@ -534,6 +534,15 @@ class ChatRenderer:
         return [self.decode(ids) for ids in sequences]
 
     @functools.cached_property
+    def decode_joins(self) -> bool:
+        """``decode(a + b) == decode(a) + decode(b)`` wherever neither side's text shows a cut character (U+FFFD at
+        the cut): the backend decodes bytes (a ByteLevel decoder alone), so a text is its pieces' texts joined. A
+        SentencePiece decoder is not: it drops the space that starts a piece."""
+        if self._decoder is None or self._decoder.decoder is None:
+            return False
+        return json.loads(self._decoder.decoder.__getstate__()).get("type") == "ByteLevel"
+
+    @functools.cached_property
     def _decoder(self) -> Tokenizer | None:
         """The backend, when ``tokenizer.decode`` is exactly its decode (see ``decode``); else None."""
         from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast

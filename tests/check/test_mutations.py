@@ -265,11 +265,6 @@ KNOWN_MISSES = {
         "the template refuses messages whose roles do not alternate, and a refused render is allowed "
         "(template_refused): the template view cannot see a user message the loop's messages lost"
     ),
-    ("mistral-7b-v0.3", "context delta rendered from decoded text"): (
-        "re-encoding the decoded context adds a lone SentencePiece space token, which decodes alone as nothing: "
-        "excused as bpe_remerge (comparing the text after the token before both spans catches it, but also "
-        "flags 25 per 1,000 of the loop's own Mistral rollouts as boundary_missing)"
-    ),
 }
 
 

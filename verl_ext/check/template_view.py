@@ -473,6 +473,15 @@ class _Rules:
             return text  # every Unicode normal form leaves ASCII as it is
         return normalizer.normalize_str(text)
 
+    def _same_after_last_match(self, d: Divergence) -> bool:
+        """The two spans read the same (once normalized) after the token before them, where that token is the same on
+        both sides. A span decoded alone can lose text: SentencePiece decodes a leading "▁" as nothing, so a space
+        token a loop added (re-encoding decoded text) reads as no text at all."""
+        if not d.i1 or not d.j1 or self.stream[d.i1 - 1] != self.rendered[d.j1 - 1]:
+            return True
+        before = self.stream[d.i1 - 1]
+        return self._same_normalized(self.r.decode([before, *d.s_ids]), self.r.decode([before, *d.r_ids]))
+
     def _same_normalized(self, a: str, b: str) -> bool:
         """``_normalized(a) == _normalized(b)``. Where one text is empty and the normalizer is Unicode normalization
         only (which keeps every non-empty text non-empty), they differ without normalizing the other: a thinking
@@ -616,8 +625,9 @@ def bpe_remerge(d: Divergence) -> Named:
     if {i for i in d.s_ids if i in control} != {i for i in d.r_ids if i in control}:
         return None
     if d.ds == d.dr:
-        return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
-    if d.ctx._same_normalized(d.ds, d.dr):
+        if d.ctx._same_after_last_match(d):
+            return Cause.BPE_REMERGE, f"same text, {len(d.s_ids)} ids in the stream vs {len(d.r_ids)} when re-encoded"
+    elif d.ctx._same_normalized(d.ds, d.dr) and d.ctx._same_after_last_match(d):
         return Cause.BPE_REMERGE, "re-encoding normalizes the sampled text (the tokenizer's normalizer)"
     return None
 
@@ -684,6 +694,34 @@ def tool_result_labelled(d: Divergence) -> Named:
         return Cause.TOOL_RESULT_LABELLED, (
             f"the tool result is labelled with its own call's name {d.ds.strip(_NAME_EDGE)!r}; the template labels "
             f"it {d.dr.strip(_NAME_EDGE)!r}, another call of the same turn (it names every result after one call)"
+        )
+    return None
+
+
+def turn_start_whitespace(d: Divergence) -> Named:
+    """At a turn's start, whitespace the template writes before the message's content and its generation prompt does
+    not (Mistral v0.3 writes " " + content after "[/INST]", where its prompts end): the engine saw the prompt without
+    it and the stream keeps the turn as sampled, or, for an empty output, verl_ext's close right after the prompt.
+    Read after the prompt's last token (a SentencePiece span decoded alone loses its leading space). Only where the
+    stream holds the template's whole generation prompt before the turn: one the loop cut short (Qwen's
+    "assistant\n" without its newline) leaves render-only whitespace here too, and that is a defect."""
+    c = d.ctx
+    gen = tuple(c.profile.generation_prompt_ids)
+    if not d.i1 or not d.j1 or not any(call.output_start == d.i1 for call in c.loc.calls):
+        return None
+    if c.stream[d.i1 - 1] != c.rendered[d.j1 - 1] or (gen and tuple(c.stream[d.i1 - len(gen) : d.i1]) != gen):
+        return None
+    before = c.stream[d.i1 - 1]
+    head = c.r.decode([before])
+    ours, theirs = c.r.decode([before, *d.s_ids]), c.r.decode([before, *d.r_ids])
+    if not (ours.startswith(head) and theirs.startswith(head)):
+        return None
+    ours, theirs = ours[len(head) :], theirs[len(head) :]
+    added = theirs[: len(theirs) - len(ours)]
+    if len(theirs) > len(ours) and theirs.endswith(ours) and added.isspace():
+        return Cause.CONTENT_WHITESPACE, (
+            f"the template writes {added!r} before the turn's content after the prompt the engine saw, which ends "
+            f"in {head!r}; the stream keeps the turn as the engine saw and sampled it"
         )
     return None
 
@@ -784,6 +822,9 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
     # after special_token_escaped: escaped special-token text is also "the same text in other ids", but the
     # escape is the more specific fact. Every rule after this one sees two different texts.
     bpe_remerge,
+    # after bpe_remerge: "the same text in other ids" once read after the prompt's last token; what differs there by
+    # leading whitespace at a turn's start is the template's own seam
+    turn_start_whitespace,
     close_variant,
     # after close_variant: a turn that stopped on a template-written turn end that is not a close (Llama's
     # <|eom_id|>) has "a close the stream lacks" too, but it is closed: the variant is the fact

@@ -320,6 +320,8 @@ RULE_TESTS = {  # rule -> (file, test)
     # the escaped text is also "the same text in other ids" (bpe_remerge): this test proves the order too
     "special_token_escaped": (HERE, "test_special_token_escaped"),
     "bpe_remerge": (HERE, "test_bpe_remerge_when_reencoding_normalizes_the_text"),
+    # a Mistral turn with an empty output: the render's space before the close, after the generation prompt
+    "turn_start_whitespace": ("tests/check/test_loop_output_property.py", "test_no_defect_after_an_empty_output"),
     # the Llama turn stops on <|eom_id|>, which close_missing would also name: this test proves the order
     "close_variant": (CLASSES, "test_a_turn_ending_on_a_template_written_stop_keeps_it_as_its_close"),
     "close_missing": (HERE, "test_close_missing_when_an_alias_stands_in_for_the_close"),

@@ -40,9 +40,7 @@ def react_calculator(
     ]
     responses = []
     for _ in range(max_turns):
-        response = client.chat.completions.create(
-            model="policy", messages=messages, tools=tools, max_tokens=max_tokens
-        )
+        response = client.chat.completions.create(model="policy", messages=messages, tools=tools, max_tokens=max_tokens)
         responses.append(response)
         choice = response.choices[0]
         message = choice.message

@@ -707,6 +707,8 @@ def turn_start_whitespace(d: Divergence) -> Named:
     "assistant\n" without its newline) leaves render-only whitespace here too, and that is a defect."""
     c = d.ctx
     gen = tuple(c.profile.generation_prompt_ids)
+    if d.ds.strip() != d.dr.strip():
+        return None  # decoded alone a span loses at most its leading space: read after the prompt, not whitespace only
     if not d.i1 or not d.j1 or not any(call.output_start == d.i1 for call in c.loc.calls):
         return None
     if c.stream[d.i1 - 1] != c.rendered[d.j1 - 1] or (gen and tuple(c.stream[d.i1 - len(gen) : d.i1]) != gen):

@@ -156,7 +156,12 @@ def _find_gap(
     controls = _controls_near_edges(stream, g1, g2, lead, trail, control_ids)
     packed = _Finder.pack(stream[g1:g2])
     a_most, b_most = min(lead, g2 - g1 - 1), min(trail, g2 - g1 - 1)
-    middle = _Middle.of(finder, packed[4 * a_most : len(packed) - 4 * b_most], cursor, window)
+    inner = packed[4 * a_most : len(packed) - 4 * b_most]  # what every trim keeps
+    whole = finder.find_packed(packed, cursor, window)
+    if whole is not None and inner and finder.find_packed(inner, cursor, window) == whole + a_most:
+        # No trim lies earlier: each holds the inner ids, first found inside the whole gap's place.
+        return (g1, g2, whole, whole + g2 - g1, True)
+    middle = _Middle.of(finder, inner, cursor, window)
     if middle is not None and not middle.places:
         return None  # every trim of the gap holds its middle: one search rules out all of them
     for a in range(0, min(lead, g2 - g1 - 1) + 1):

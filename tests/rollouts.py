@@ -79,6 +79,21 @@ def run(
 IM_END = 151645  # Qwen's <|im_end|>
 
 
+Pieces = list[tuple[str, list[int]]]
+
+
+def pieces_by_kind(t: TokenTrajectory) -> Pieces:
+    """The trajectory's stream as runs of one kind each (prompt, sampled, repair, context), in order: what a faulty
+    loop would change is a piece, and ``naive`` builds the engine calls back from them."""
+    pieces: Pieces = []
+    for token, kind in zip(t.input_ids, t.kinds, strict=True):
+        if pieces and pieces[-1][0] == kind.value:
+            pieces[-1][1].append(int(token))
+        else:
+            pieces.append((kind.value, [int(token)]))
+    return pieces
+
+
 def naive(r: ChatRenderer, segments: Sequence[tuple[str, Sequence[int]]]) -> tuple[list[EngineCall], TrainerSample]:
     """A stream assembled piece by piece; each ("sampled", ids) piece is an engine call on all ids before it."""
     stream: list[int] = []

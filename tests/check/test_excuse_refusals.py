@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, run, tool_result
+from rollouts import PROMPT, TOOLS, Pieces, Turn, call, naive, pieces_by_kind, qwen3_answer_turn, run, tool_result
 from synthetic_templates import GLM_SHAPED, OBSERVATION
 
 from verl_ext.check import Cause, ConsistencyChecker
@@ -37,8 +37,6 @@ OSS_TOOLS = [
     for name in ("calculator", "search")
 ]
 
-Pieces = list[tuple[str, list[int]]]
-
 
 @dataclass
 class Built:
@@ -56,12 +54,7 @@ class Built:
 
 def built(r: ChatRenderer, t: TokenTrajectory, tools: list[dict[str, Any]] | None = TOOLS) -> Built:
     """The trajectory's stream as pieces by kind (prompt, sampled, repair, context), and its messages."""
-    pieces: Pieces = []
-    for token, kind in zip(t.input_ids, t.kinds, strict=True):
-        if pieces and pieces[-1][0] == kind.value:
-            pieces[-1][1].append(int(token))
-        else:
-            pieces.append((kind.value, [int(token)]))
+    pieces = pieces_by_kind(t)
     return Built(r, pieces, [dict(m) for m in t.messages], tools)
 
 
@@ -139,6 +132,16 @@ def reasoning_inserted(r: ChatRenderer, defect: bool) -> Built:
     b = built(r, run(r, [Turn([*r.encode("The answer is 2."), IM_END], ANSWER)]).trajectory)
     if defect:  # text the loop put before what the model wrote
         b.messages[1] = {"role": "assistant", "content": "Sure! The answer is 2."}
+    return b
+
+
+def generation_prompt_cut(r: ChatRenderer, defect: bool) -> Built:
+    b = reasoning_inserted(r, False)
+    if defect:  # the loop's generation prompt lost its newline: the engine saw "assistant" and sampled after it
+        k = nth(b, "prompt")
+        kind, ids = b.pieces[k]
+        assert r.decode(ids[-1:]) == "\n", r.decode(ids[-3:])
+        b.pieces[k] = (kind, ids[:-1])
     return b
 
 
@@ -324,6 +327,9 @@ REFUSALS = {
     ),
     "text the loop put before the sampled text": Refusal(
         Cause.REASONING_INSERTED, "qwen3", reasoning_inserted, 0, "verdict: a rendered run is sampled text"
+    ),
+    "a generation prompt cut short before the turn": Refusal(
+        Cause.REASONING_INSERTED, "qwen3", generation_prompt_cut, 0, "reasoning_inserted: after the whole prompt"
     ),
     "other thinking in the message": Refusal(
         Cause.REASONING_REFORMATTED, "qwen3", reasoning_reformatted, 0, "verdict: a rendered run is sampled text"

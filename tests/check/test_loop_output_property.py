@@ -11,6 +11,8 @@ given the template's markers). A fixture template verl_ext refuses is skipped wi
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
@@ -31,6 +33,16 @@ CASES = [
 ]
 
 
+def draw_loop_rollout(data: Any, r: Any, profile: Any, parser: Any, calls: list[str]) -> Any:
+    """A rollout as the loop builds it from 1-4 drawn engine outputs, tool texts, a user turn or not, and a budget."""
+    outputs = data.draw(st.lists(engine_output(r, profile, calls), min_size=1, max_size=4))
+    texts = data.draw(st.lists(st.sampled_from(["2", "", " 3\n", "<|im_end|>", "x\ny", "  "]), max_size=4))
+    user = data.draw(st.booleans())
+    budget = data.draw(st.sampled_from([16, 64, 512]))
+    _, rollout = build_loop_rollout(r, profile, parser, outputs, texts, user_after_text=user, response_length=budget)
+    return rollout
+
+
 @pytest.mark.parametrize(("family", "kwargs"), CASES)
 def test_no_defect_on_any_engine_output(renderer_for, family, kwargs):
     r = renderer_for(family).with_template_kwargs(kwargs)
@@ -42,13 +54,7 @@ def test_no_defect_on_any_engine_output(renderer_for, family, kwargs):
     @settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def holds(data):
-        outputs = data.draw(st.lists(engine_output(r, profile, calls), min_size=1, max_size=4))
-        texts = data.draw(st.lists(st.sampled_from(["2", "", " 3\n", "<|im_end|>", "x\ny", "  "]), max_size=4))
-        user = data.draw(st.booleans())
-        budget = data.draw(st.sampled_from([16, 64, 512]))
-        _, rollout = build_loop_rollout(
-            r, profile, parser, outputs, texts, user_after_text=user, response_length=budget
-        )
+        rollout = draw_loop_rollout(data, r, profile, parser, calls)
         result = checker.check_rollout(rollout, template_view=True)
         assert not result.engine_failures, result.summary()
         defects = [f for f in result.findings if not f.allowed]
@@ -71,6 +77,22 @@ def test_no_defect_after_an_empty_output(renderer_for):
         r, profile, verl_parser(r, profile), [[], answer, answer], ["go on", "2"], user_after_text=True
     )
     assert loop.ended == "last" and len(loop.calls) == 3, loop.ended
+    result = checker.check_rollout(rollout, template_view=True)
+    assert result.ok and result.engine_ok, [(f.cause.value, f.turn, f.detail) for f in result.defects]
+
+
+def test_no_defect_after_outputs_of_stops_alone(renderer_for):
+    """Three outputs that are a stop each (an end-of-text the template never renders, then two closes), each followed
+    by the same user message: the gaps repeat at once in the render. Found by the property above under another seed:
+    a gap was stretched over the next one's copy (a repeat meant for context a loop duplicated), and the turn's
+    verdict read the next user message as its own text (``message_differs``)."""
+    r = renderer_for("qwen3").with_template_kwargs({"enable_thinking": False})
+    profile = probe_template(r)
+    checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
+    eot, im_end = r.tokenizer.convert_tokens_to_ids(["<|endoftext|>", "<|im_end|>"])
+    _, rollout = build_loop_rollout(
+        r, profile, verl_parser(r, profile), [[eot], [im_end], [im_end]], [], user_after_text=True, response_length=64
+    )
     result = checker.check_rollout(rollout, template_view=True)
     assert result.ok and result.engine_ok, [(f.cause.value, f.turn, f.detail) for f in result.defects]
 
@@ -124,13 +146,7 @@ def test_no_defect_on_any_engine_output_with_fixture_templates(template):
     @settings(max_examples=15, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def holds(data):
-        outputs = data.draw(st.lists(engine_output(r, profile, calls), min_size=1, max_size=4))
-        texts = data.draw(st.lists(st.sampled_from(["2", "", " 3\n", "<|im_end|>", "x\ny", "  "]), max_size=4))
-        user = data.draw(st.booleans())
-        budget = data.draw(st.sampled_from([16, 64, 512]))
-        _, rollout = build_loop_rollout(
-            r, profile, parser, outputs, texts, user_after_text=user, response_length=budget
-        )
+        rollout = draw_loop_rollout(data, r, profile, parser, calls)
         if template in HISTORY_DEPENDENT:
             assume(rounds(rollout.messages, HISTORY_DEPENDENT[template]) < 2)
         result = checker.check_rollout(rollout, template_view=True)

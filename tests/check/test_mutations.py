@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from loop_rollouts import canonical_message_text
-from rollouts import TOOLS, Turn, call, naive, run, tool_result
+from rollouts import TOOLS, Pieces, Turn, call, naive, pieces_by_kind, run, tool_result
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
@@ -48,8 +48,6 @@ CASES: dict[str, tuple[str, dict[str, Any]]] = {
 RESULT, SYSTEM, USER = "RESULT 3", "Answer in one word.", "Thanks. And 2+2?"
 CALL_TURN, TEXT_TURN = 0, 1  # the engine call after which the tool result, and the user message, are appended
 TOOL_AT, USER_AT = 2, 4  # their places in the final messages (after the prompt's one user message)
-
-Pieces = list[tuple[str, list[int]]]
 
 
 @dataclass
@@ -128,12 +126,7 @@ def _clean(case: str, variant: str) -> Clean | str:
         if variant == "plain":
             raise
         return str(exc)
-    pieces: Pieces = []
-    for token, kind in zip(t.input_ids, t.kinds, strict=True):
-        if pieces and pieces[-1][0] == kind.value:
-            pieces[-1][1].append(int(token))
-        else:
-            pieces.append((kind.value, [int(token)]))
+    pieces = pieces_by_kind(t)
     return Clean(r, profile, pieces, [dict(m) for m in t.messages])
 
 

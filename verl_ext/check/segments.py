@@ -96,7 +96,9 @@ def segments(
             # A gap the render does not hold (a moved tool list, an altered message): every boundary is placed by
             # one whole-rollout alignment instead, and each segment is aligned inside what it pairs with.
             return _segments_by_alignment(align(stream, rendered, deadline), gaps, outputs, len(rendered))
-        found = _with_repeats(stream, rendered, found) if 0 < g < len(gaps) - 1 else found
+        if 0 < g < len(gaps) - 1 and any(stream[p] not in turn_end_ids for p in range(*outputs[g])):
+            # (after an output of stops alone the next gap comes at once, and a repeat of this one is that gap)
+            found = _with_repeats(stream, rendered, found)
         placed.append(found)
         cursor = found[3]
     placed[0] = (0, placed[0][1], 0, placed[0][3], placed[0][4])  # the render's start is the prompt's

@@ -301,10 +301,14 @@ class _Rules:
             or (cause in _TURN_END_DEFECTS and d.at_end)
         ):
             return cause, detail
+        start = self.loc.calls[part.turn].output_start
+        if d.i1 == start and not d.s_ids and not self.prompt_intact(start):
+            # Render-only text where the output starts: the template's own text before the content (a think block
+            # it inserts) only follows its whole generation prompt; here verl_ext wrote another prompt.
+            return cause, detail
         verdict = self.verdict(part)
         if not verdict.holds:
             return Cause.MESSAGE_DIFFERS, verdict.detail
-        start = self.loc.calls[part.turn].output_start
         if self._unclosed(part) and not any(t in self.turn_ends for t in d.r_ids):
             inserted = self._inserted_close(part.turn)
             if inserted and d.i2 == self.loc.calls[part.turn].output_end + len(inserted):
@@ -333,6 +337,12 @@ class _Rules:
             f"the message holds what was sampled; the template writes {d.dr[:80]!r} where the engine sampled "
             f"{d.ds[:80]!r}"
         )
+
+    def prompt_intact(self, start: int) -> bool:
+        """The stream holds the template's whole generation prompt right before the output at ``start`` (what
+        verl_ext wrote before each engine call); true where the template has none."""
+        gen = tuple(self.profile.generation_prompt_ids)
+        return not gen or tuple(self.stream[max(start - len(gen), 0) : start]) == gen
 
     def verdict(self, part: Segment) -> TurnVerdict:
         """Whether the turn's message holds what the engine sampled (``sampled_text``), once per turn."""
@@ -760,9 +770,13 @@ def reasoning_stripped_with_prefill(d: Divergence) -> Named:
 
 def reasoning_inserted(d: Divergence) -> Named:
     """Render-only text (no stop in it) at the start of a turn, on a template with a reasoning convention: the
-    template writes an (empty) think block the model never sampled."""
+    template writes an (empty) think block the model never sampled. Only after the template's whole generation
+    prompt: a prompt the loop cut short (Qwen's "assistant" without its newline) leaves render-only text here too,
+    in tokens verl_ext wrote, and that is a defect."""
     c = d.ctx
     no_stop = not set(d.r_ids) & c.stops
+    if not c.prompt_intact(d.i1):
+        return None
     if not d.s_ids and no_stop and c.profile.strips_reasoning is not None and c._at_turn_start(d.i1):
         return Cause.REASONING_INSERTED, f"the template renders {d.dr!r} before the sampled text; never sampled"
     return None

@@ -144,12 +144,7 @@ class Gateway:
                 request.seed,
                 stop_ids,
             )
-            try:
-                sampled = await self.engine.generate(prompt, sampling)
-            except Exception as exc:
-                session.ended = f"the engine failed: {type(exc).__name__}: {exc}"
-                self._conclude(session)
-                raise GatewayError(503, session.ended, type="server_error", code="engine_error") from exc
+            sampled = await self._generate(session, prompt, sampling)
             finish = judge_finish(sampled.token_ids, max_tokens, stop_ids, self.profile)
             call = EngineCall.of(prompt, sampled.token_ids, sampled.log_probs, finish.value)
             if self._invalid(call):
@@ -182,6 +177,15 @@ class Gateway:
             return Completion(
                 visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed
             )
+
+    async def _generate(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Any:
+        """The engine's turn for ``prompt``; an engine that fails ends the session (its record says why) with a 503."""
+        try:
+            return await self.engine.generate(prompt, sampling)
+        except Exception as exc:
+            session.ended = f"the engine failed: {type(exc).__name__}: {exc}"
+            self._conclude(session)
+            raise GatewayError(503, session.ended, type="server_error", code="engine_error") from exc
 
     def end(
         self,

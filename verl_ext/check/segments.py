@@ -25,7 +25,6 @@ from verl_ext.check.align import Opcode, align
 
 EDGE_TRIM = 2  # tokens of a gap next to a sampled output that may merge with it in the render
 _MIN_CORE = 4  # tokens a trimmed gap keeps at least
-_PROMPT_TAILS = 32
 _PROMPT_TAILS = 32  # control tokens of the prompt tried as the start of its tail
 _MIDDLE_MIN = 64  # ids of a gap's middle (what every trim keeps) from which its places replace a search per trim
 _MIDDLE_PLACES = 8  # places of a middle listed; past them each trim is searched
@@ -160,14 +159,19 @@ def _find_gap(
     a_most, b_most = min(lead, g2 - g1 - 1), min(trail, g2 - g1 - 1)
     inner = packed[4 * a_most : len(packed) - 4 * b_most]  # what every trim keeps
     whole = finder.find_packed(packed, cursor, window)
-    if whole is not None and inner and finder.find_packed(inner, cursor, window) == whole + a_most:
+    first_inner = finder.find_packed(inner, cursor, window) if inner else None
+    if whole is not None and inner and first_inner == whole + a_most:
         # No trim lies earlier: each holds the inner ids, first found inside the whole gap's place.
         return (g1, g2, whole, whole + g2 - g1, True)
-    middle = _Middle.of(finder, inner, cursor, window)
+    middle = _Middle.of(finder, inner, first_inner, window)
     if middle is not None and not middle.places:
         return None  # every trim of the gap holds its middle: one search rules out all of them
-    for a in range(0, min(lead, g2 - g1 - 1) + 1):
+    if whole is not None:
+        best = (g1, g2, whole, whole + g2 - g1, True)  # the untrimmed gap, searched above
+    for a in range(0, a_most + 1):
         for b in range(0, min(trail, g2 - g1 - a - 1) + 1):
+            if not a and not b:
+                continue  # the whole gap: ``best`` holds its place
             size = g2 - g1 - a - b
             keeps_structure = not controls or any(g1 + a <= p < g2 - b for p in controls)
             if (a or b) and not keeps_structure:
@@ -303,12 +307,13 @@ class _Middle:
     complete: bool  # every place before the window is listed
 
     @classmethod
-    def of(cls, finder: _Finder, middle: bytes, start: int, end: int) -> _Middle | None:
-        """The middle's places in ``rendered[start:end]``; None for a middle too short to be worth it."""
+    def of(cls, finder: _Finder, middle: bytes, first: int | None, end: int) -> _Middle | None:
+        """The middle's places before ``end``, from ``first``, the first one (None: there is none); None for a middle
+        too short to be worth it."""
         if len(middle) < 4 * _MIDDLE_MIN:
             return None
         places: list[int] = []
-        at = finder.find_packed(middle, start, end)
+        at = first
         while at is not None and len(places) < _MIDDLE_PLACES:
             places.append(at)
             at = finder.find_packed(middle, at + 1, end)

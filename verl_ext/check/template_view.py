@@ -187,14 +187,13 @@ class _Rules:
         pieces = {span: self._known_inside(span) for span in new}
         wanted = list(dict.fromkeys(piece for span in new for piece in pieces[span] if piece not in self._texts))
         if wanted:
-            ids = [(self.stream if in_stream else self.rendered)[a:b] for in_stream, a, b in wanted]
-            self._texts.update(zip(wanted, self.r.decode_many(ids), strict=True))
+            self._texts.update(zip(wanted, self.r.decode_many([self._ids(piece) for piece in wanted]), strict=True))
         for span in new:
             parts = [self._texts[piece] for piece in pieces[span]]
             cut = any(
                 left.endswith("\ufffd") or right.startswith("\ufffd") for left, right in itertools.pairwise(parts)
             )
-            self._texts[span] = self.r.decode_many([self._ids(span)])[0] if cut else "".join(parts)
+            self._texts[span] = self.r.decode(self._ids(span)) if cut else "".join(parts)
         return [self._texts[span] for span in spans]
 
     def _ids(self, span: tuple[bool, int, int]) -> Sequence[int]:
@@ -716,12 +715,11 @@ def turn_start_whitespace(d: Divergence) -> Named:
     stream holds the template's whole generation prompt before the turn: one the loop cut short (Qwen's
     "assistant\n" without its newline) leaves render-only whitespace here too, and that is a defect."""
     c = d.ctx
-    gen = tuple(c.profile.generation_prompt_ids)
     if d.ds.strip() != d.dr.strip():
         return None  # decoded alone a span loses at most its leading space: read after the prompt, not whitespace only
     if not d.i1 or not d.j1 or not any(call.output_start == d.i1 for call in c.loc.calls):
         return None
-    if c.stream[d.i1 - 1] != c.rendered[d.j1 - 1] or (gen and tuple(c.stream[d.i1 - len(gen) : d.i1]) != gen):
+    if c.stream[d.i1 - 1] != c.rendered[d.j1 - 1] or not c.prompt_intact(d.i1):
         return None
     before = c.stream[d.i1 - 1]
     head = c.r.decode([before])

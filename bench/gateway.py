@@ -116,9 +116,11 @@ def parts(tokenizer_dir: Path) -> dict[str, Any]:
 
 def new_gateway(p: dict[str, Any]) -> Any:
     from verl_ext.gateway.service import Gateway, GatewayConfig
+    from verl_ext.runtime import RolloutRuntime
 
     config = GatewayConfig(response_length=10**9)
-    return Gateway(ReplayEngine(p["ids"]), p["renderer"], p["profile"], p["reader"], config, markers=p["markers"])
+    runtime = RolloutRuntime.build(p["renderer"])
+    return Gateway(ReplayEngine(p["ids"]), runtime, p["reader"], config, markers=p["markers"])
 
 
 # -- the conversations -------------------------------------------------------------------------------------------

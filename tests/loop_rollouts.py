@@ -1,11 +1,11 @@
 """Rollouts built from arbitrary engine output exactly as ``verl_ext_tool_agent`` builds them.
 
 The loop's own steps, without verl's worker around them: the first prompt rendered by the trajectory, each turn's
-output cut to what is left of the response budget, its finish reason judged from the ids
-(``agent_loop.finish_reason``), invalid output ending the rollout, the message read by verl's real tool parser
-(``tool_calls.parse_turn``, the function the loop calls), the sampled ids kept as sampled, and the calls answered
-with tool messages (or, where the template allows it, the turn followed by a user message). The check then sees
-the same ``Rollout`` the loop would hand it.
+output cut to what is left of the response budget, its finish reason judged from the ids (``judge_finish``),
+invalid output ending the rollout, the message read by verl's real tool parser (``tool_calls.parse_turn``, the
+function the loop calls), the sampled ids kept as sampled, and the calls answered with tool messages (or, where
+the template allows it, the turn followed by a user message). The check then sees the same
+``Rollout`` the loop would hand it.
 
 Engine output comes from ``engine_outputs``: pieces of text real models emit around a template's own tool-call
 text (leading newlines, indentation, code fences, trailing spaces, non-breaking spaces, stray think tags, a partial
@@ -30,7 +30,7 @@ from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
-from verl_ext.plugin.agent_loop import finish_reason
+from verl_ext.core.turn_end import judge_finish
 from verl_ext.plugin.tool_calls import over_limit_message, parse_turn
 
 # What real models emit besides the template's own canonical text.
@@ -119,7 +119,7 @@ def build_loop_rollout(
             lr.ended = "budget"
             break
         ids = list(out[:remaining])
-        finish = finish_reason(ids, remaining, [], profile)
+        finish = judge_finish(ids, remaining, [], profile)
         lps = [-0.01 * (turn + 1) - 0.001 * i for i in range(len(ids))]
         lr.calls.append(EngineCall.of(prompt_ids, ids, lps, finish.value))
         if validate_engine_output(ids, lps, renderer.vocab_size, stop_ids=profile.stop_id_set):

@@ -44,20 +44,14 @@ def make_gateway(gateway_parts: dict[str, Any], tmp_path: Path) -> Any:
     """``make_gateway(script_turns, **config)``: a fresh Gateway (records under tmp_path/records) on the shared
     engine, whose script is set to ``script_turns``."""
     from verl_ext.gateway.service import Gateway, GatewayConfig
+    from verl_ext.runtime import RolloutRuntime
     from verl_ext.telemetry.records import RecordWriter, header_record
 
     def make(turns: Sequence[str] = (), **config: Any) -> Any:
         parts = gateway_parts
         parts["script"].turns = list(turns)
         writer = RecordWriter(tmp_path / "records", header_record(parts["profile"]), prefix="gateway")
-        return Gateway(
-            parts["engine"],
-            parts["renderer"],
-            parts["profile"],
-            parts["reader"],
-            GatewayConfig(**config),
-            writer=writer,
-            markers=parts["markers"],
-        )
+        runtime = RolloutRuntime.build(parts["renderer"]).with_writer(writer)
+        return Gateway(parts["engine"], runtime, parts["reader"], GatewayConfig(**config), markers=parts["markers"])
 
     return make

@@ -50,13 +50,13 @@ def scripted(tokenizer: Any, text: str, first_logprob: float = -0.25, **kw: Any)
 
 def gateway_on(url: str, parts: dict[str, Any], records: Path) -> Any:
     from verl_ext.gateway.service import Gateway
+    from verl_ext.runtime import RolloutRuntime
     from verl_ext.telemetry.records import RecordWriter, header_record
 
     writer = RecordWriter(records, header_record(parts["profile"]), prefix="gateway")
     engine = SGLangEngine(url, max_context=4096)
-    return Gateway(
-        engine, parts["renderer"], parts["profile"], parts["reader"], writer=writer, markers=parts["markers"]
-    )
+    runtime = RolloutRuntime.build(parts["renderer"]).with_writer(writer)
+    return Gateway(engine, runtime, parts["reader"], markers=parts["markers"])
 
 
 def closed_port_url() -> str:

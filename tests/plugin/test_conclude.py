@@ -1,4 +1,4 @@
-"""Runtime.conclude never propagates a template's refusal to re-render the final messages (issue 8, class 8)."""
+"""RolloutRuntime.conclude never propagates a template's refusal to re-render the final messages (issue 8, class 8)."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import TokenTrajectory
-from verl_ext.plugin.agent_loop import _Runtime
+from verl_ext.runtime import RolloutRuntime
 
 
 def test_conclude_in_strict_mode_reports_a_refused_render_without_raising():
     r = template_renderer("meta-llama-Llama-3.2-3B-Instruct.jinja")
     p = probe_template(r)
     policy = CheckPolicy(mode="strict")
-    rt = _Runtime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), None)
+    rt = RolloutRuntime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), None)
     t = TokenTrajectory(r, p)
     t.start([{"role": "user", "content": "1+1 and 2+2?"}], TOOLS)
     two = {"role": "assistant", "content": "", "tool_calls": [call("1+1", 1), call("2+2", 2)]}
@@ -49,7 +49,7 @@ def test_a_record_that_cannot_be_written_is_counted_and_the_rollout_goes_on(rend
     policy = CheckPolicy()
     writer = RecordWriter(tmp_path, header_record(p))
     writer.path.mkdir()  # the record file's name is taken by a folder: every write fails
-    rt = _Runtime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), writer)
+    rt = RolloutRuntime(r, p, ConsistencyChecker(r, p, policy), Enforcer(policy), writer)
     ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nHi."), IM_END], {"role": "assistant", "content": "Hi."})])
     counters: Counter[str] = Counter()
     result = rt.conclude(Rollout.of(ro.calls, ro.sample(), ro.messages, TOOLS, step=1), counters)

@@ -37,6 +37,7 @@ def gateway_records(
     from verl_ext.gateway.request import parse_chat_request
     from verl_ext.gateway.service import Gateway
     from verl_ext.gateway.training import plan_training
+    from verl_ext.runtime import RolloutRuntime
     from verl_ext.telemetry.records import RecordWriter, header_record
 
     renderer = renderer_for("qwen3")  # the tiny model's tokenizer is Qwen3's (loaded once for the session)
@@ -48,7 +49,8 @@ def gateway_records(
     writer = RecordWriter(folder, header_record(profile), prefix="gateway")
     engine = CPUEngine(str(tiny_qwen3_dir), teacher_force=script)
     reader = ToolCallReader(tokenizer, "hermes")
-    gateway = Gateway(engine, renderer, profile, reader, writer=writer, markers=reasoning_markers(tokenizer))
+    runtime = RolloutRuntime.build(renderer).with_writer(writer)
+    gateway = Gateway(engine, runtime, reader, markers=reasoning_markers(tokenizer))
 
     async def ask(session: str, messages: list[dict[str, Any]]) -> Any:
         body = {"messages": messages, "tools": TOOLS, "max_tokens": 48, "seed": 0}

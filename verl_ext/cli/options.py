@@ -13,6 +13,7 @@ from typing import Any
 from verl_ext.core.errors import IsAFolderError, MissingFileError, NotAFolderError, OptionsError
 from verl_ext.core.rendering import ChatRenderer, load_renderer
 from verl_ext.core.tokenizer_files import template_variables
+from verl_ext.core.turn_end import stop_text_id
 
 # Variables transformers itself passes to every chat template: never a template kwarg of the user's.
 _CALLER_VARIABLES = frozenset({"messages", "tools", "documents", "add_generation_prompt"})
@@ -81,13 +82,7 @@ def stop_ids_from_args(renderer: ChatRenderer, stops: list[str]) -> list[int]:
                 )
             ids.append(token_id)
             continue
-        encoded = renderer.encode(stop)
-        if len(encoded) != 1:
-            raise OptionsError(
-                f"--stop {stop!r} encodes to {len(encoded)} tokens {encoded}; an engine stop id is one token. "
-                "Pass a single token (string or id)"
-            )
-        ids.append(encoded[0])
+        ids.append(stop_text_id(renderer.encode, stop, "--stop"))
     return ids
 
 

@@ -3,8 +3,9 @@ and the gateway), so they agree on what a stop, a length cut and a turn's messag
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+from verl_ext.core.errors import OptionsError
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.trajectory import FinishReason
 
@@ -27,3 +28,16 @@ def end_of_turn_ids(profile: TemplateProfile) -> frozenset[int]:
 def message_body(ids: Sequence[int], end_ids: frozenset[int]) -> Sequence[int]:
     """A turn's ids without its end-of-turn stop: what a tool parser reads."""
     return ids[:-1] if ids and ids[-1] in end_ids else ids
+
+
+def stop_text_id(encode: Callable[[str], Sequence[int]], text: str, where: str) -> int:
+    """The one token id a stop text names (``encode`` without special tokens added: the renderer's or the
+    tokenizer's). Raises ``OptionsError`` naming ``where`` (the option or field that gave it), the text and its ids
+    when it is not exactly one token: an engine stops on single ids, and a stop string would cut its ids mid-token."""
+    ids = [int(i) for i in encode(text)]
+    if len(ids) != 1:
+        raise OptionsError(
+            f"{where} {text!r} is {len(ids)} tokens {ids}; an engine stops on a single token (a stop string "
+            "would cut the engine's ids mid-token): pass one token"
+        )
+    return ids[0]

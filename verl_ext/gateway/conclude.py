@@ -1,7 +1,8 @@
 """The end of a session: each branch is finished, checked by the consistency check and written as a record.
 
-A branch is one rollout, checked exactly as the built-in agent loop's rollouts are (the engine view always; the
-template view at the policy's rate) and written with the same record writer, so ``verl-ext report`` reads it. The
+A branch is one rollout, judged by the same rollout runtime as the built-in agent loop's rollouts
+(``RolloutRuntime.judge``: the engine view always and the template view at the policy's rate, nothing when the check
+is off; a record that cannot be written is counted, never raised), so ``verl-ext report`` reads its record. The
 record's ``extra["gateway"]`` names the session, the branch, why the session ended and, for a fork, its parent
 and cause (which message, which field); where a trainer takes the branch (the agent loop passes its
 ``BranchTraining``), ``trains`` says which of its engine turns are trained in it (verl_ext.gateway.training).
@@ -14,14 +15,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.branch import Branch
 from verl_ext.gateway.training import BranchTraining, trained_mask
-from verl_ext.telemetry.records import RecordWriter
+from verl_ext.runtime import RolloutRuntime
+from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class BranchResult:
     result: CheckResult
     trained_mask: tuple[int, ...] | None = None  # None: no trainer's decision was passed (the standalone gateway)
     trajectory: TokenTrajectory | None = field(default=None, repr=False, compare=False)
+    record_failed: bool = False  # a records writer was given and this branch's record could not be written
 
     @property
     def trained_tokens(self) -> int:
@@ -85,26 +87,27 @@ def conclude_branch(
     branch: Branch,
     session_id: str,
     ended: str,
-    checker: ConsistencyChecker,
-    writer: RecordWriter | None,
+    runtime: RolloutRuntime,
+    counters: Counter[str],
     *,
     response_length: int | None,
     training: BranchTraining | None = None,
 ) -> BranchResult | None:
-    """Check one branch and write its record (when a writer is given); None when it holds no engine call.
-    ``training``: what a trainer trains of the branch (recorded, and its mask in the result)."""
+    """Judge one branch (``RolloutRuntime.judge``: check it, write its record; a failed write is counted in
+    ``counters``); None when it holds no engine call. ``training``: what a trainer trains of the branch (recorded,
+    and its mask in the result)."""
     rollout = branch_rollout(
         branch,
         session_id,
         ended,
         response_length=response_length,
-        chat_template_kwargs=checker.renderer.template_kwargs,
+        chat_template_kwargs=runtime.renderer.template_kwargs,
         training=training,
     )
     if rollout is None:
         return None
-    result = checker.check_rollout(rollout)
-    if writer is not None:
-        writer.write(rollout.record(result))
+    failures = counters[WRITE_FAILURES]
+    result = runtime.judge(rollout, counters)
     mask = None if training is None else trained_mask(branch.trajectory, rollout.sample, training.turns)
-    return BranchResult(session_id, branch.number, rollout, result, mask, branch.trajectory)
+    failed = counters[WRITE_FAILURES] > failures
+    return BranchResult(session_id, branch.number, rollout, result, mask, branch.trajectory, failed)

@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.check.checker import ConsistencyChecker
-from verl_ext.check.inputs import EngineCall
-from verl_ext.core.engine_output import validate_engine_output
+from verl_ext.core.errors import OptionsError
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
-from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
+from verl_ext.core.turn_end import stop_text_id
+from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
 from verl_ext.gateway.engine import Engine, Sampling
@@ -27,7 +27,8 @@ from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_m
 from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Session
 from verl_ext.gateway.training import BranchTraining
-from verl_ext.telemetry.records import RecordWriter
+from verl_ext.runtime import RolloutRuntime, turn_budget
+from verl_ext.runtime.rollout_runtime import Records
 
 log = logging.getLogger("verl_ext.gateway")
 
@@ -62,26 +63,35 @@ class Gateway:
     def __init__(
         self,
         engine: Engine,
-        renderer: ChatRenderer,
-        profile: TemplateProfile,
+        runtime: RolloutRuntime,
         reader: Any,
         config: GatewayConfig | None = None,
         *,
-        checker: ConsistencyChecker | None = None,
-        writer: RecordWriter | None = None,
         markers: ReasoningMarkers | None = None,
     ) -> None:
         self.engine = engine
-        self.renderer = renderer
-        self.profile = profile
+        self.runtime = runtime  # the rollout runtime every loop uses: template, check, records (verl_ext.runtime)
         self.reader = reader  # a ToolCallReader (verl_ext.gateway.parsing)
         self.config = config or GatewayConfig()
-        self.checker = checker or ConsistencyChecker(renderer, profile)
-        self.writer = writer
         self.markers = markers
         self.sessions: dict[str, Session] = {}
         self.results: list[BranchResult] = []
-        self._end_ids = end_of_turn_ids(profile)
+
+    @property
+    def renderer(self) -> ChatRenderer:
+        return self.runtime.renderer
+
+    @property
+    def profile(self) -> TemplateProfile:
+        return self.runtime.profile
+
+    @property
+    def checker(self) -> ConsistencyChecker:
+        return self.runtime.checker
+
+    @property
+    def writer(self) -> Records | None:
+        return self.runtime.writer
 
     @property
     def counters(self) -> Counter[str]:
@@ -129,14 +139,19 @@ class Gateway:
                 self.counters["forks"] += 1
                 log.info("session %s: branch %d %s", session_id, prepared.branch.number, prepared.fork.to_json())
             branch, prompt = prepared.branch, prepared.prompt
-            max_tokens = self._max_tokens(request, branch.response_tokens, 0 if prompt is None else len(prompt))
+            prompt_length = 0 if prompt is None else len(prompt)
+            max_tokens = turn_budget(
+                self.config.response_length,
+                branch.response_tokens,
+                requested=request.max_tokens,
+                max_context=self.engine.max_context,
+                prompt_length=prompt_length,
+            )
             if prompt is None or max_tokens <= 0:
                 branch.exhausted = True
                 self.counters["calls_past_budget"] += 1
                 empty = {"role": "assistant", "content": ""}
-                return Completion(
-                    empty, "length", 0 if prompt is None else len(prompt), (), branch.number, prepared.fork
-                )
+                return Completion(empty, "length", prompt_length, (), branch.number, prepared.fork)
             sampling = Sampling(
                 max_tokens,
                 1.0 if request.temperature is None else request.temperature,
@@ -144,10 +159,25 @@ class Gateway:
                 request.seed,
                 stop_ids,
             )
-            sampled = await self._generate(session, prompt, sampling)
-            finish = judge_finish(sampled.token_ids, max_tokens, stop_ids, self.profile)
-            call = EngineCall.of(prompt, sampled.token_ids, sampled.log_probs, finish.value)
-            if self._invalid(call):
+            parse = bool(request.tools) and request.tool_choice != "none"
+
+            async def generate(budget: int) -> Any:
+                return await self._generate(session, prompt, sampling)
+
+            async def read(ids: Sequence[int]) -> ParsedTurn:
+                return await self.reader.read(
+                    ids,
+                    self.runtime.end_of_turn_ids,
+                    request.tools,
+                    len(branch.turns),
+                    self.renderer.decode,
+                    parse,
+                    self.profile.generation_prompt_ids,
+                )
+
+            turn = await self.runtime.turn(prompt, max_tokens, stop_ids, generate, read)
+            call = turn.call
+            if turn.parsed is None:
                 # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
                 # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
                 branch.add_turn(call, None, {"role": "assistant", "content": ""})
@@ -156,26 +186,21 @@ class Gateway:
                 self.counters["invalid_engine_output"] += 1
                 empty = {"role": "assistant", "content": ""}
                 return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
-            parse = bool(request.tools) and request.tool_choice != "none"
-            turn = await self.reader.read(
-                call.output_ids,
-                self._end_ids,
-                request.tools,
-                len(branch.turns),
-                self.renderer.decode,
-                parse,
-                self.profile.generation_prompt_ids,
-            )
-            visible = visible_message(turn.message, self.markers, turn.calls, parse)
-            branch.add_turn(call, turn.message, visible)
+            parsed = turn.parsed
+            visible = visible_message(parsed.message, self.markers, parsed.calls, parse)
+            branch.add_turn(call, parsed.message, visible)
             session.register(branch)
             self.counters["turns"] += 1
-            self.counters["malformed_calls"] += turn.malformed
+            self.counters["malformed_calls"] += parsed.malformed
             reason = (
-                "length" if finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
+                "length"
+                if turn.finish is FinishReason.LENGTH
+                else "tool_calls"
+                if visible.get("tool_calls")
+                else "stop"
             )
             return Completion(
-                visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed
+                visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, parsed.malformed
             )
 
     async def _generate(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Any:
@@ -220,8 +245,8 @@ class Gateway:
                 branch,
                 session.id,
                 session.ended or "",
-                self.checker,
-                self.writer,
+                self.runtime,
+                self.counters,
                 response_length=self.config.response_length,
                 training=None if training is None else training.get(branch.number),
             )
@@ -230,33 +255,11 @@ class Gateway:
         self.results += out
         return out
 
-    def _invalid(self, call: EngineCall) -> bool:
-        """Whether the engine's output has a problem the trajectory would cut (the agent loop's own test)."""
-        problems = validate_engine_output(
-            call.output_ids, call.logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set
-        )
-        return bool(problems)
-
     def _new_trajectory(self) -> TokenTrajectory:
-        return TokenTrajectory(self.renderer, self.profile)
-
-    def _max_tokens(self, request: ChatRequest, spent: int, prompt_length: int) -> int:
-        left = self.config.response_length - spent
-        wanted = left if request.max_tokens is None else min(request.max_tokens, left)
-        if self.engine.max_context is not None:
-            wanted = min(wanted, self.engine.max_context - prompt_length)
-        return wanted
+        return self.runtime.new_trajectory()
 
     def _stop_ids(self, stops: Sequence[str]) -> list[int]:
-        ids = []
-        for stop in stops:
-            encoded = self.renderer.encode(stop)
-            if len(encoded) != 1:
-                raise bad_request(
-                    "stop",
-                    f"stop {stop!r} is {len(encoded)} tokens; the gateway stops on single tokens only (a stop string "
-                    "would cut the engine's ids mid-token)",
-                    "unsupported",
-                )
-            ids.append(encoded[0])
-        return ids
+        try:
+            return [stop_text_id(self.renderer.encode, stop, "stop") for stop in stops]
+        except OptionsError as exc:
+            raise bad_request("stop", str(exc), "unsupported") from None

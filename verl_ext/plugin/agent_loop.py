@@ -26,18 +26,16 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
 from verl.utils.profiler import simple_timer
 
-from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
-from verl_ext.check.policy import CheckMode, Enforcer
 from verl_ext.check.record import Rollout
-from verl_ext.core.engine_output import OutputProblem, validate_engine_output
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
-from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
-from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
+from verl_ext.core.turn_end import stop_text_id
+from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
 from verl_ext.plugin.options import LoopOptions
@@ -50,126 +48,53 @@ from verl_ext.plugin.tool_calls import (
     parse_turn,
     run_tool,
 )
-from verl_ext.telemetry.records import RecordWriter, header_record
+from verl_ext.runtime import RolloutRuntime, turn_budget
 
 log = logging.getLogger("verl_ext.plugin")
 
 AGENT_NAME = "verl_ext_tool_agent"
 
 
-@dataclass
-class _Runtime:
-    """What every rollout of one worker process shares: built once, on the first rollout."""
-
-    renderer: ChatRenderer
-    profile: TemplateProfile
-    checker: ConsistencyChecker
-    enforcer: Enforcer
-    writer: RecordWriter | None
-    record_failures_logged: set[str] = field(default_factory=set)  # the causes already logged in this process
-
-    @functools.cached_property
-    def end_of_turn_ids(self) -> frozenset[int]:
-        """Stop ids that end a turn (``verl_ext.core.turn_end.end_of_turn_ids``): not message content."""
-        return end_of_turn_ids(self.profile)
-
-    def output_problems(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> tuple[OutputProblem, ...]:
-        """What is invalid in one engine output (the same test the trajectory and the check apply)."""
-        return validate_engine_output(ids, logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set)
-
-    def conclude(self, rollout: Rollout, counters: Counter[str]) -> CheckResult:
-        """The end of every rollout, in either loop: check it (unless the check is off), write its record, report its
-        metrics, apply the policy. Raises ``ConsistencyError`` only where the policy says so (strict mode); a
-        failed record write is counted in ``counters``, never raised."""
-        if self.checker.policy.mode is CheckMode.OFF:
-            result = CheckResult(
-                (), (), False, False, 0, len(rollout.calls), rollout.num_sampled, Counter(rollout.repairs)
-            )
-        else:
-            result = self.checker.check_rollout(rollout)
-        if self.writer is not None:
-            self.write_record(rollout, result, counters)
-        metrics_sink.report(result, counters)
-        self.enforcer.enforce(result, rollout.step)
-        return result
-
-    def write_record(self, rollout: Rollout, result: CheckResult, counters: Counter[str]) -> None:
-        """Records are diagnostics: a record that cannot be built or written (the folder cannot be created on this
-        node, the disk is full, ...) is counted in ``records/write_failures`` and training goes on. Each new cause is
-        logged at ERROR once per process; repeats of it only count (a read-only folder fails every rollout)."""
-        if self.writer is None:
-            return
-        try:
-            self.writer.write(rollout.record(result))
-        except (OSError, TypeError, ValueError) as exc:
-            counters["records/write_failures"] += 1
-            cause = f"{type(exc).__name__}: {exc}"
-            if cause not in self.record_failures_logged:
-                self.record_failures_logged.add(cause)
-                log.error(
-                    "verl_ext: could not write a rollout record to %s (%s); training goes on, each failure is "
-                    "counted in tito/records/write_failures. Fix: make verl_ext.records.dir a folder every node "
-                    "can create and write, or set it to null",
-                    self.writer.path,
-                    cause,
-                )
-
-
-_RUNTIMES: dict[tuple[int, str, str], _Runtime] = {}
+# (id(tokenizer), template kwargs, options) -> the runtime of that tokenizer and options. A worker process holds one
+# tokenizer and one set of options in practice; 16 leaves room for tests and validation loops, never grows with steps.
+_RUNTIMES: LruCache[tuple[int, str, str], tuple[Any, RolloutRuntime]] = LruCache("agent loop runtimes", 16)
 
 
 def runtime_for(
     tokenizer: Any, template_kwargs: Mapping[str, Any], options: LoopOptions, stop_ids: Sequence[int]
-) -> _Runtime:
-    """The renderer, template profile, checker and record writer for one tokenizer, template kwargs and options,
-    built once per process and shared by every loop instance. Raises ``TemplateError`` when the template's verdict
-    is unsupported, ``OptionsError`` for an extra stop token that is not one token."""
+) -> RolloutRuntime:
+    """The rollout runtime (renderer, template profile, check, policy and record writer) for one tokenizer, template
+    kwargs and options, built once per process and shared by every loop instance. Raises ``TemplateError`` when the
+    template's verdict is unsupported, ``OptionsError`` for an extra stop token that is not one token."""
     key = (id(tokenizer), json.dumps(dict(template_kwargs), sort_keys=True, default=str), repr(options))
-    if key not in _RUNTIMES:
-        renderer = ChatRenderer(
-            tokenizer, template_kwargs=template_kwargs, escape_special_tokens=options.escape_special_tokens
-        )
-        extra = list(stop_ids) + [_token_id(tokenizer, s) for s in options.extra_stop_tokens]
-        profile = probe_template(renderer, extra)
-        if profile.verdict is Verdict.UNSUPPORTED:
-            reasons = "; ".join(r.text for r in profile.reasons if r.severity is Severity.UNSUPPORTED)
-            raise TemplateError(
-                f"{AGENT_NAME}: the chat template of {renderer.name!r} is unsupported: {reasons}. "
-                f"Run `verl-ext check-template {renderer.name}` for the full audit."
-            )
-        writer = None
-        if options.records.dir:
-            writer = RecordWriter(
-                options.records.dir,
-                header_record(profile),
-                max_bytes=options.records.max_bytes,
-                max_files=options.records.max_files,
-                prefix=f"rollouts-{profile.fingerprint}",  # one file per template profile: its header is right
-            )
-        checker = ConsistencyChecker(renderer, profile, options.check)
-        _RUNTIMES[key] = _Runtime(renderer, profile, checker, Enforcer(options.check), writer)
-        log.info(
-            "verl_ext check ready: template %s (%s), check mode %s, records %s",
-            profile.fingerprint,
-            profile.verdict.value,
-            options.check.mode.value,
-            options.records.dir or "off",
-        )
-    return _RUNTIMES[key]
-
-
-def finish_reason(
-    ids: Sequence[int], max_tokens: int, stop_ids: Sequence[int], profile: TemplateProfile
-) -> FinishReason:
-    """From the ids, not the engine's label (``verl_ext.core.turn_end.judge_finish``)."""
-    return judge_finish(ids, max_tokens, stop_ids, profile)
-
-
-def _token_id(tokenizer: Any, token: str) -> int:
-    ids = tokenizer.encode(token, add_special_tokens=False)
-    if len(ids) != 1:
-        raise OptionsError(f"verl_ext.extra_stop_tokens: {token!r} is not a single token (encodes to {ids})")
-    return int(ids[0])
+    cached = _RUNTIMES.get(key)
+    if cached is not None and cached[0] is tokenizer:  # the tokenizer itself: an id is reused once one is freed
+        return cached[1]
+    renderer = ChatRenderer(
+        tokenizer, template_kwargs=template_kwargs, escape_special_tokens=options.escape_special_tokens
+    )
+    encode = functools.partial(tokenizer.encode, add_special_tokens=False)
+    extra = list(stop_ids) + [stop_text_id(encode, s, "verl_ext.extra_stop_tokens") for s in options.extra_stop_tokens]
+    rt = RolloutRuntime.build(
+        renderer,
+        extra_stop_ids=extra,
+        policy=options.check,
+        records_dir=options.records.dir,
+        records_prefix="rollouts",
+        max_bytes=options.records.max_bytes,
+        max_files=options.records.max_files,
+        sink=metrics_sink.report,
+        who=AGENT_NAME,
+    )
+    _RUNTIMES[key] = (tokenizer, rt)
+    log.info(
+        "verl_ext check ready: template %s (%s), check mode %s, records %s",
+        rt.profile.fingerprint,
+        rt.profile.verdict.value,
+        options.check.mode.value,
+        options.records.dir or "off",
+    )
+    return rt
 
 
 class VerlExtToolAgentLoop(ToolAgentLoop):
@@ -226,7 +151,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         """Step 1: render the first prompt (never truncated: the engine must see what the trainer trains on)."""
         active, schemas = self._active_tools(kwargs)
         tools = schemas or None
-        t = TokenTrajectory(self.rt.renderer, self.rt.profile)
+        t = self.rt.new_trajectory()
         prompt_ids = t.start(messages, tools)
         if len(prompt_ids) > self.prompt_length:
             raise OptionsError(
@@ -249,30 +174,35 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     async def _turn(self, ro: _RolloutState) -> bool:
         """Step 2, once per assistant turn: generate, keep the output as sampled tokens, parse it, and answer its
         tool calls. False when the rollout ends (no room left, invalid output, no call, length cap, turn limit)."""
-        remaining = self.response_length - (len(ro.trajectory.input_ids) - ro.first_prompt)
+        remaining = turn_budget(self.response_length, len(ro.trajectory.input_ids) - ro.first_prompt)
         if remaining <= 0:
             return False
-        with simple_timer("generate_sequences", ro.metrics):
-            out = await generate_turn(
-                self.server_manager, ro.request_id, ro.prompt_ids, dict(ro.params), remaining, ro.counters
-            )
-        ids = out.token_ids
-        finish = finish_reason(ids, remaining, ro.stop_ids, self.rt.profile)
-        ro.calls.append(EngineCall.of(ro.prompt_ids, ids, out.log_probs, finish))
-        if len(out.segments) > 1:
-            ro.resumed.append({"turn": ro.turn, "segments": out.segments})
-        merge_engine_extra_fields(ro.extra_fields, out.extra_fields or {})
-        if self.rt.output_problems(ids, out.log_probs):
+
+        async def generate(max_tokens: int) -> Any:
+            with simple_timer("generate_sequences", ro.metrics):
+                return await generate_turn(
+                    self.server_manager, ro.request_id, ro.prompt_ids, dict(ro.params), max_tokens, ro.counters
+                )
+
+        async def read(ids: Sequence[int]) -> ParsedTurn:
+            return await self._parse(list(ids), ro.turn, ro.counters, ro.active)
+
+        turn = await self.rt.turn(ro.prompt_ids, remaining, ro.stop_ids, generate, read)
+        ro.calls.append(turn.call)
+        if len(turn.output.segments) > 1:
+            ro.resumed.append({"turn": ro.turn, "segments": turn.output.segments})
+        merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
+        turn.keep(ro.trajectory)
+        if not turn.valid:
             # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
             # keeps the turn up to the first problem (nothing after it trains), the check names the failure,
             # and no parser or next turn sees the rest.
-            ro.trajectory.add_sampled(ids, out.log_probs, finish)
             ro.counters["rollouts_ended_on_invalid_output"] += 1
             return False
-        message, parsed, dropped, malformed = await self._parse(ids, ro.turn, ro.counters, ro.active)
-        ro.trajectory.add_sampled(ids, out.log_probs, finish, message=message)
+        assert turn.parsed is not None  # a valid turn is read
         ro.turn += 1
-        if not (parsed or malformed) or finish is FinishReason.LENGTH or self._turn_limit(ro.turn):
+        parsed, dropped, malformed = turn.parsed.calls, turn.parsed.dropped, turn.parsed.malformed
+        if not (parsed or malformed) or turn.finish is FinishReason.LENGTH or self._turn_limit(ro.turn):
             return False
         return await self._reply(ro, parsed, dropped, malformed)
 
@@ -320,18 +250,15 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         )
 
     # -- helpers ----------------------------------------------------------------------------------
-    async def _parse(
-        self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]
-    ) -> tuple[dict[str, Any], list[ParsedCall], list[ParsedCall], int]:
-        """The assistant message for the template (content and every tool call), read by ``parse_turn``; the calls
-        to run; those past ``max_parallel_calls``; and how many tool calls the parser could not read."""
+    async def _parse(self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]) -> ParsedTurn:
+        """The turn as ``parse_turn`` reads it: the assistant message for the template (content and every tool call),
+        the calls to run, those past ``max_parallel_calls``, and how many tool calls the parser could not read."""
         schemas = [tool.tool_schema for tool in active.values()]
-        decode = self.rt.renderer.decode
         turned = await parse_turn(
             self.tool_parser,
             ids,
             self.rt.end_of_turn_ids,
-            decode,
+            self.rt.renderer.decode,
             schemas,
             turn,
             self.max_parallel_calls,
@@ -341,7 +268,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             counters[f"tool/{ToolStatus.MALFORMED.value}"] += turned.malformed
         if turned.dropped:
             counters["tool/dropped_over_max_parallel_calls"] += len(turned.dropped)
-        return turned.message, turned.calls, turned.dropped, turned.malformed
+        return turned
 
     def _turn_limit(self, assistant_turns: int) -> bool:
         return bool(self.max_assistant_turns and assistant_turns >= self.max_assistant_turns)

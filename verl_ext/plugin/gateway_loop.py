@@ -36,6 +36,7 @@ from uuid import uuid4
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
 from verl_ext.check.inputs import EngineCall
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
 from verl_ext.gateway.conclude import BranchResult
 from verl_ext.gateway.engine import Sampled, Sampling
@@ -51,6 +52,7 @@ from verl_ext.plugin.harness_options import (
     branches_all_refusal,
     resolve_function,
 )
+from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
 from verl_ext.telemetry.records import RecordWriter
 
 log = logging.getLogger("verl_ext.plugin")
@@ -163,8 +165,9 @@ class _WorkerGateway:
 
 
 # event loop id -> the start of its gateway (one per worker process in practice); a task, so the rollouts a worker
-# starts together await one start instead of each starting a server
-_WORKERS: dict[int, asyncio.Task[_WorkerGateway]] = {}
+# starts together await one start instead of each starting a server. Bounded: a process runs a handful of event loops
+# at most (tests run one each); an evicted loop's gateway keeps serving its rollouts, a new one starts if it asks again.
+_WORKERS: LruCache[int, asyncio.Task[_WorkerGateway]] = LruCache("gateway agent loop workers", 8)
 
 
 class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
@@ -214,6 +217,9 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         counters: Counter[str] = Counter()  # tito/loop/<name>: counted by the loop routing, once per rollout
         counters["gateway/forks"] = sum(1 for r in results if "fork" in r.rollout.extra["gateway"])
         counters["gateway/branches"] = len(results)
+        failed_records = sum(1 for r in results if r.record_failed)
+        if failed_records:  # counted, as verl_ext_tool_agent counts its own (the rollout goes on)
+            counters[WRITE_FAILURES] += failed_records
         counters.update(worker.engine.counters)
         worker.engine.counters.clear()
         trained = [r for r in results if r.trained_tokens]  # branch order: the last branch last
@@ -270,13 +276,15 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
     async def _worker(self, sampling_params: Mapping[str, Any]) -> _WorkerGateway:
         loop = asyncio.get_running_loop()
         start = _WORKERS.get(id(loop))
+        if start is not None and start.get_loop() is not loop:  # another event loop's, whose id this one reuses
+            start = None
         if start is None or (start.done() and (start.cancelled() or start.exception() is not None)):  # tried again
             start = _WORKERS[id(loop)] = loop.create_task(self._start_worker(sampling_params))
         worker = await asyncio.shield(start)  # a cancelled rollout does not cancel the start the others await
         # Loop instances of one worker share these in a run; set them per rollout all the same (they are this
         # instance's: its server manager, check, records and limits; the sampling parameters are per session).
         worker.engine.server_manager = self.server_manager
-        worker.gateway.checker, worker.records.writer = self.rt.checker, self.rt.writer
+        worker.gateway.runtime, worker.records.writer = self.rt.with_writer(worker.records), self.rt.writer
         worker.gateway.config.response_length = self.response_length
         worker.gateway.config.max_branches = self.harness.max_branches
         return worker
@@ -293,14 +301,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         )
         reader = ToolCallReader(self.tokenizer, self.config.actor_rollout_ref.rollout.multi_turn.format or "hermes")
         gateway = _SessionGateway(
-            engine,
-            self.rt.renderer,
-            self.rt.profile,
-            reader,
-            config,
-            checker=self.rt.checker,
-            writer=records,
-            markers=reasoning_markers(self.tokenizer),
+            engine, self.rt.with_writer(records), reader, config, markers=reasoning_markers(self.tokenizer)
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
@@ -342,10 +343,8 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         self, kwargs: Mapping[str, Any], why: str, harness_result: Any, engine_fields: Mapping[str, Any]
     ) -> AgentLoopOutput:
         """A rollout whose harness failed: the row's prompt and one end-of-turn token, all masked out."""
-        from verl_ext.core.trajectory import TokenTrajectory
-
         log.warning("%s: %s; the rollout is not trained", AGENT_NAME, why)
-        prompt = TokenTrajectory(self.rt.renderer, self.rt.profile).start(list(kwargs["raw_prompt"]))
+        prompt = self.rt.new_trajectory().start(list(kwargs["raw_prompt"]))
         end = self.rt.profile.stop_ids[0].id
         return AgentLoopOutput(
             prompt_ids=list(prompt),

@@ -1,0 +1,187 @@
+"""``RolloutRuntime``: what every rollout of one template shares (renderer, profile, check, policy, records), and
+the runtime API a loop or the gateway calls on it (``verl_ext.runtime``'s docstring)."""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from verl_ext.check.checker import ConsistencyChecker
+from verl_ext.check.findings import CheckResult
+from verl_ext.check.inputs import EngineCall
+from verl_ext.check.policy import CheckMode, CheckPolicy, Enforcer
+from verl_ext.check.record import Rollout, RolloutRecord
+from verl_ext.core.engine_output import OutputProblem, validate_engine_output
+from verl_ext.core.errors import TemplateError
+from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
+from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.trajectory import FinishReason, TokenTrajectory
+from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
+from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.runtime.turn import G, Turn
+from verl_ext.telemetry.records import RecordWriter, header_record
+
+log = logging.getLogger("verl_ext.runtime")
+
+WRITE_FAILURES = "records/write_failures"  # the counter (tito/records/write_failures) of records not written
+
+
+class Records(Protocol):
+    """Where records go: a ``RecordWriter``, or a wrapper of one (the gateway loop adds each row's step)."""
+
+    @property
+    def path(self) -> Any: ...
+
+    def write(self, record: RolloutRecord) -> None: ...
+
+
+MetricsSink = Callable[[CheckResult, Mapping[str, float]], None]
+
+
+@dataclass
+class RolloutRuntime:
+    """One template's runtime, built once (``build``) and shared by every rollout of a process."""
+
+    renderer: ChatRenderer
+    profile: TemplateProfile
+    checker: ConsistencyChecker
+    enforcer: Enforcer
+    writer: Records | None = None
+    sink: MetricsSink | None = None  # where each concluded rollout's metrics go (None: nowhere)
+    record_failures_logged: set[str] = field(default_factory=set)  # the causes already logged in this process
+
+    # -- build ---------------------------------------------------------------------------------------
+    @classmethod
+    def build(
+        cls,
+        renderer: ChatRenderer,
+        *,
+        extra_stop_ids: Sequence[int] = (),
+        policy: CheckPolicy | None = None,
+        records_dir: str | os.PathLike[str] | None = None,
+        records_prefix: str = "rollouts",
+        max_bytes: int | None = None,
+        max_files: int | None = None,
+        sink: MetricsSink | None = None,
+        who: str = "verl_ext",
+    ) -> RolloutRuntime:
+        """Probe ``renderer``'s template (with the caller's stop ids) and build the check, the policy's enforcer and
+        the record writer (``records_dir`` None: no records; one file per template profile, named
+        ``{records_prefix}-{fingerprint}``: its header is right). Raises ``TemplateError`` naming ``who`` when the
+        template's verdict is unsupported."""
+        profile = probe_template(renderer, extra_stop_ids)
+        if profile.verdict is Verdict.UNSUPPORTED:
+            reasons = "; ".join(r.text for r in profile.reasons if r.severity is Severity.UNSUPPORTED)
+            raise TemplateError(
+                f"{who}: the chat template of {renderer.name!r} is unsupported: {reasons}. "
+                f"Run `verl-ext check-template {renderer.name}` for the full audit."
+            )
+        policy = policy or CheckPolicy()
+        writer = None
+        if records_dir is not None and str(records_dir):
+            limits = {k: v for k, v in (("max_bytes", max_bytes), ("max_files", max_files)) if v is not None}
+            writer = RecordWriter(
+                records_dir, header_record(profile), prefix=f"{records_prefix}-{profile.fingerprint}", **limits
+            )
+        return cls(renderer, profile, ConsistencyChecker(renderer, profile, policy), Enforcer(policy), writer, sink)
+
+    def with_writer(self, writer: Records | None) -> RolloutRuntime:
+        """The same runtime writing its records through ``writer``."""
+        return replace(self, writer=writer, record_failures_logged=set())
+
+    # -- a rollout's turns -----------------------------------------------------------------------------
+    def new_trajectory(self) -> TokenTrajectory:
+        """An empty token trajectory for one rollout (its ``start`` renders the first prompt)."""
+        return TokenTrajectory(self.renderer, self.profile)
+
+    @functools.cached_property
+    def end_of_turn_ids(self) -> frozenset[int]:
+        """Stop ids that end a turn (``verl_ext.core.turn_end.end_of_turn_ids``): not message content."""
+        return end_of_turn_ids(self.profile)
+
+    def output_problems(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> tuple[OutputProblem, ...]:
+        """What is invalid in one engine output (the same test the trajectory and the check apply)."""
+        return validate_engine_output(ids, logprobs, self.renderer.vocab_size, stop_ids=self.profile.stop_id_set)
+
+    def engine_call(
+        self,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        max_tokens: int,
+        stop_ids: Sequence[int],
+    ) -> tuple[EngineCall, FinishReason]:
+        """The record of one engine call and how it ended, judged from its ids (not the engine's label)."""
+        finish = judge_finish(output_ids, max_tokens, stop_ids, self.profile)
+        return EngineCall.of(prompt_ids, output_ids, logprobs, finish), finish
+
+    async def turn(
+        self,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        stop_ids: Sequence[int],
+        generate: Callable[[int], Awaitable[G]],
+        read: Callable[[Sequence[int]], Awaitable[ParsedTurn]],
+    ) -> Turn[G]:
+        """One turn: ``generate(max_tokens)`` (the caller's engine), the engine call and its finish, the output's
+        problems, and ``read(ids)`` (the caller's tool-call reader) unless the output is invalid. The caller keeps
+        the turn (``Turn.keep``, or its own log that calls ``keep_sampled``)."""
+        out = await generate(max_tokens)
+        call, finish = self.engine_call(prompt_ids, out.token_ids, out.log_probs, max_tokens, stop_ids)
+        problems = self.output_problems(call.output_ids, call.logprobs)
+        parsed = None if problems else await read(call.output_ids)
+        return Turn(call, finish, out, problems, parsed)
+
+    # -- the end of a rollout --------------------------------------------------------------------------
+    def conclude(self, rollout: Rollout, counters: Counter[str]) -> CheckResult:
+        """The end of a rollout: ``judge`` it (check unless the check is off, write its record), report its metrics
+        to the sink, apply the policy. Raises ``ConsistencyError`` only where the policy says so (strict mode)."""
+        result = self.judge(rollout, counters)
+        if self.sink is not None:
+            self.sink(result, counters)
+        self.enforcer.enforce(result, rollout.step)
+        return result
+
+    def judge(self, rollout: Rollout, counters: Counter[str]) -> CheckResult:
+        """Check the rollout (unless the policy's mode is off: then an empty verdict) and write its record; a record
+        that cannot be written is counted in ``counters`` (``WRITE_FAILURES``), never raised."""
+        if self.checker.policy.mode is CheckMode.OFF:
+            result = checked_off(rollout)
+        else:
+            result = self.checker.check_rollout(rollout)
+        self.write_record(rollout, result, counters)
+        return result
+
+    def write_record(self, rollout: Rollout, result: CheckResult, counters: Counter[str]) -> bool:
+        """Records are diagnostics: a record that cannot be built or written (the folder cannot be created on this
+        node, the disk is full, ...) is counted in ``records/write_failures`` and training goes on. Each new cause is
+        logged at ERROR once per process; repeats of it only count (a read-only folder fails every rollout). False
+        when the record was not written (no writer, or it failed)."""
+        if self.writer is None:
+            return False
+        try:
+            self.writer.write(rollout.record(result))
+        except (OSError, TypeError, ValueError) as exc:
+            counters[WRITE_FAILURES] += 1
+            cause = f"{type(exc).__name__}: {exc}"
+            if cause not in self.record_failures_logged:
+                self.record_failures_logged.add(cause)
+                log.error(
+                    "verl_ext: could not write a rollout record to %s (%s); training goes on, each failure is "
+                    "counted in tito/records/write_failures. Fix: make verl_ext.records.dir a folder every node "
+                    "can create and write, or set it to null",
+                    self.writer.path,
+                    cause,
+                )
+            return False
+        return True
+
+
+def checked_off(rollout: Rollout) -> CheckResult:
+    """The verdict on a rollout the check does not run on (``check.mode=off``): no finding, no failure, its counts."""
+    return CheckResult((), (), False, False, 0, len(rollout.calls), rollout.num_sampled, Counter(rollout.repairs))

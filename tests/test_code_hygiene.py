@@ -49,3 +49,43 @@ def test_both_scripts_find_what_they_look_for(tmp_path):
     assert docs.returncode == 1, docs.stdout
     assert "1 of 3 public definitions have a docstring (33.3%" in docs.stdout
     assert "long_one" in docs.stdout and "_private" not in docs.stdout
+
+
+def test_no_import_cycle_and_nothing_imports_up():
+    """scripts/import_layers.py walks every import of verl_ext (in functions too): no cycle, and each layer imports
+    only itself and the layers below it (docs/architecture.md, "Layers")."""
+    done = run_script("scripts/import_layers.py", "verl_ext")
+    assert done.returncode == 0 and not done.stdout, f"break the cycle or move the code down a layer:\n{done.stdout}"
+
+
+def test_the_import_walk_finds_a_cycle_and_an_upward_import_in_a_function(tmp_path):
+    """The check above can fail: a lower layer importing a higher one inside a function is both an upward import and
+    (with the higher one importing it back) a cycle; an import under ``if TYPE_CHECKING:`` is neither."""
+    pkg = tmp_path / "pkg"
+    for folder in ("core", "plugin", "check"):
+        (pkg / folder).mkdir(parents=True)
+        (pkg / folder / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core" / "low.py").write_text("def policy():\n    from pkg.plugin import high\n    return high\n")
+    (pkg / "plugin" / "high.py").write_text("from pkg.core.low import policy\n")
+    (pkg / "check" / "typed.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg.plugin import high\n"
+    )
+    done = run_script("scripts/import_layers.py", str(pkg))
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "import cycle: pkg.core.low -> pkg.plugin.high" in done.stdout
+    assert "upward import: pkg.core.low (core) imports pkg.plugin.high (plugin)" in done.stdout
+    assert "typed" not in done.stdout
+
+
+def test_the_architecture_page_draws_the_layers_the_import_walk_holds():
+    """docs/architecture.md's layer table lists verl_ext's packages lowest first, in import_layers.py's order."""
+    sys.path.insert(0, str(REPO / "scripts"))
+    try:
+        from import_layers import LAYERS
+    finally:
+        sys.path.remove(str(REPO / "scripts"))
+    page = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    table = page[page.index("## Layers") : page.index("```mermaid", page.index("## Layers"))]
+    drawn = re.findall(r"^\| [^|]+ \| `verl_ext/(\w+)` \|", table, re.MULTILINE)
+    assert tuple(drawn) == LAYERS, f"docs/architecture.md draws {drawn}, the import walk holds {LAYERS}"

@@ -15,6 +15,7 @@ from rollouts import TOOLS
 from verl_ext.check import CheckMode, CheckPolicy, ConsistencyChecker, Enforcer
 from verl_ext.check import align as align_module
 from verl_ext.check.align import BudgetExceeded, align
+from verl_ext.check.record import RecordedCheck
 from verl_ext.telemetry.metrics import aggregate
 
 before = difflib_alignment  # the reference: the check's alignment until now
@@ -119,7 +120,9 @@ def test_past_the_budget_the_template_view_is_skipped_and_counted(renderer_for, 
     result = ConsistencyChecker(r, policy=policy).check(ro.calls, ro.sample, ro.messages, TOOLS)
     assert not result.template_view and "over its 1e-06 s budget" in result.template_view_skipped
     assert "raise verl_ext.check.template_view_budget_s" in result.template_view_skipped
-    assert result.engine_ok and result.to_dict()["template_view_skipped"] == result.template_view_skipped
+    assert (
+        result.engine_ok and RecordedCheck.of(result).to_json()["template_view_skipped"] == result.template_view_skipped
+    )
     assert aggregate([result, result])["tito/check_skipped"] == 2
     enforcer = Enforcer(policy)
     with caplog.at_level(logging.WARNING, logger="verl_ext.check"):

@@ -145,7 +145,9 @@ def test_options_parse():
 def test_result_is_json_serialisable(defective):
     import json
 
+    from verl_ext.check.record import RecordedCheck
+
     r, calls, sample, messages = defective
     result = ConsistencyChecker(r).check(calls, sample, messages, TOOLS)
-    data = json.loads(json.dumps(result.to_dict()))
+    data = json.loads(json.dumps(RecordedCheck.of(result).to_json()))
     assert data["findings"][0]["cause"] == "close_missing" and data["ok"] is False

@@ -18,6 +18,7 @@ MODULES = [
     "verl_ext.core.replay",
     "verl_ext.engines.sglang_output",
     "verl_ext.gateway.errors",
+    "verl_ext.plugin.config_errors",
     "verl_ext.plugin.engine_turn",
     "verl_ext.plugin.loop_routing",
     "verl_ext.plugin.preflight",

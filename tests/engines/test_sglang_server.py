@@ -219,14 +219,16 @@ def test_plugin_registers_the_replica_for_rollout_sglang(server_class: type) -> 
     from verl.workers.rollout.replica import RolloutReplicaRegistry
 
     from verl_ext.engines.sglang_server import TokenExactSGLangReplica
+    from verl_ext.plugin.loop_routing import server_enabled
 
     assert RolloutReplicaRegistry.get("sglang") is TokenExactSGLangReplica
+    assert TokenExactSGLangReplica.server_switch is server_enabled  # the plugin's loop rule, set as it registers
 
 
 def test_the_server_switch_follows_the_loop_routing_rule(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     """One rule for both: a subclass of verl_ext's loop gets the token-exact server, a misspelled name an error."""
-    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
-    from verl_ext.plugin.loop_routing import UnknownLoopError
+    from verl_ext.engines.sglang_output import SWITCH_ENV
+    from verl_ext.plugin.loop_routing import UnknownLoopError, server_enabled
 
     monkeypatch.delenv(SWITCH_ENV, raising=False)
     loops = tmp_path / "loops.yaml"
@@ -264,7 +266,8 @@ def test_the_server_switch_follows_the_loop_routing_rule(monkeypatch: pytest.Mon
 def test_the_loop_setting_switches_the_server(
     monkeypatch: pytest.MonkeyPatch, loop: str, forced: Any, on: bool
 ) -> None:
-    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
+    from verl_ext.engines.sglang_output import SWITCH_ENV
+    from verl_ext.plugin.loop_routing import server_enabled
 
     if forced is None:
         monkeypatch.delenv(SWITCH_ENV, raising=False)
@@ -346,11 +349,12 @@ def test_replica_server_class_follows_the_switch_and_the_hook(
     from verl_ext.engines.forced_turn import FORCED_TOOL_CALL, SGLANG_FORCE_ENV
     from verl_ext.engines.sglang_output import SWITCH_ENV
     from verl_ext.engines.sglang_server import server_class_for
+    from verl_ext.plugin.loop_routing import server_enabled
 
     monkeypatch.setenv(SWITCH_ENV, switch)
     if forced:
         monkeypatch.setenv(SGLANG_FORCE_ENV, FORCED_TOOL_CALL)
     else:
         monkeypatch.delenv(SGLANG_FORCE_ENV, raising=False)
-    chosen = server_class_for({"agent": {"default_agent_loop": "tool_agent"}})
+    chosen = server_class_for(server_enabled({"agent": {"default_agent_loop": "tool_agent"}}))
     assert (chosen.__name__ if chosen else None) == expected

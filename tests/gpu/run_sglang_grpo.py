@@ -197,6 +197,7 @@ def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Se
     from transformers import AutoConfig, AutoTokenizer
 
     from verl_ext.engines.sglang_output import server_class_name
+    from verl_ext.plugin.loop_routing import server_enabled
     from verl_ext.plugin.options import OptionsError
     from verl_ext.plugin.preflight import PreflightError, check_config
 
@@ -221,7 +222,8 @@ def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Se
             lines += [f"{name}: {line}" for line in check_config(cfg)]
         except (OptionsError, PreflightError) as exc:
             raise SystemExit(f"{name}: {exc}") from None
-        server = server_class_name(cfg.actor_rollout_ref.rollout, arm_env(arm))
+        env = arm_env(arm)
+        server = server_class_name(server_enabled(cfg.actor_rollout_ref.rollout, env), env)
         if server != expected_server(arm):
             raise SystemExit(f"{name}: the replica would launch {server}, not {expected_server(arm)}")
         lines.append(

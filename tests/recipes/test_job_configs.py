@@ -57,7 +57,8 @@ def test_a_job_composes_verls_trainer_config_with_the_verl_ext_group(name: str, 
 
 
 def test_the_grpo_job_switches_on_the_token_exact_sglang_server(monkeypatch: pytest.MonkeyPatch):
-    from verl_ext.engines.sglang_output import SWITCH_ENV, server_enabled
+    from verl_ext.engines.sglang_output import SWITCH_ENV
+    from verl_ext.plugin.loop_routing import server_enabled
 
     monkeypatch.delenv(SWITCH_ENV, raising=False)
     rollout = compose_job("grpo_qwen3_sglang").actor_rollout_ref.rollout

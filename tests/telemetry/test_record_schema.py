@@ -144,9 +144,11 @@ def test_check_result_to_dict_is_the_record_lines_check_object_and_every_result_
 
     _, rollout, _ = written
     result = ConsistencyChecker(renderer_for("qwen3")).check_rollout(rollout)
-    assert result.findings and result.to_dict() == rollout.record(result).to_json()["check"]
+    assert result.findings and RecordedCheck.of(result).to_json() == rollout.record(result).to_json()["check"]
     failed = dataclasses.replace(result, engine_failures=(EngineFailure(FailureKind.RECORD, 1, None, "x"),))
-    assert failed.to_dict()["engine_failures"] == [{"kind": "record", "turn": 1, "position": None, "detail": "x"}]
+    assert RecordedCheck.of(failed).to_json()["engine_failures"] == [
+        {"kind": "record", "turn": 1, "position": None, "detail": "x"}
+    ]
 
     # the record's JSON keys are its fields, in order: the result's, under the same names
     def names(cls: type) -> list[str]:
@@ -154,7 +156,7 @@ def test_check_result_to_dict_is_the_record_lines_check_object_and_every_result_
 
     assert names(RecordedCheck) == ["ok", "engine_ok", *names(CheckResult)]
     assert names(RecordedFinding) == names(Finding) and names(RecordedFailure) == names(EngineFailure)
-    assert list(result.to_dict()) == names(RecordedCheck)
+    assert list(RecordedCheck.of(result).to_json()) == names(RecordedCheck)
 
     @dataclasses.dataclass(frozen=True)
     class NewerResult(CheckResult):

@@ -202,10 +202,3 @@ class CheckResult:
             "lost_sampled_tokens": self.lost_sampled_tokens,
             "template_view_skipped": self.template_view_skipped,
         }
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready: the ``check`` object a record line holds for this result (``RecordedCheck.of(self).to_json()``,
-        the one serialiser: the two cannot differ), causes and failure kinds as strings, ``seconds`` to the µs."""
-        from verl_ext.check.record import RecordedCheck  # record.py imports this module
-
-        return RecordedCheck.of(self).to_json()

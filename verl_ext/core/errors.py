@@ -14,7 +14,7 @@ to the code that raises them (the module is named in brackets) and subclass ``Ve
     │   ├── EngineRequestError       an engine request verl_ext's engines cannot serve
     │   │   └── StopStringError      [engines.sglang_output] a stop string sent to SGLang's token-in server
     │   ├── RecordError              [core.replay] a replay record is malformed
-    │   ├── PreflightError           [plugin.preflight] the config or dataset would fail or bypass verl_ext
+    │   ├── PreflightError           [plugin.config_errors] the config or dataset would fail or bypass verl_ext
     │   ├── UnknownLoopError         [plugin.loop_routing] default_agent_loop names no registered agent loop
     │   └── BypassError              [plugin.loop_routing] a dataset row names another loop (agent_name_column=stop)
     ├── RuntimeError: the run got into a state it must not train on

@@ -17,6 +17,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.rendering import ChatRenderer, Message, round_trip_failures
 from verl_ext.core.tool_call_shape import RENDERS_NAME, RENDERS_NOTHING, ToolCallShape, derive_tool_call_shape
@@ -187,8 +188,12 @@ def added_generation_prompt(
 
 
 _ProbeKey = tuple[str, tuple[int, ...], tuple[int, ...]]
-_PROFILE_CACHE: dict[_ProbeKey, TemplateProfile] = {}
-_NAMED_CACHE: dict[tuple[str, tuple[int, ...], tuple[int, ...], str], TemplateProfile] = {}
+# A process probes one template, or a few (tests, the report, check-template over folders): 64 of each is room to
+# spare; an evicted profile is probed again, the same.
+_PROFILE_CACHE: LruCache[_ProbeKey, TemplateProfile] = LruCache("template profiles", 64)
+_NAMED_CACHE: LruCache[tuple[str, tuple[int, ...], tuple[int, ...], str], TemplateProfile] = LruCache(
+    "template profiles by folder", 64
+)
 
 
 def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -> TemplateProfile:
@@ -196,13 +201,10 @@ def probe_template(renderer: ChatRenderer, extra_stop_ids: Sequence[int] = ()) -
     the folder's generation_config.json: two folders with one tokenizer may stop on different ids)."""
     generation_eos = tuple(_generation_config_eos(renderer.name))
     key = (renderer.fingerprint, tuple(sorted(set(extra_stop_ids))), generation_eos)
-    if key not in _PROFILE_CACHE:
-        _PROFILE_CACHE[key] = _Prober(renderer, key[1], generation_eos).run()
+    profile = _PROFILE_CACHE.get_or_make(key, lambda: _Prober(renderer, key[1], generation_eos).run())
     # The same tokenizer and template may live in several folders: probe once, name the folder asked about.
     named = (*key, renderer.name)
-    if named not in _NAMED_CACHE:
-        _NAMED_CACHE[named] = replace(_PROFILE_CACHE[key], tokenizer_name=renderer.name)
-    return _NAMED_CACHE[named]
+    return _NAMED_CACHE.get_or_make(named, lambda: replace(profile, tokenizer_name=renderer.name))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -271,6 +273,16 @@ class _Prober:
         self.variants: tuple[tuple[str, str | None], ...] = _REASONING_VARIANTS[:1]
         self.shape = ToolCallShape()
         self.text_closes: frozenset[int] = frozenset()  # what ends a text-only assistant turn (see close_index)
+
+    def ending_conversation(self, role: str, calls: int = 1) -> list[dict[str, Any]]:
+        """The probe's conversation ending with an assistant turn and, unless ``role`` is ``END``, a ``role`` message
+        (``calls`` tool results after a turn of ``calls`` tool calls for "tool"): what ``explain_unsupported``
+        renders to name the cause of a role the probe cannot append."""
+        reasoning = self.variants[0][1]
+        if role == "tool":
+            return [*self.head, _assistant_tools(calls, reasoning, self.shape), *(_tool(n + 1) for n in range(calls))]
+        appended = [] if role == END else [{"role": role, "content": "QXAPPENDED"}]
+        return [*self.head, _assistant_text(reasoning), *appended]
 
     def note(self, severity: Severity, text: str) -> None:
         self.reasons.append(Reason(severity, text))

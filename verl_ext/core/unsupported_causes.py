@@ -46,20 +46,9 @@ def explain_unsupported(prober: Any, role: str, why: str) -> str:
     return f"{why}. Cause: {cause}" if cause else why
 
 
-def _conversation(prober: Any, role: str, calls: int = 1) -> list[dict[str, Any]]:
-    """The probe's conversation ending with an assistant turn and, unless ``role`` is "end", a ``role`` message."""
-    from verl_ext.core.probe import END, _assistant_text, _assistant_tools, _tool  # the probe imports this module
-
-    reasoning = prober.variants[0][1]
-    if role == "tool":
-        return [*prober.head, _assistant_tools(calls, reasoning, prober.shape), *(_tool(n + 1) for n in range(calls))]
-    appended = [] if role == END else [{"role": role, "content": "QXAPPENDED"}]
-    return [*prober.head, _assistant_text(reasoning), *appended]
-
-
 def _foreign_marker_cause(prober: Any, role: str) -> str | None:
     try:
-        text, _ = prober.render(_conversation(prober, role), gen=role != "end")
+        text, _ = prober.render(prober.ending_conversation(role), gen=role != "end")
     except TemplateError:
         return None
     foreign = foreign_markers(prober.r, text)
@@ -77,8 +66,8 @@ def _foreign_marker_cause(prober: Any, role: str) -> str | None:
 
 def _single_call_close_cause(prober: Any) -> str | None:
     try:
-        one, _ = prober.render(_conversation(prober, "tool", calls=1), gen=True)
-        two, _ = prober.render(_conversation(prober, "tool", calls=2), gen=True)
+        one, _ = prober.render(prober.ending_conversation("tool", calls=1), gen=True)
+        two, _ = prober.render(prober.ending_conversation("tool", calls=2), gen=True)
     except TemplateError:
         return None
     after_one = _between(one, "QXARG1", "QXTOOL1")

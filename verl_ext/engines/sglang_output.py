@@ -72,38 +72,26 @@ class EngineReport:
         return asdict(self)
 
 
-def server_enabled(rollout_config: Any, environ: Mapping[str, str] | None = None) -> bool:
-    """verl_ext's server is on when ``rollout.agent.default_agent_loop`` is verl_ext's token-exact loop or a subclass
-    of it, by the rule loop routing uses (``verl_ext.plugin.loop_routing.LoopKind``); the audited loop keeps verl's
-    own server as it is (that is what it audits). ``VERL_EXT_SGLANG_SERVER`` = 1/0 in ``environ`` (the process
-    environment by default) forces it on or off. Raises ``UnknownLoopError`` for a name no loop is registered under
-    (a misspelling gets an error, not a server)."""
+def forced_switch(environ: Mapping[str, str] | None = None) -> bool | None:
+    """What ``VERL_EXT_SGLANG_SERVER`` in ``environ`` (the process environment by default) forces: True (1) or False
+    (0), None when unset. Which loop runs decides the rest: that is plugin policy
+    (``verl_ext.plugin.loop_routing.server_enabled``), never this layer's."""
     forced = (os.environ if environ is None else environ).get(SWITCH_ENV)
-    if forced is not None and forced.strip() != "":
-        return forced.strip().lower() not in ("0", "false", "no", "off")
-    from verl_ext.plugin.loop_routing import LoopKind, default_loop_kind
-
-    return default_loop_kind(_get(rollout_config, "agent"))[1] is LoopKind.TOKEN_EXACT
+    if forced is None or forced.strip() == "":
+        return None
+    return forced.strip().lower() not in ("0", "false", "no", "off")
 
 
-def server_class_name(rollout_config: Any, environ: Mapping[str, str] | None = None) -> str | None:
-    """The name of the server class (sglang_server.py) a replica launches: verl_ext's when switched on, each with
+def server_class_name(enabled: bool, environ: Mapping[str, str] | None = None) -> str | None:
+    """The name of the server class (sglang_server.py) a replica launches: verl_ext's when ``enabled``, each with
     the TEST/DEMO forced first turn when ``VERL_EXT_SGLANG_FORCE_FIRST_TURN`` is set; ``None`` keeps verl's own."""
     from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV
 
     env = os.environ if environ is None else environ
     forced = bool(env.get(SGLANG_FORCE_ENV))
-    if server_enabled(rollout_config, env):
+    if enabled:
         return "ForcedFirstTurnTokenExactSGLangServer" if forced else "TokenExactSGLangServer"
     return "ForcedFirstTurnStockSGLangServer" if forced else None
-
-
-def _get(obj: Any, key: str) -> Any:
-    if obj is None:
-        return None
-    if isinstance(obj, Mapping):
-        return obj.get(key)
-    return getattr(obj, key, None)
 
 
 def build_request(

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Callable
 from typing import Any
 
 from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV, forced_generation, forced_prefix, scoring_request
-from verl_ext.engines.sglang_output import build_request, server_class_name, token_output_fields
+from verl_ext.engines.sglang_output import build_request, forced_switch, server_class_name, token_output_fields
 
 log = logging.getLogger("verl_ext.engines")
 
@@ -181,21 +182,32 @@ class ForcedFirstTurnTokenExactSGLangServer(_ForcedFirstTurn, TokenExactSGLangSe
         return TokenOutput(**fields)
 
 
-def server_class_for(rollout_config: Any) -> type | None:
-    """The server class a replica launches (``server_class_name``); ``None`` keeps verl's own."""
-    name = server_class_name(rollout_config)
+def server_class_for(enabled: bool) -> type | None:
+    """The server class a replica launches (``server_class_name``: verl_ext's when ``enabled``); ``None`` keeps
+    verl's own."""
+    name = server_class_name(enabled)
     return None if name is None else globals()[name]
+
+
+def _environment_switch(rollout_config: Any) -> bool:
+    """The switch without the plugin's loop rule: on only where ``VERL_EXT_SGLANG_SERVER`` forces it."""
+    return forced_switch() is True
 
 
 class TokenExactSGLangReplica(_replica_base()):  # type: ignore[misc]
     """verl's ``SGLangReplica``, launching ``TokenExactSGLangServer`` when verl_ext is switched on (and a
     forced-first-turn server when the TEST/DEMO hook is set, see ``server_class_for``)."""
 
+    # Whether verl_ext's server is on for a rollout config: which loop runs decides, and that is plugin policy, so the
+    # plugin sets this when it registers the replica (verl_ext.plugin.register_sglang_rollout); alone, this layer
+    # follows VERL_EXT_SGLANG_SERVER only.
+    server_switch: Callable[[Any], bool] = staticmethod(_environment_switch)
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         import ray
 
         super().__init__(*args, **kwargs)
-        server_class = server_class_for(self.config)
+        server_class = server_class_for(type(self).server_switch(self.config))
         if server_class is not None:
             self.server_class = ray.remote(server_class)
             log.info("verl_ext SGLang server: replica %s launches %s", self.replica_rank, server_class.__name__)

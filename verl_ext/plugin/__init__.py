@@ -23,20 +23,22 @@ import logging
 import os
 from typing import Any
 
+from verl_ext.plugin.loop_names import (
+    AGENT_LOOP_NAME,
+    AUDIT_LOOP_NAME,
+    CPU_ROLLOUT_NAME,
+    GATEWAY_LOOP_NAME,
+)
+from verl_ext.plugin.loop_names import AGENT_LOOP_PATH as _AGENT_LOOP_PATH
+from verl_ext.plugin.loop_names import AUDIT_LOOP_PATH as _AUDIT_LOOP_PATH
+from verl_ext.plugin.loop_names import CPU_ADAPTER_PATH as _CPU_ADAPTER_PATH
+from verl_ext.plugin.loop_names import GATEWAY_LOOP_PATH as _GATEWAY_LOOP_PATH
+
 logger = logging.getLogger("verl_ext.plugin")
 # verl sets the root logger to WARNING; the plugin's and the CPU engine's INFO lines (loaded, weight syncs) are the
 # evidence a run is wired as intended, so they are let through unless VERL_EXT_LOG_LEVEL says otherwise.
 for _name in ("verl_ext.plugin", "verl_ext.engines"):
     logging.getLogger(_name).setLevel(os.getenv("VERL_EXT_LOG_LEVEL", "INFO").upper())
-
-CPU_ROLLOUT_NAME = "verl_ext_cpu"
-AGENT_LOOP_NAME = "verl_ext_tool_agent"
-_AGENT_LOOP_PATH = "verl_ext.plugin.agent_loop.VerlExtToolAgentLoop"
-AUDIT_LOOP_NAME = "verl_ext_audited_tool_agent"
-_AUDIT_LOOP_PATH = "verl_ext.plugin.audit_loop.AuditedToolAgentLoop"
-GATEWAY_LOOP_NAME = "verl_ext_gateway_agent"
-_GATEWAY_LOOP_PATH = "verl_ext.plugin.gateway_loop.VerlExtGatewayAgentLoop"
-_CPU_ADAPTER_PATH = "verl_ext.engines.cpu.CPUServerAdapter"
 
 
 def _load_cpu_replica() -> type:
@@ -67,7 +69,9 @@ def register_sglang_rollout() -> None:
     def load_sglang_replica() -> type:
         original()
         from verl_ext.engines.sglang_server import TokenExactSGLangReplica
+        from verl_ext.plugin.loop_routing import server_enabled
 
+        TokenExactSGLangReplica.server_switch = staticmethod(server_enabled)  # which loop runs: the plugin's rule
         return TokenExactSGLangReplica
 
     load_sglang_replica._verl_ext = True  # type: ignore[attr-defined]

@@ -115,11 +115,11 @@ def registered_loops(agent_config: Any) -> dict[str, Mapping[str, Any]]:
     ``PreflightError`` naming the file for an ``agent_loop_config_path`` verl could not load."""
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 
-    from verl_ext.plugin import _AGENT_LOOP_PATH, _AUDIT_LOOP_PATH, AGENT_LOOP_NAME, AUDIT_LOOP_NAME
+    from verl_ext.plugin.loop_names import AGENT_LOOP_NAME, AGENT_LOOP_PATH, AUDIT_LOOP_NAME, AUDIT_LOOP_PATH
 
     registry: dict[str, Mapping[str, Any]] = {str(k): v for k, v in _agent_loop_registry.items()}
-    registry[AGENT_LOOP_NAME] = {"_target_": _AGENT_LOOP_PATH}
-    registry[AUDIT_LOOP_NAME] = {"_target_": _AUDIT_LOOP_PATH}
+    registry[AGENT_LOOP_NAME] = {"_target_": AGENT_LOOP_PATH}
+    registry[AUDIT_LOOP_NAME] = {"_target_": AUDIT_LOOP_PATH}
     path = _get(agent_config, "agent_loop_config_path")
     if path:
         for entry in agent_loop_entries(str(path)):
@@ -133,7 +133,7 @@ def agent_loop_entries(path: str) -> list[Mapping[str, Any]]:
     from omegaconf import DictConfig, ListConfig, OmegaConf
     from verl.utils.import_utils import resolve_config_path
 
-    from verl_ext.plugin.preflight import PreflightError
+    from verl_ext.plugin.config_errors import PreflightError
 
     shape = "a YAML list of agent loops, each a mapping with 'name' and '_target_'"
     try:
@@ -176,6 +176,20 @@ def default_loop_kind(agent_config: Any) -> tuple[str, LoopKind]:
             f"one of those, or register yours in {_CONFIG_PATH_KEY}."
         )
     return name, kind
+
+
+def server_enabled(rollout_config: Any, environ: Mapping[str, str] | None = None) -> bool:
+    """verl_ext's SGLang server is on when ``rollout.agent.default_agent_loop`` is verl_ext's token-exact loop or a
+    subclass of it, by the rule loop routing uses (``LoopKind``); the audited loop keeps verl's own server as it is
+    (that is what it audits). ``VERL_EXT_SGLANG_SERVER`` = 1/0 in ``environ`` (the process environment by default)
+    forces it on or off. Raises ``UnknownLoopError`` for a name no loop is registered under (a misspelling gets an
+    error, not a server)."""
+    from verl_ext.engines.sglang_output import forced_switch
+
+    forced = forced_switch(environ)
+    if forced is not None:
+        return forced
+    return default_loop_kind(_get(rollout_config, "agent"))[1] is LoopKind.TOKEN_EXACT
 
 
 def _get(obj: Any, key: str) -> Any:

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from verl_ext.core.errors import VerlExtError
+from verl_ext.plugin.config_errors import PreflightError
 
 if TYPE_CHECKING:
     from verl_ext.plugin.harness_options import HarnessOptions
@@ -39,8 +39,7 @@ if TYPE_CHECKING:
 # verl imports verl.utils.config in every process: this module stays light; the checks import what they need
 
 
-class PreflightError(VerlExtError, ValueError):
-    """verl_ext's part of the config or the dataset would fail or bypass verl_ext: stop before Ray starts."""
+__all__ = ["PreflightError", "check_config", "wrap_validate_config"]  # PreflightError: verl_ext.plugin.config_errors
 
 
 def check_config(config: Any) -> list[str]:
@@ -137,7 +136,7 @@ def _runs_a_harness(target: str | None) -> bool:
     not: verl reports it)."""
     import importlib
 
-    from verl_ext.plugin import _GATEWAY_LOOP_PATH
+    from verl_ext.plugin.loop_names import GATEWAY_LOOP_PATH as _GATEWAY_LOOP_PATH
 
     if not target:
         return False

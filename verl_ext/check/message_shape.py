@@ -18,12 +18,15 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_ext.check.sampled_text import text_runs
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 
 SLOT = re.compile(r"QXSLOT\d+QX")
 _USER = {"role": "user", "content": "QXUSER"}
-_SHAPES: dict[tuple[str, str], tuple[str, ...]] = {}
+# per template and message shape (its keys and value types, data masked): a few dozen per template in practice, but
+# a model's tool-call arguments can take new shapes all run long, so the least recently used go past 1,024
+_SHAPES: LruCache[tuple[str, str], tuple[str, ...]] = LruCache("message shapes", 1024)
 
 
 def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Mapping[str, Any]) -> tuple[str, ...]:
@@ -44,6 +47,7 @@ def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Map
             body = full[len(os.path.commonprefix([head, full])) :]
             runs = tuple(dict.fromkeys(text_runs(body, renderer.control_pattern)))
         _SHAPES[key] = runs
+        return runs
     return _SHAPES[key]
 
 

@@ -24,6 +24,7 @@ from verl_ext.check.locate import Locator
 from verl_ext.check.message_shape import SLOT, message_shape
 from verl_ext.check.sampled_text import TurnVerdict, frame_runs, json_and_text, message_holds_sampled
 from verl_ext.check.segments import Segment, segment_opcodes, segments
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, spec_components
@@ -872,7 +873,8 @@ _CONTEXT_END_TOKENS = 8  # tokens of the context after the last turn compared wi
 # a stop twice. (Whatever the template writes after its close is the gap's.) A stop's text in the message
 # (stop_text_in_message) stays a defect wherever it is: the message does not describe the sampled tokens.
 _TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED})
-_FRAMES: dict[str, tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]] = {}
+# per template (fingerprint): a process checks one template, or a few
+_FRAMES: LruCache[str, tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]] = LruCache("message frames", 64)
 
 
 def _escaped_spots(
@@ -940,6 +942,7 @@ def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...], 
             between = thought[len(head) :].split("QXTHOUGHT", 1)[1].partition("QXANSWER")[0]
             closes = tuple(t for t in dict.fromkeys(between.split()) if t not in head)
         _FRAMES[key] = (frame, tags, closes)
+        return frame, tags, closes
     return _FRAMES[key]
 
 
@@ -962,7 +965,8 @@ _FOLLOWERS = {
     False: {"role": "assistant", "content": "QXNEXT"},
     True: {"role": "assistant", "content": "", "tool_calls": [{**_PROBE_CALL, "id": "call00002"}]},
 }
-_PROMPT_TAILS: dict[tuple[str, str, bool], tuple[int, ...]] = {}
+# per template, role and whether a call follows: 6 per template
+_PROMPT_TAILS: LruCache[tuple[str, str, bool], tuple[int, ...]] = LruCache("prompt tails", 256)
 
 
 def _prompt_tail(r: ChatRenderer, profile: TemplateProfile, role: str, calls: bool) -> tuple[int, ...]:
@@ -981,6 +985,7 @@ def _prompt_tail(r: ChatRenderer, profile: TemplateProfile, role: str, calls: bo
         except Exception:  # noqa: BLE001 - a template that needs more to render: no tail known (a stricter check)
             tail = ()
         _PROMPT_TAILS[key] = tail
+        return tail
     return _PROMPT_TAILS[key]
 
 

@@ -99,3 +99,19 @@ def test_the_browser_test_skips_when_told_not_to_require_it(monkeypatch, tmp_pat
     monkeypatch.setenv("VERL_EXT_REQUIRE_BROWSER", "1")
     with pytest.raises(pytest.fail.Exception):
         module.chromium()
+
+
+def test_the_check_page_lists_every_cause_with_its_kind():
+    """docs/check.md's cause table has one row per ``Cause`` (a rule's extra row is marked "(rule)"), each saying
+    "yes" for a cause allowed by design and "**defect**" for a defect, as the cause's own record says."""
+    from verl_ext.check.findings import Cause, CauseKind
+
+    page = (REPO / "docs" / "check.md").read_text(encoding="utf-8")
+    rows = re.findall(r"^\| `(\w+)` \| (yes|\*\*defect\*\*) \|", page, re.MULTILINE)
+    drawn = {name: kind for name, kind in rows}
+    assert len(drawn) == len(rows), "a cause has two rows in docs/check.md"
+    expected = {c.value: "yes" if c.kind is CauseKind.ALLOWED else "**defect**" for c in Cause}
+    wrong = {
+        k: (drawn.get(k), expected.get(k)) for k in drawn.keys() | expected.keys() if drawn.get(k) != expected.get(k)
+    }
+    assert not wrong, f"cause: (docs/check.md, Cause's kind): {wrong}"

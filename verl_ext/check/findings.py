@@ -15,54 +15,212 @@ from enum import StrEnum
 from typing import Any
 
 
+class CauseKind(StrEnum):
+    """Whether a cause is correct by design (verl_ext keeps the engine's tokens on purpose) or a defect."""
+
+    ALLOWED = "allowed"
+    DEFECT = "defect"
+
+
+_NOTHING = "Nothing to do: "
+SWITCH_LOOP = "Switch the loop to verl_ext (actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent)"
+_ALLOWED, _DEFECT = CauseKind.ALLOWED, CauseKind.DEFECT
+
+
 class Cause(StrEnum):
-    """Why the training stream differs from the template's rendering (or from pure engine output)."""
+    """Why the training stream differs from the template's rendering (or from pure engine output).
 
-    BPE_REMERGE = "bpe_remerge"  # same text, different token split: re-encoding would change the ids
-    TOOL_CALL_RESERIALIZED = "tool_call_reserialized"  # the template re-serializes tool-call JSON
-    REASONING_STRIPPED = "reasoning_stripped"  # the template drops earlier turns' thinking
-    REASONING_INSERTED = "reasoning_inserted"  # the template renders a (often empty) thinking block never sampled
-    EOS_ALIAS = "eos_alias"  # the turn stopped on a stop id the template never renders (kept as sampled)
-    SYNTHETIC_CLOSE = "synthetic_close"  # a close the engine did not sample, inserted (mask 0)
-    CLOSE_VARIANT = "close_variant"  # the turn ended on another of the template's turn ends (kept as its close)
-    SPECIAL_TOKEN_ESCAPED = "special_token_escaped"  # special-token text in content kept as text
-    TOOL_RESULT_LABELLED = "tool_result_labelled"  # a result names its own call where the template names another
-    CONTEXT_MOVED = "context_moved"  # the template renders prompt text (tool list, system) elsewhere once more follows
-    AMBIGUOUS_STOP_KEPT = "ambiguous_stop_kept"  # a stop that also opens the next message, kept once
-    PREFILL_DROPPED = "prefill_dropped"  # the generation prompt's pre-fill (empty think block) is not re-rendered
-    CONTENT_WHITESPACE = "content_whitespace"  # whitespace the template strips or adds around sampled content
-    REASONING_REFORMATTED = "reasoning_reformatted"  # sampled thinking the template re-writes (tags, order, parts)
-    SAMPLED_TEXT_KEPT = "sampled_text_kept"  # the template writes the turn's message its own way; kept as sampled
-    TEMPLATE_REFUSED = "template_refused"  # the template refuses to render the final messages: no template view
-    BOUNDARY_MISSING = "boundary_missing"  # text the template renders after a close is absent ("\n")
-    CLOSE_MISSING = "close_missing"  # a turn has no end-of-turn token where the template renders one
-    AMBIGUOUS_STOP_DUPLICATED = "ambiguous_stop_duplicated"  # the ambiguous stop appears twice
-    SPECIAL_TOKEN_INJECTED = "special_token_injected"  # special-token text in content became a real token
-    STOP_TEXT_IN_MESSAGE = "stop_text_in_message"  # the loop decoded a stop token into an assistant message
-    MESSAGE_DIFFERS = "message_differs"  # an assistant message does not hold what the engine sampled (a tool call)
-    UNKNOWN = "unknown"  # a divergence no rule explains
+    Each member is the one record of its cause: its value (what records and metrics carry), its ``kind`` (allowed by
+    design or a defect: ``ALLOWED_BY_DESIGN``), its one-line ``meaning``, its one-line ``fix`` (the report's "to do")
+    and its ``color`` in the report's plots and tables (cool for allowed, warm for defects). Adding a cause is adding
+    a member here (and its row in docs/check.md's cause table, which tests/test_docs_hygiene.py holds to these).
+    """
+
+    kind: CauseKind
+    meaning: str
+    fix: str
+    color: str
+
+    def __new__(cls, value: str, kind: CauseKind, color: str, meaning: str, fix: str) -> Cause:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.kind, member.color, member.meaning, member.fix = kind, color, meaning, fix
+        return member
+
+    BPE_REMERGE = (
+        "bpe_remerge",
+        _ALLOWED,
+        "#1f77b4",
+        "same text, different token split: re-encoding would change the ids",
+        _NOTHING + "the stream keeps the ids the model sampled; re-encoding the text would change them.",
+    )
+    TOOL_CALL_RESERIALIZED = (
+        "tool_call_reserialized",
+        _ALLOWED,
+        "#17becf",
+        "the template re-serializes tool-call JSON",
+        _NOTHING + "the tool-call JSON is trained as sampled; the template only re-serializes it.",
+    )
+    REASONING_STRIPPED = (
+        "reasoning_stripped",
+        _ALLOWED,
+        "#2ca02c",
+        "the template drops earlier turns' thinking",
+        _NOTHING + "the thinking is trained as sampled; the template drops it from later prompts.",
+    )
+    REASONING_INSERTED = (
+        "reasoning_inserted",
+        _ALLOWED,
+        "#9467bd",
+        "the template renders a (often empty) thinking block never sampled",
+        _NOTHING + "the template renders a thinking block the model never sampled; it is not trained.",
+    )
+    EOS_ALIAS = (
+        "eos_alias",
+        _ALLOWED,
+        "#7f7f7f",
+        "the turn stopped on a stop id the template never renders (kept as sampled)",
+        _NOTHING + "the turn stopped on an alias of end-of-text, kept as sampled; its close is added, mask 0.",
+    )
+    SYNTHETIC_CLOSE = (
+        "synthetic_close",
+        _ALLOWED,
+        "#006d77",
+        "a close the engine did not sample, inserted (mask 0)",
+        _NOTHING + "the template's close was inserted with mask 0, so it is never trained.",
+    )
+    CLOSE_VARIANT = (
+        "close_variant",
+        _ALLOWED,
+        "#5f9ea0",
+        "the turn ended on another of the template's turn ends (kept as its close)",
+        _NOTHING + "the turn ended on another of the template's turn ends, kept as its close.",
+    )
+    SPECIAL_TOKEN_ESCAPED = (
+        "special_token_escaped",
+        _ALLOWED,
+        "#bcbd22",
+        "special-token text in content kept as text",
+        _NOTHING + "special-token text in tool/user content stays text, as the engine saw it.",
+    )
+    TOOL_RESULT_LABELLED = (
+        "tool_result_labelled",
+        _ALLOWED,
+        "#98df8a",
+        "a result names its own call where the template names another",
+        _NOTHING + "each tool result is labelled with its own call's name, as the engine saw it.",
+    )
+    CONTEXT_MOVED = (
+        "context_moved",
+        _ALLOWED,
+        "#c5b0d5",
+        "the template renders prompt text (tool list, system) elsewhere once more follows",
+        _NOTHING + "the template moves a block (tool list, system text); the stream keeps it in place.",
+    )
+    AMBIGUOUS_STOP_KEPT = (
+        "ambiguous_stop_kept",
+        _ALLOWED,
+        "#aec7e8",
+        "a stop that also opens the next message, kept once",
+        _NOTHING + "a stop that also opens the next message is kept once.",
+    )
+    PREFILL_DROPPED = (
+        "prefill_dropped",
+        _ALLOWED,
+        "#8da0cb",
+        "the generation prompt's pre-fill (empty think block) is not re-rendered",
+        _NOTHING + "the pre-fill (an empty think block) is kept as the engine saw it.",
+    )
+    CONTENT_WHITESPACE = (
+        "content_whitespace",
+        _ALLOWED,
+        "#66c2a5",
+        "whitespace the template strips or adds around sampled content",
+        _NOTHING + "the content is trained as sampled; the template strips or adds whitespace.",
+    )
+    REASONING_REFORMATTED = (
+        "reasoning_reformatted",
+        _ALLOWED,
+        "#6a3d9a",
+        "sampled thinking the template re-writes (tags, order, parts)",
+        _NOTHING + "the thinking is trained as sampled; the template re-writes its tags or parts.",
+    )
+    SAMPLED_TEXT_KEPT = (
+        "sampled_text_kept",
+        _ALLOWED,
+        "#1b9e77",
+        "the template writes the turn's message its own way; kept as sampled",
+        _NOTHING + "the turn is trained as sampled; the template writes the same message its own way.",
+    )
+    TEMPLATE_REFUSED = (
+        "template_refused",
+        _ALLOWED,
+        "#3b5b92",
+        "the template refuses to render the final messages: no template view",
+        "The template cannot render these messages (e.g. two tool calls in one turn): set "
+        "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1; the engine view still proves the tokens.",
+    )
+    BOUNDARY_MISSING = (
+        "boundary_missing",
+        _DEFECT,
+        "#ff7f0e",
+        'text the template renders after a close is absent ("\\n")',
+        SWITCH_LOOP + ": the stock loop drops text the template renders after a turn's close (Qwen's \\n).",
+    )
+    CLOSE_MISSING = (
+        "close_missing",
+        _DEFECT,
+        "#d62728",
+        "a turn has no end-of-turn token where the template renders one",
+        SWITCH_LOOP
+        + " and list the engine's extra stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens: a turn that "
+        "stops on one then gets the template's close (`verl-ext check-template DIR --stop TOKEN` shows it).",
+    )
+    AMBIGUOUS_STOP_DUPLICATED = (
+        "ambiguous_stop_duplicated",
+        _DEFECT,
+        "#8c564b",
+        "the ambiguous stop appears twice",
+        SWITCH_LOOP + ": it keeps a stop that also opens the next message once, not twice.",
+    )
+    SPECIAL_TOKEN_INJECTED = (
+        "special_token_injected",
+        _DEFECT,
+        "#e377c2",
+        "special-token text in content became a real token",
+        SWITCH_LOOP
+        + " with verl_ext.escape_special_tokens=true (default): tool text then stays text instead of becoming "
+        "a fake turn boundary.",
+    )
+    STOP_TEXT_IN_MESSAGE = (
+        "stop_text_in_message",
+        _DEFECT,
+        "#f4a261",
+        "the loop decoded a stop token into an assistant message",
+        SWITCH_LOOP + ": the stock hermes parser decodes the stop token into the assistant message.",
+    )
+    MESSAGE_DIFFERS = (
+        "message_differs",
+        _DEFECT,
+        "#b8860b",
+        "an assistant message does not hold what the engine sampled (a tool call)",
+        "The loop's assistant message does not hold what the engine sampled (e.g. a tool call run with other "
+        "arguments): build each message from the sampled ids with the tool parser, as verl_ext_tool_agent does "
+        "(actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent).",
+    )
+    UNKNOWN = (
+        "unknown",
+        _DEFECT,
+        "#7b0000",
+        "a divergence no rule explains",
+        "Open the rollout below and compare stream and template; `verl-ext replay FILE --tokenizer DIR` replays every "
+        "record, numbered by line, and names where it differs from what was trained. Report it with the record if the "
+        "template view is wrong.",
+    )
 
 
-ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
-    {
-        Cause.BPE_REMERGE,
-        Cause.TOOL_CALL_RESERIALIZED,
-        Cause.REASONING_STRIPPED,
-        Cause.REASONING_INSERTED,
-        Cause.EOS_ALIAS,
-        Cause.SYNTHETIC_CLOSE,
-        Cause.CLOSE_VARIANT,
-        Cause.SPECIAL_TOKEN_ESCAPED,
-        Cause.TOOL_RESULT_LABELLED,
-        Cause.CONTEXT_MOVED,
-        Cause.AMBIGUOUS_STOP_KEPT,
-        Cause.PREFILL_DROPPED,
-        Cause.CONTENT_WHITESPACE,
-        Cause.REASONING_REFORMATTED,
-        Cause.SAMPLED_TEXT_KEPT,
-        Cause.TEMPLATE_REFUSED,
-    }
-)
+# The causes that are correct by design: read from each cause's kind.
+ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(c for c in Cause if c.kind is CauseKind.ALLOWED)
 
 
 class FailureKind(StrEnum):

@@ -1,46 +1,17 @@
 """What to do about each thing the check reports: one line per cause, engine-view failure kind and run-wide problem.
 
-To extend: add a line to ``CAUSE_FIXES`` (a new ``Cause``) or ``ENGINE_FIXES`` (a new ``FailureKind``); the report
-links every finding to its line. A cause or kind missing here still gets ``GENERIC_FIX``, never an empty cell.
+To extend: a new ``Cause`` carries its own fix (``Cause.fix``, read into ``CAUSE_FIXES``); a new ``FailureKind`` gets a
+line in ``ENGINE_FIXES``. The report links every finding to its line. A cause or kind this version does not know (a
+newer record) gets ``GENERIC_FIX``, never an empty cell.
 """
 
 from __future__ import annotations
 
-NOTHING = "Nothing to do: "
-SWITCH = "Switch the loop to verl_ext (actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent)"
+from verl_ext.check.findings import SWITCH_LOOP as SWITCH
+from verl_ext.check.findings import Cause
 
-CAUSE_FIXES: dict[str, str] = {
-    "bpe_remerge": NOTHING + "the stream keeps the ids the model sampled; re-encoding the text would change them.",
-    "tool_call_reserialized": NOTHING + "the tool-call JSON is trained as sampled; the template only re-serializes it.",
-    "reasoning_stripped": NOTHING + "the thinking is trained as sampled; the template drops it from later prompts.",
-    "reasoning_inserted": NOTHING + "the template renders a thinking block the model never sampled; it is not trained.",
-    "eos_alias": NOTHING + "the turn stopped on an alias of end-of-text, kept as sampled; its close is added, mask 0.",
-    "synthetic_close": NOTHING + "the template's close was inserted with mask 0, so it is never trained.",
-    "special_token_escaped": NOTHING + "special-token text in tool/user content stays text, as the engine saw it.",
-    "ambiguous_stop_kept": NOTHING + "a stop that also opens the next message is kept once.",
-    "close_variant": NOTHING + "the turn ended on another of the template's turn ends, kept as its close.",
-    "tool_result_labelled": NOTHING + "each tool result is labelled with its own call's name, as the engine saw it.",
-    "context_moved": NOTHING + "the template moves a block (tool list, system text); the stream keeps it in place.",
-    "prefill_dropped": NOTHING + "the pre-fill (an empty think block) is kept as the engine saw it.",
-    "content_whitespace": NOTHING + "the content is trained as sampled; the template strips or adds whitespace.",
-    "reasoning_reformatted": NOTHING + "the thinking is trained as sampled; the template re-writes its tags or parts.",
-    "sampled_text_kept": NOTHING + "the turn is trained as sampled; the template writes the same message its own way.",
-    "template_refused": "The template cannot render these messages (e.g. two tool calls in one turn): set "
-    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1; the engine view still proves the tokens.",
-    "boundary_missing": SWITCH + ": the stock loop drops text the template renders after a turn's close (Qwen's \\n).",
-    "close_missing": SWITCH + " and list the engine's extra stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens: "
-    "a turn that stops on one then gets the template's close (`verl-ext check-template DIR --stop TOKEN` shows it).",
-    "ambiguous_stop_duplicated": SWITCH + ": it keeps a stop that also opens the next message once, not twice.",
-    "special_token_injected": SWITCH + " with verl_ext.escape_special_tokens=true (default): tool text then stays "
-    "text instead of becoming a fake turn boundary.",
-    "message_differs": "The loop's assistant message does not hold what the engine sampled (e.g. a tool call run "
-    "with other arguments): build each message from the sampled ids with the tool parser, as verl_ext_tool_agent "
-    "does (actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent).",
-    "stop_text_in_message": SWITCH + ": the stock hermes parser decodes the stop token into the assistant message.",
-    "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE --tokenizer DIR` "
-    "replays every record, numbered by line, and names where it differs from what was trained. Report it with the "
-    "record if the template view is wrong.",
-}
+# A cause's fix is written once, on the cause (``Cause.fix``): the report and docs read it from there.
+CAUSE_FIXES: dict[str, str] = {c.value: c.fix for c in Cause}
 
 ENGINE_BROKEN = "The engine output is unusable: "
 

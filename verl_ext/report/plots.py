@@ -17,26 +17,10 @@ from verl_ext.report.summary import Summary  # noqa: E402
 
 _BY_DESIGN = {c.value for c in ALLOWED_BY_DESIGN}
 
-# Defects in warm colours, causes allowed by design in cool ones, so the plot reads at a glance.
-CAUSE_COLORS: dict[str, str] = {
-    Cause.BPE_REMERGE: "#1f77b4",
-    Cause.TOOL_CALL_RESERIALIZED: "#17becf",
-    Cause.REASONING_STRIPPED: "#2ca02c",
-    Cause.REASONING_INSERTED: "#9467bd",
-    Cause.EOS_ALIAS: "#7f7f7f",
-    Cause.SYNTHETIC_CLOSE: "#006d77",
-    Cause.CLOSE_VARIANT: "#5f9ea0",
-    Cause.SPECIAL_TOKEN_ESCAPED: "#bcbd22",
-    Cause.TOOL_RESULT_LABELLED: "#98df8a",
-    Cause.CONTEXT_MOVED: "#c5b0d5",
-    Cause.AMBIGUOUS_STOP_KEPT: "#aec7e8",
-    Cause.BOUNDARY_MISSING: "#ff7f0e",
-    Cause.CLOSE_MISSING: "#d62728",
-    Cause.AMBIGUOUS_STOP_DUPLICATED: "#8c564b",
-    Cause.SPECIAL_TOKEN_INJECTED: "#e377c2",
-    Cause.STOP_TEXT_IN_MESSAGE: "#f4a261",
-    Cause.UNKNOWN: "#7b0000",
-}
+# Each cause's colour is written once, on the cause (``Cause.color``: defects warm, causes allowed by design cool, so
+# the plot reads at a glance); a cause this version does not know (a newer record) is drawn in UNKNOWN_CAUSE_COLOR.
+CAUSE_COLORS: dict[str, str] = {c.value: c.color for c in Cause}
+UNKNOWN_CAUSE_COLOR = "#444444"
 
 
 ALLOWED_BY_POLICY_COLOR = "#5e81ac"  # a defect cause the run's policy allowed: drawn cool, like the allowed ones
@@ -47,7 +31,7 @@ def cause_color(cause: str, defect: bool | None = None) -> str:
     is not drawn in its warm defect colour."""
     if defect is False and cause not in _BY_DESIGN:
         return ALLOWED_BY_POLICY_COLOR
-    return CAUSE_COLORS.get(cause, "#444444")
+    return CAUSE_COLORS.get(cause, UNKNOWN_CAUSE_COLOR)
 
 
 _STYLE = {

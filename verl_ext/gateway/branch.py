@@ -15,8 +15,9 @@ from typing import Any
 
 from verl_ext.check.inputs import EngineCall
 from verl_ext.core.prompt_ids import PromptIds
-from verl_ext.core.trajectory import FinishReason, TokenTrajectory
+from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.history import ROOT, Divergence, chain, message_key, tools_key
+from verl_ext.runtime import keep_sampled
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ class Branch:
     def add_turn(self, call: EngineCall, message: Mapping[str, Any] | None, visible: Mapping[str, Any]) -> None:
         """Keep an engine call's output as sampled, with the message it parses to (and the client's view of it);
         ``message`` None for an output that is not a message (invalid engine output: the trajectory cuts it)."""
-        self.trajectory.add_sampled(call.output_ids, call.logprobs, FinishReason(call.finish_reason), message=message)
+        keep_sampled(self.trajectory, call, message)  # as every loop keeps a turn (verl_ext.runtime)
         self.calls.append(call)
         self._add_messages([visible])
         self.turns.append(_Turn(call, message, visible, len(self.messages)))

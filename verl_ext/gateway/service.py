@@ -25,7 +25,7 @@ from verl_ext.gateway.engine import Engine, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
-from verl_ext.gateway.session import Session
+from verl_ext.gateway.session import Prepared, Session
 from verl_ext.gateway.training import BranchTraining
 from verl_ext.runtime import RolloutRuntime, turn_budget
 from verl_ext.runtime.rollout_runtime import Records
@@ -152,56 +152,64 @@ class Gateway:
                 self.counters["calls_past_budget"] += 1
                 empty = {"role": "assistant", "content": ""}
                 return Completion(empty, "length", prompt_length, (), branch.number, prepared.fork)
-            sampling = Sampling(
-                max_tokens,
-                1.0 if request.temperature is None else request.temperature,
-                1.0 if request.top_p is None else request.top_p,
-                request.seed,
-                stop_ids,
+            return await self._turn(session, prepared, request, prompt, max_tokens, stop_ids)
+
+    async def _turn(
+        self,
+        session: Session,
+        prepared: Prepared,
+        request: ChatRequest,
+        prompt: Sequence[int],
+        max_tokens: int,
+        stop_ids: tuple[int, ...],
+    ) -> Completion:
+        """One turn of the prepared branch through the rollout runtime (``RolloutRuntime.turn``): this gateway's
+        engine and tool-call reader as its hooks; the turn kept in the branch's log and trajectory."""
+        branch = prepared.branch
+        sampling = Sampling(
+            max_tokens,
+            1.0 if request.temperature is None else request.temperature,
+            1.0 if request.top_p is None else request.top_p,
+            request.seed,
+            stop_ids,
+        )
+        parse = bool(request.tools) and request.tool_choice != "none"
+
+        async def generate(budget: int) -> Any:
+            return await self._generate(session, prompt, sampling)
+
+        async def read(ids: Sequence[int]) -> ParsedTurn:
+            return await self.reader.read(
+                ids,
+                self.runtime.end_of_turn_ids,
+                request.tools,
+                len(branch.turns),
+                self.renderer.decode,
+                parse,
+                self.profile.generation_prompt_ids,
             )
-            parse = bool(request.tools) and request.tool_choice != "none"
 
-            async def generate(budget: int) -> Any:
-                return await self._generate(session, prompt, sampling)
-
-            async def read(ids: Sequence[int]) -> ParsedTurn:
-                return await self.reader.read(
-                    ids,
-                    self.runtime.end_of_turn_ids,
-                    request.tools,
-                    len(branch.turns),
-                    self.renderer.decode,
-                    parse,
-                    self.profile.generation_prompt_ids,
-                )
-
-            turn = await self.runtime.turn(prompt, max_tokens, stop_ids, generate, read)
-            call = turn.call
-            if turn.parsed is None:
-                # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
-                # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
-                branch.add_turn(call, None, {"role": "assistant", "content": ""})
-                session.register(branch)
-                branch.exhausted = True
-                self.counters["invalid_engine_output"] += 1
-                empty = {"role": "assistant", "content": ""}
-                return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
-            parsed = turn.parsed
-            visible = visible_message(parsed.message, self.markers, parsed.calls, parse)
-            branch.add_turn(call, parsed.message, visible)
+        turn = await self.runtime.turn(prompt, max_tokens, stop_ids, generate, read)
+        call = turn.call
+        if turn.parsed is None:
+            # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
+            # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
+            branch.add_turn(call, None, {"role": "assistant", "content": ""})
             session.register(branch)
-            self.counters["turns"] += 1
-            self.counters["malformed_calls"] += parsed.malformed
-            reason = (
-                "length"
-                if turn.finish is FinishReason.LENGTH
-                else "tool_calls"
-                if visible.get("tool_calls")
-                else "stop"
-            )
-            return Completion(
-                visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, parsed.malformed
-            )
+            branch.exhausted = True
+            self.counters["invalid_engine_output"] += 1
+            empty = {"role": "assistant", "content": ""}
+            return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
+        parsed = turn.parsed
+        visible = visible_message(parsed.message, self.markers, parsed.calls, parse)
+        branch.add_turn(call, parsed.message, visible)
+        session.register(branch)
+        self.counters["turns"] += 1
+        self.counters["malformed_calls"] += parsed.malformed
+        reason = (
+            "length" if turn.finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
+        )
+        return Completion(visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, parsed.malformed)
 
     async def _generate(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Any:
         """The engine's turn for ``prompt``; an engine that fails ends the session (its record says why) with a 503."""

@@ -214,14 +214,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         finally:
             del worker.records.rows[session_id]
             del worker.engine.session_params[session_id]
-        counters: Counter[str] = Counter()  # tito/loop/<name>: counted by the loop routing, once per rollout
-        counters["gateway/forks"] = sum(1 for r in results if "fork" in r.rollout.extra["gateway"])
-        counters["gateway/branches"] = len(results)
-        failed_records = sum(1 for r in results if r.record_failed)
-        if failed_records:  # counted, as verl_ext_tool_agent counts its own (the rollout goes on)
-            counters[WRITE_FAILURES] += failed_records
-        counters.update(worker.engine.counters)
-        worker.engine.counters.clear()
+        counters = _session_counters(results, worker.engine)
         trained = [r for r in results if r.trained_tokens]  # branch order: the last branch last
         samples = [r.rollout.calls for r in trained or results[-1:]]
         fields, missing = worker.engine.take_extra_fields(session_id, samples)
@@ -360,6 +353,21 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
                 "turn_scores": [],
             },
         )
+
+
+def _session_counters(results: Sequence[BranchResult], engine: ServerManagerEngine) -> Counter[str]:
+    """What one session counts in ``tito/`` (the loop routing counts ``tito/loop/<name>`` once per rollout): forks,
+    branches, records not written (counted, as verl_ext_tool_agent counts its own: the rollout goes on) and the
+    engine's counters since the last session, which it forgets."""
+    counters: Counter[str] = Counter()
+    counters["gateway/forks"] = sum(1 for r in results if "fork" in r.rollout.extra["gateway"])
+    counters["gateway/branches"] = len(results)
+    failed_records = sum(1 for r in results if r.record_failed)
+    if failed_records:
+        counters[WRITE_FAILURES] += failed_records
+    counters.update(engine.counters)
+    engine.counters.clear()
+    return counters
 
 
 def _each_sampled_token_trained_once(trained: Sequence[BranchResult]) -> None:

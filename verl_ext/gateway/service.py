@@ -79,24 +79,28 @@ class Gateway:
 
     @property
     def renderer(self) -> ChatRenderer:
+        """The runtime's renderer (the template every branch is rendered with)."""
         return self.runtime.renderer
 
     @property
     def profile(self) -> TemplateProfile:
+        """The runtime's template profile."""
         return self.runtime.profile
 
     @property
     def checker(self) -> ConsistencyChecker:
+        """The runtime's consistency check."""
         return self.runtime.checker
 
     @property
     def writer(self) -> Records | None:
+        """Where the runtime writes each branch's record (None: nowhere)."""
         return self.runtime.writer
 
     @property
     def counters(self) -> Counter[str]:
         """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
-        ``malformed_calls``, ``invalid_engine_output``."""
+        ``malformed_calls``, ``invalid_engine_output``, ``records/write_failures``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:

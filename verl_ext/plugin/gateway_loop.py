@@ -277,7 +277,9 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         # Loop instances of one worker share these in a run; set them per rollout all the same (they are this
         # instance's: its server manager, check, records and limits; the sampling parameters are per session).
         worker.engine.server_manager = self.server_manager
-        worker.gateway.runtime, worker.records.writer = self.rt.with_writer(worker.records), self.rt.writer
+        if worker.gateway.runtime.checker is not self.rt.checker:  # kept otherwise: it logs each write failure once
+            worker.gateway.runtime = self.rt.with_writer(worker.records)
+        worker.records.writer = self.rt.writer
         worker.gateway.config.response_length = self.response_length
         worker.gateway.config.max_branches = self.harness.max_branches
         return worker

@@ -21,11 +21,11 @@ from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
-from verl_ext.gateway.engine import Engine, Sampling
+from verl_ext.gateway.engine import SAMPLING_DEFAULTS, Engine, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
-from verl_ext.gateway.session import Session
+from verl_ext.gateway.session import Prepared, Session
 from verl_ext.gateway.training import BranchTraining
 from verl_ext.telemetry.records import RecordWriter
 
@@ -86,7 +86,7 @@ class Gateway:
     @property
     def counters(self) -> Counter[str]:
         """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
-        ``malformed_calls``, ``invalid_engine_output``."""
+        ``malformed_calls``, ``invalid_engine_output``, ``context_length_exceeded``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
@@ -119,64 +119,101 @@ class Gateway:
                 raise session_finished(session_id, session.ended)
             messages = request.messages if self.markers is None else ReasoningSplit(request.messages, self.markers)
             stop_ids = tuple(sorted(set(self._stop_ids(request.stop)) | set(self.reader.stop_token_ids)))
+            self._refuse_unsupported_sampling(request)
+            mark = session.mark()
             try:
                 prepared = session.prepare(messages, request.tools)
             except GatewayError:
                 if session.ended:
                     self._conclude(session)
                 raise
-            if prepared.fork is not None:
-                self.counters["forks"] += 1
-                log.info("session %s: branch %d %s", session_id, prepared.branch.number, prepared.fork.to_json())
-            branch, prompt = prepared.branch, prepared.prompt
-            max_tokens = self._max_tokens(request, branch.response_tokens, 0 if prompt is None else len(prompt))
-            if prompt is None or max_tokens <= 0:
-                branch.exhausted = True
-                self.counters["calls_past_budget"] += 1
-                empty = {"role": "assistant", "content": ""}
-                return Completion(
-                    empty, "length", 0 if prompt is None else len(prompt), (), branch.number, prepared.fork
-                )
-            sampling = Sampling(
-                max_tokens,
-                1.0 if request.temperature is None else request.temperature,
-                1.0 if request.top_p is None else request.top_p,
-                request.seed,
-                stop_ids,
-            )
-            sampled = await self._generate(session, prompt, sampling)
-            finish = judge_finish(sampled.token_ids, max_tokens, stop_ids, self.profile)
-            call = EngineCall.of(prompt, sampled.token_ids, sampled.log_probs, finish.value)
-            if self._invalid(call):
-                # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
-                # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
-                branch.add_turn(call, None, {"role": "assistant", "content": ""})
-                session.register(branch)
-                branch.exhausted = True
-                self.counters["invalid_engine_output"] += 1
-                empty = {"role": "assistant", "content": ""}
-                return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
-            parse = bool(request.tools) and request.tool_choice != "none"
-            turn = await self.reader.read(
-                call.output_ids,
-                self._end_ids,
-                request.tools,
-                len(branch.turns),
-                self.renderer.decode,
-                parse,
-                self.profile.generation_prompt_ids,
-            )
-            visible = visible_message(turn.message, self.markers, turn.calls, parse)
-            branch.add_turn(call, turn.message, visible)
+            try:
+                return await self._turn(session, request, prepared, stop_ids)
+            except Exception:
+                if not session.ended:  # a client's error found late, or the server's fault: the session as it was
+                    session.undo(mark)
+                raise
+
+    async def _turn(
+        self, session: Session, request: ChatRequest, prepared: Prepared, stop_ids: tuple[int, ...]
+    ) -> Completion:
+        """Generate and read the turn of a prepared request (``complete``)."""
+        branch, prompt = prepared.branch, prepared.prompt
+        if prompt is not None:
+            self._check_context(len(prompt))
+        if prepared.fork is not None:
+            self.counters["forks"] += 1
+            log.info("session %s: branch %d %s", session.id, branch.number, prepared.fork.to_json())
+        max_tokens = self._max_tokens(request, branch.response_tokens, 0 if prompt is None else len(prompt))
+        if prompt is None or max_tokens <= 0:
+            branch.exhausted = True
+            self.counters["calls_past_budget"] += 1
+            empty = {"role": "assistant", "content": ""}
+            return Completion(empty, "length", 0 if prompt is None else len(prompt), (), branch.number, prepared.fork)
+        sampling = Sampling(
+            max_tokens,
+            1.0 if request.temperature is None else request.temperature,
+            1.0 if request.top_p is None else request.top_p,
+            request.seed,
+            stop_ids,
+            -1 if request.top_k is None else request.top_k,
+            1.0 if request.repetition_penalty is None else request.repetition_penalty,
+        )
+        sampled = await self._generate(session, prompt, sampling)
+        finish = judge_finish(sampled.token_ids, max_tokens, stop_ids, self.profile)
+        call = EngineCall.of(prompt, sampled.token_ids, sampled.log_probs, finish.value)
+        if self._invalid(call):
+            # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
+            # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
+            branch.add_turn(call, None, {"role": "assistant", "content": ""})
             session.register(branch)
-            self.counters["turns"] += 1
-            self.counters["malformed_calls"] += turn.malformed
-            reason = (
-                "length" if finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
+            branch.exhausted = True
+            self.counters["invalid_engine_output"] += 1
+            empty = {"role": "assistant", "content": ""}
+            return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
+        parse = bool(request.tools) and request.tool_choice != "none"
+        turn = await self.reader.read(
+            call.output_ids,
+            self._end_ids,
+            request.tools,
+            len(branch.turns),
+            self.renderer.decode,
+            parse,
+            self.profile.generation_prompt_ids,
+        )
+        visible = visible_message(turn.message, self.markers, turn.calls, parse)
+        branch.add_turn(call, turn.message, visible)
+        session.register(branch)
+        self.counters["turns"] += 1
+        self.counters["malformed_calls"] += turn.malformed
+        reason = "length" if finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
+        return Completion(visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed)
+
+    def _check_context(self, prompt_length: int) -> None:
+        """400 ``context_length_exceeded`` (OpenAI's answer) for a prompt that leaves the engine no room to sample;
+        the session is undone to what it was, so the client may send a shorter history."""
+        limit = self.engine.max_context
+        if limit is not None and prompt_length >= limit:
+            self.counters["context_length_exceeded"] += 1
+            raise GatewayError(
+                400,
+                f"the prompt is {prompt_length} tokens and the model's context is {limit} tokens (prompt and output "
+                "together): shorten the messages (the session is unchanged: send a shorter history)",
+                type="invalid_request_error",
+                param="messages",
+                code="context_length_exceeded",
             )
-            return Completion(
-                visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, turn.malformed
-            )
+
+    def _refuse_unsupported_sampling(self, request: ChatRequest) -> None:
+        """400 for a sampling option the engine cannot honour (``Engine.unsupported_sampling``), before any change."""
+        for name in getattr(self.engine, "unsupported_sampling", ()):
+            value = getattr(request, name, None)
+            if value is not None and value != SAMPLING_DEFAULTS.get(name):
+                raise bad_request(
+                    name,
+                    f"'{name}' is not served by this gateway's engine ({type(self.engine).__name__}); leave it out",
+                    "unsupported",
+                )
 
     async def _generate(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Any:
         """The engine's turn for ``prompt``; an engine that fails ends the session (its record says why) with a 503."""

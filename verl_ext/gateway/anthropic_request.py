@@ -39,8 +39,8 @@ def parse_messages_request(body: Any) -> ChatRequest:
             raise bad_request(key, why, "unsupported")
     _check_thinking(body.get("thinking"))
     max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise bad_request("max_tokens", f"'max_tokens' must be an integer of at least 1, got {max_tokens!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < 2**31:
+        raise bad_request("max_tokens", f"'max_tokens' must be an integer from 1 to 2**31-1, got {max_tokens!r}")
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages", "'messages' must be a non-empty list of user and assistant messages")

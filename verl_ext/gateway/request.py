@@ -250,7 +250,8 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         got = response_format.get("type") if isinstance(response_format, Mapping) else json_type(response_format)
         raise bad_request(
             "response_format",
-            'only the text response format is served (no constrained decoding): {"type": "text"} or leave it out, '
+            "'response_format': only the text format is served (no constrained decoding): "
+            '{"type": "text"} or leave it out, '
             f"got {got!r}",
             "unsupported",
         )

@@ -137,6 +137,7 @@ def _input(items: Any) -> list[dict[str, Any]]:
         raise bad_request("input", "'input' must be a string or a non-empty list of input items")
     out: list[dict[str, Any]] = []
     turn: dict[str, Any] | None = None  # the assistant turn being gathered from its items
+    called: set[str] = set()  # the call ids of the function_call items so far
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, Mapping):
@@ -163,9 +164,16 @@ def _input(items: Any) -> list[dict[str, Any]]:
                 turn = {"role": "assistant", "content": ""}
                 out.append(turn)
             turn.setdefault("tool_calls", []).append(_function_call(item, where))
+            called.add(item["call_id"])
         elif kind == "function_call_output":
             turn = None
             out.append(_function_output(item, where))
+            if out[-1]["tool_call_id"] not in called:
+                raise bad_request(
+                    f"{where}.call_id",
+                    f"{where}: call_id {out[-1]['tool_call_id']!r} answers no earlier function_call item (call ids so "
+                    f"far: {sorted(called)})",
+                )
         else:
             raise bad_request(
                 f"{where}.type",

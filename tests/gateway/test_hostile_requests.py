@@ -118,7 +118,7 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     (
         "responses",
         {"input": [{"type": "function_call_output", "call_id": "c", "output": "1"}]},
-        "messages[0].tool_call_id",
+        "input[0].call_id",
     ),
     ("responses", {"tools": [{"type": "web_search"}]}, "tools[0].type"),
     ("responses", {"tools": [{"type": "function", "name": "f"}]}, None),
@@ -252,3 +252,8 @@ def test_a_prompt_past_the_context_is_context_length_exceeded_and_the_session_go
     assert again.json()["verl_ext"]["fork"] is None  # the failed request left the branch as it was
     ended = httpx.post(f"{base}/sessions/long/end", timeout=60).json()
     assert [b["turns"] for b in ended["branches"]] == [2] and ended["branches"][0]["engine_ok"]
+    # a first request past the context leaves no branch behind
+    response = _post(base, "sessions/long-first/v1/chat/completions", {**CHAT, "messages": long["messages"][-1:]})
+    assert response.status_code == 400 and _error(response, "chat")["code"] == "context_length_exceeded"
+    first = _post(base, "sessions/long-first/v1/chat/completions", CHAT).json()
+    assert first["verl_ext"]["branch"] == 0 and first["verl_ext"]["fork"] is None

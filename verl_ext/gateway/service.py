@@ -129,7 +129,7 @@ class Gateway:
                 raise
             try:
                 return await self._turn(session, request, prepared, stop_ids)
-            except Exception:
+            except BaseException:  # a cancelled request too (the client went away): the branch stays consistent
                 if not session.ended:  # a client's error found late, or the server's fault: the session as it was
                     session.undo(mark)
                 raise

@@ -76,7 +76,9 @@ def test_a_tool_call_and_its_output_continue_one_branch(serve: Any, gateway_part
     assert summary.result.ok and summary.result.engine_ok and summary.result.num_turns == 3, summary.result
     assert len(gateway.sessions["r"].branches) == 1
     tokenizer = gateway_parts["tokenizer"]
-    assert list(summary.rollout.engine_calls[0].output_ids) == tokenizer.encode(CALL % "6*7", add_special_tokens=False)
+    assert list(gateway.sessions["r"].branches[0].calls[0].output_ids) == tokenizer.encode(
+        CALL % "6*7", add_special_tokens=False
+    )
 
 
 def test_a_cut_turn_is_incomplete(serve: Any) -> None:

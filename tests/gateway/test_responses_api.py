@@ -40,7 +40,7 @@ def _client(server: ServerThread, session: str) -> openai.OpenAI:
 
 @pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
 def test_a_tool_call_and_its_output_continue_one_branch(serve: Any, gateway_parts: Any, stream: bool) -> None:
-    gateway, server = serve([CALL % "6*7", ANSWER % (42, 42)])
+    gateway, server = serve([CALL % "6*7", ANSWER % (42, 42), "Glad to help.<|im_end|>"])
     sdk = _client(server, "r")
 
     def create(items: list[Any]) -> Any:

@@ -188,7 +188,7 @@ def test_errors_are_anthropic_shaped(serve: Any) -> None:
     cases = [
         ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0] is a 'image' block"),
         ({"tool_choice": {"type": "any"}, "tools": [CALC]}, "tool_choice"),
-        ({"extra_body": {"top_k": 5}}, "'top_k' is not served"),  # the SDK no longer takes top_k itself
+        ({"extra_body": {"top_k": 0.5}}, "'top_k' must be an integer"),  # top_k is honoured (the SDK dropped it)
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking'"),
         ({"stop_sequences": ["Hello world"]}, "stop_sequences entry 'Hello world' is 2 tokens"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0] is a server tool"),

@@ -60,3 +60,26 @@ def test_gateway_command_refuses_bad_options(tiny_qwen3_dir: Path) -> None:
     out = subprocess.run([*command, "--template-kwargs", "[1]"], capture_output=True, text=True, env=_env())
     assert out.returncode == 2
     assert "--template-kwargs must be a JSON object" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_gateway_command_checks_its_options_before_loading_the_model(
+    tiny_qwen3_dir: Path, tokenizer_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each bad option is refused (exit 2) in one line naming the option, before the weights load."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    cases = [
+        (["--port", "99999"], "--port 99999 is not a port"),
+        (["--host", "256.0.0.1"], "--host '256.0.0.1' is not"),
+        (["--records", str(blocker / "records")], f"--records {blocker / 'records'}: records cannot be written"),
+        (["--template-kwargs", '{"enable_thinkin": false}'], "did you mean 'enable_thinking'?"),
+        (["--tokenizer", str(tokenizer_dirs["mistral-7b-v0.3"])], "is not the tokenizer of the model"),
+        (["--chat-template", str(tmp_path / "missing.jinja")], "missing.jinja"),
+    ]
+    command = [sys.executable, "-m", "verl_ext.cli.main", "gateway", "--model", str(tiny_qwen3_dir)]
+    for extra, words in cases:
+        out = subprocess.run([*command, *extra], capture_output=True, text=True, env=_env(), timeout=300)
+        assert out.returncode == 2, (extra, out.stdout, out.stderr)
+        assert words in out.stderr and "Traceback" not in out.stderr, (extra, out.stderr)
+        assert "Loading weights" not in out.stderr, (extra, out.stderr)  # refused before the model loads
+

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
+import errno
 import signal
 import socket
 from typing import TYPE_CHECKING
@@ -34,6 +34,9 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
     gw.add_argument("--max-branches", type=int, default=8, help="branches per session before it ends (default 8)")
     gw.add_argument("--tool-parser", default="hermes", help="verl's tool-call format (default hermes)")
     gw.add_argument("--template-kwargs", metavar="JSON", help="a JSON object passed to the chat template")
+    gw.add_argument(
+        "--chat-template", metavar="FILE", help="a Jinja chat template file to use instead of the tokenizer's"
+    )
     gw.add_argument("--seed", type=int, default=0, help="sampling seed for requests that give none (CPU engine)")
     gw.add_argument(
         "--sglang-url",
@@ -48,32 +51,39 @@ def run_gateway(args: argparse.Namespace) -> int:
     """Serve until interrupted; then end every open session (records written) and print what was recorded."""
     import uvicorn
 
+    from verl_ext.cli.options import renderer_from_args
     from verl_ext.core.errors import OptionsError
-    from verl_ext.gateway.local import local_gateway
+    from verl_ext.gateway.local import check_tokenizer_matches, local_gateway
     from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
     from verl_ext.gateway.service import GatewayConfig
 
     if args.response_length < 1 or args.max_branches < 1:
         raise OptionsError("--response-length and --max-branches must be at least 1")
-    kwargs = _template_kwargs(args.template_kwargs)
+    # Every option is checked before the slow load (the model's weights): the address, the records folder, the
+    # tokenizer against the model, the template and its kwargs.
+    sock = _listening_socket(args.host, args.port)
+    if args.records:
+        from verl_ext.telemetry.records import records_folder_problem
+
+        problem = records_folder_problem(args.records)
+        if problem:
+            raise OptionsError(
+                f"--records {args.records}: records cannot be written there ({problem}); pass a folder this user can "
+                "create and write, or leave --records out"
+            )
+    renderer = renderer_from_args(args.tokenizer or args.model, args)
+    check_tokenizer_matches(args.model, renderer, args.tokenizer)
     config = GatewayConfig(response_length=args.response_length, max_branches=args.max_branches)
     engine = _sglang_engine(args.sglang_url, args.model) if args.sglang_url else None
     gateway = local_gateway(
         args.model,
-        tokenizer_dir=args.tokenizer,
         records_dir=args.records,
         config=config,
-        template_kwargs=kwargs,
         tool_parser=args.tool_parser,
         seed=args.seed,
         engine=engine,
+        renderer=renderer,
     )
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((args.host, args.port))
-    except OSError as exc:
-        raise OptionsError(f"cannot listen on {args.host}:{args.port}: {exc}; pick another --port") from exc
     # Listening before the address is printed: a client that reads it and connects at once waits in the backlog
     # until the server takes it, instead of being refused while the app starts (seen under load).
     sock.listen(2048)
@@ -91,8 +101,8 @@ def run_gateway(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _interrupted)
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
-    results = gateway.end_all()
-    failures = sum(1 for r in results if not r.result.engine_ok)
+    gateway.end_all()
+    failures = sum(1 for r in gateway.results if not r.result.engine_ok)  # the harness's own /end calls too
     where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
     print(
         f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
@@ -119,15 +129,29 @@ def _interrupted(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def _template_kwargs(text: str | None) -> dict[str, object] | None:
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``, or an ``OptionsError`` blaming the option at fault."""
     from verl_ext.core.errors import OptionsError
 
-    if not text:
-        return None
+    if not 0 <= port <= 65535:
+        raise OptionsError(f"--port {port} is not a port: pass 1-65535, or 0 (the default) for a free one")
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise OptionsError(f"--template-kwargs is not JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise OptionsError(f"--template-kwargs must be a JSON object, got {text!r}")
-    return value
+        socket.getaddrinfo(host, port, socket.AF_INET, socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise OptionsError(
+            f"--host {host!r} is not an IPv4 address or a name this machine resolves ({exc.strerror}); pass e.g. "
+            "127.0.0.1 (this machine only) or 0.0.0.0 (every interface)"
+        ) from None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise OptionsError(
+                f"--host {host!r} is not an address of this machine ({exc.strerror}); pass one of its addresses, "
+                "127.0.0.1 or 0.0.0.0"
+            ) from None
+        raise OptionsError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port") from None
+    return sock

@@ -19,11 +19,11 @@ from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import GatewayError, bad_request
-from verl_ext.gateway.request import ChatRequest, number_in
+from verl_ext.gateway.request import ChatRequest, number_in, top_k
+from verl_ext.gateway.tool_schema import check_description, check_parameters
 
 # Fields whose presence asks for something the engine cannot do (value None or absent is fine).
 _REFUSED = {
-    "top_k": "'top_k' is not served by the gateway's engine (it samples with temperature and top_p); leave it out",
     "mcp_servers": "MCP servers are run by the client here: the gateway serves the model only; leave it out",
     "container": "containers (server-side code execution) are not served; leave 'container' out",
 }
@@ -39,8 +39,8 @@ def parse_messages_request(body: Any) -> ChatRequest:
             raise bad_request(key, why, "unsupported")
     _check_thinking(body.get("thinking"))
     max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise bad_request("max_tokens", f"'max_tokens' must be an integer of at least 1, got {max_tokens!r}")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < 2**31:
+        raise bad_request("max_tokens", f"'max_tokens' must be an integer from 1 to 2**31-1, got {max_tokens!r}")
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages", "'messages' must be a non-empty list of user and assistant messages")
@@ -67,6 +67,7 @@ def parse_messages_request(body: Any) -> ChatRequest:
         include_usage=False,
         model=body.get("model") if isinstance(body.get("model"), str) else None,
         tool_choice=_tool_choice(body.get("tool_choice")),
+        top_k=top_k(body),
     )
 
 
@@ -232,15 +233,9 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
         if not isinstance(tool.get("name"), str) or not tool["name"]:
             raise bad_request(f"{where}.name", f"{where}: 'name' must be a non-empty string")
         schema = tool.get("input_schema")
-        if not isinstance(schema, Mapping) or schema.get("type", "object") != "object":
-            raise bad_request(
-                f"{where}.input_schema",
-                f'{where}: \'input_schema\' must be a JSON Schema object ({{"type": "object", ...}}), '
-                f"got {json_type(schema)}",
-            )
+        check_parameters(schema, f"{where}.input_schema")
         description = tool.get("description")
-        if description is not None and not isinstance(description, str):
-            raise bad_request(f"{where}.description", f"{where}: 'description' must be a string")
+        check_description(description, f"{where}.description")
         function: dict[str, Any] = {"name": tool["name"]}
         if description is not None:
             function["description"] = description

@@ -21,6 +21,8 @@ TeacherForce = Callable[[Sequence[int]], Sequence[int]]
 class CPUEngine:
     """A transformers model from a local folder, sampled token by token on CPU (fp32 logprobs)."""
 
+    unsupported_sampling = ("repetition_penalty",)  # verl_ext's CPU engine samples without a penalty
+
     def __init__(self, model_dir: str, *, seed: int = 0, teacher_force: TeacherForce | None = None) -> None:
         import torch
 
@@ -43,6 +45,7 @@ class CPUEngine:
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
+            top_k=sampling.top_k,
             stop_ids=frozenset(sampling.stop_ids) | self.eos_ids,
             logprobs=True,
             seed=sampling.seed,

@@ -16,6 +16,12 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     stop_ids: tuple[int, ...] = ()
+    top_k: int = -1  # -1: no top-k cut
+    repetition_penalty: float = 1.0
+
+
+# A request's sampling option at its default asks nothing of the engine (``Engine.unsupported_sampling``).
+SAMPLING_DEFAULTS: dict[str, object] = {"top_k": None, "repetition_penalty": 1.0}
 
 
 @dataclass(frozen=True)
@@ -27,7 +33,9 @@ class Sampled:
 
 
 class Engine(Protocol):
-    """A token-in/token-out engine. ``max_context`` is the longest prompt + output it serves (None: no limit)."""
+    """A token-in/token-out engine. ``max_context`` is the longest prompt + output it serves (None: no limit).
+    An engine may name sampling options it cannot honour in ``unsupported_sampling`` (a request setting one gets a
+    400 naming it before anything changes)."""
 
     max_context: int | None
 

@@ -17,6 +17,7 @@ from typing import Any, overload
 from verl_ext.core.turn_end import message_body
 from verl_ext.core.turn_parse import ParsedCall, ParsedTurn, assistant_message, parse_turn
 from verl_ext.gateway.history import tools_key
+from verl_ext.gateway.tool_schema import parser_view
 
 _SCHEMA_LISTS = 64  # tool lists whose schemas are kept (sessions of one gateway usually share one list)
 
@@ -70,7 +71,8 @@ class ToolCallReader:
 
     def schemas(self, tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:
         """verl's ``OpenAIFunctionToolSchema`` of each tool, as the built-in loop hands its parser; built once per
-        tool list (a request repeats its session's tools on every call)."""
+        tool list (a request repeats its session's tools on every call), from the tool's ``parser_view`` (any tool
+        schema the APIs accept, checked by the request, validates)."""
         if not tools:
             return []
         key = tools_key(tools)
@@ -79,7 +81,7 @@ class ToolCallReader:
 
             if len(self._schemas) >= _SCHEMA_LISTS:
                 del self._schemas[next(iter(self._schemas))]  # the oldest: a bounded cache, not a record
-            self._schemas[key] = [OpenAIFunctionToolSchema.model_validate(dict(t)) for t in tools]
+            self._schemas[key] = [OpenAIFunctionToolSchema.model_validate(parser_view(t)) for t in tools]
         return self._schemas[key]
 
 

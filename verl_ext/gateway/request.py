@@ -9,12 +9,15 @@ with the reason.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
 from verl_ext.core.messages import json_type, message_problem
+from verl_ext.core.turn_parse import call_id
 from verl_ext.gateway.errors import GatewayError, bad_request
+from verl_ext.gateway.tool_schema import check_description, check_parameters
 
 ROLES = ("system", "user", "assistant", "tool")
 _ROLE_ALIASES = {"developer": "system"}
@@ -26,6 +29,13 @@ _REFUSED_IF_SET = {
     "frequency_penalty": (None, 0, 0.0),
     "presence_penalty": (None, 0, 0.0),
 }
+# Output the engine cannot produce (audio, predicted outputs): refused when set to anything but these values.
+_REFUSED_OUTPUTS = {
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+}
+SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as the API's seed is (torch's generator takes it)
 
 
 class MessageList(Sequence[dict[str, Any]]):
@@ -57,7 +67,7 @@ class MessageList(Sequence[dict[str, Any]]):
             raise IndexError(f"message index {index} out of range for {len(self.raw)} messages")
         message = self._read[i]
         if message is None:
-            message = _message(self.raw[i], i)
+            message = _message(self._legacy(i), i)
             if message["role"] == "tool":
                 self._check_reply(i, message["tool_call_id"])
             self._read[i] = message
@@ -76,6 +86,34 @@ class MessageList(Sequence[dict[str, Any]]):
         """Read every message, in order: raises for the first malformed one."""
         for _ in self:
             pass
+
+    def _legacy(self, i: int) -> Any:
+        """Message ``i`` with the legacy function-calling fields as tool calls: an assistant ``function_call`` is a
+        tool call of the id the gateway gives a turn's first call, a ``function`` message the tool message
+        answering the nearest earlier one (the legacy API has no call ids)."""
+        raw = self.raw[i]
+        if not isinstance(raw, Mapping):
+            return raw
+        if raw.get("role") == "assistant" and raw.get("function_call") is not None and "tool_calls" not in raw:
+            turn = sum(1 for m in self.raw[:i] if isinstance(m, Mapping) and m.get("role") == "assistant")
+            return {
+                **raw,
+                "tool_calls": [{"id": call_id(turn, 0), "type": "function", "function": raw["function_call"]}],
+            }
+        if raw.get("role") == "function":
+            for j in range(i - 1, -1, -1):
+                earlier = self._legacy(j)
+                if isinstance(earlier, Mapping) and earlier.get("role") == "assistant" and earlier.get("tool_calls"):
+                    call = earlier["tool_calls"][0]
+                    return {
+                        "role": "tool",
+                        "tool_call_id": call["id"] if isinstance(call, Mapping) else None,
+                        "content": raw.get("content"),
+                        "name": raw.get("name"),
+                    }
+            where = f"messages[{i}]"
+            raise bad_request(where, f"{where}: a 'function' message answers no earlier assistant function_call")
+        return raw
 
     def _check_reply(self, index: int, call_id: str) -> None:
         """A tool message answers a call of an earlier assistant message (the nearest is looked at first: tool
@@ -109,6 +147,9 @@ class ChatRequest:
     include_usage: bool
     model: str | None
     tool_choice: str
+    top_k: int | None = None  # None: the engine's default (no top-k cut)
+    repetition_penalty: float | None = None  # None: 1.0
+    legacy_functions: bool = False  # the request used ``functions``: the answer carries ``function_call``
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -130,19 +171,57 @@ def parse_chat_request(body: Any) -> ChatRequest:
     stream_options = body.get("stream_options") or {}
     if not isinstance(stream_options, Mapping):
         raise bad_request("stream_options", f"'stream_options' must be an object, got {json_type(stream_options)}")
+    tools, tool_choice, legacy = _tools_of(body)
     return ChatRequest(
         messages=normalized,
-        tools=_tools(body.get("tools")),
+        tools=tools,
         max_tokens=_max_tokens(body),
         temperature=number_in(body, "temperature", 0.0, 2.0),
         top_p=number_in(body, "top_p", 0.0, 1.0, low_open=True),
-        seed=_integer(body, "seed"),
+        seed=integer_in(body, "seed", *SEED_RANGE),
         stop=_stop(body.get("stop")),
         stream=_boolean(body, "stream"),
-        include_usage=bool(stream_options.get("include_usage", False)),
+        include_usage=_boolean(stream_options, "include_usage", "stream_options.include_usage"),
         model=body.get("model") if isinstance(body.get("model"), str) else None,
-        tool_choice=_tool_choice(body.get("tool_choice")),
+        tool_choice=tool_choice,
+        top_k=top_k(body),
+        repetition_penalty=number_in(body, "repetition_penalty", 0.0, 2.0, low_open=True),
+        legacy_functions=legacy,
     )
+
+
+def _tools_of(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, str, bool]:
+    """The tools, tool_choice, and whether they came as the legacy ``functions`` / ``function_call``."""
+    if body.get("functions") is None:
+        if body.get("function_call") is not None:
+            raise bad_request("function_call", "'function_call' needs 'functions' (or use 'tools' and 'tool_choice')")
+        return _tools(body.get("tools")), _tool_choice(body.get("tool_choice")), False
+    if body.get("tools") is not None:
+        raise bad_request("functions", "give 'tools' or the legacy 'functions', not both")
+    functions = body["functions"]
+    if not isinstance(functions, list):
+        raise bad_request("functions", f"'functions' must be a list of functions, got {json_type(functions)}")
+    tools = [{"type": "function", "function": f} if isinstance(f, Mapping) else f for f in functions]
+    try:
+        checked = _tools(tools)
+    except GatewayError as exc:
+        param = (exc.param or "").replace("tools[", "functions[").replace(".function.", ".").replace(".function", "")
+        raise bad_request(param, exc.message.replace("tools[", "functions["), exc.code or "invalid_value") from exc
+    choice = body.get("function_call")
+    if choice is not None and choice not in ("auto", "none"):
+        raise bad_request(
+            "function_call",
+            f"function_call {choice!r} is not served: the engine samples freely and cannot be forced to call a "
+            'function; use "auto" (or "none")',
+            "unsupported",
+        )
+    return checked, choice or "auto", True
+
+
+def top_k(body: Mapping[str, Any]) -> int | None:
+    """``top_k``: a positive integer, or -1 / 0 / absent for no cut (SGLang's and vLLM's meaning of -1)."""
+    value = integer_in(body, "top_k", -1, 2**31 - 1)
+    return None if value is None or value <= 0 else value
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
@@ -152,6 +231,11 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     for key, defaults in _REFUSED_IF_SET.items():
         if body.get(key) not in defaults:
             raise bad_request(key, f"'{key}' is not supported by the gateway's engine; leave it out", "unsupported")
+    for key, allowed in _REFUSED_OUTPUTS.items():
+        if body.get(key) not in allowed:
+            raise bad_request(
+                key, f"'{key}' is not served: the gateway's engine writes text only; leave it out", "unsupported"
+            )
     if body.get("parallel_tool_calls") is False:
         raise bad_request(
             "parallel_tool_calls",
@@ -160,8 +244,17 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
             "unsupported",
         )
     response_format = body.get("response_format")
-    if response_format is not None and (response_format or {}).get("type") != "text":
-        raise bad_request("response_format", "only the text response format is served (no constrained decoding)")
+    if response_format is not None and not (
+        isinstance(response_format, Mapping) and response_format.get("type") == "text"
+    ):
+        got = response_format.get("type") if isinstance(response_format, Mapping) else json_type(response_format)
+        raise bad_request(
+            "response_format",
+            "'response_format': only the text format is served (no constrained decoding): "
+            '{"type": "text"} or leave it out, '
+            f"got {got!r}",
+            "unsupported",
+        )
 
 
 def _message(message: Any, index: int) -> dict[str, Any]:
@@ -194,7 +287,7 @@ def _text(content: Any, where: str) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     parts = []
-    for k, part in enumerate(content):
+    for k, part in enumerate(content):  # message_problem checked each part is an object with a string type
         if part.get("type") != "text":
             raise bad_request(
                 f"{where}.content[{k}]",
@@ -230,17 +323,9 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
         if not isinstance(function.get("name"), str) or not function["name"]:
             raise bad_request(f"{where}.function.name", f"{where}: 'function'.'name' must be a non-empty string")
         parameters = function.get("parameters")
-        if parameters is not None and (
-            not isinstance(parameters, Mapping) or parameters.get("type", "object") != "object"
-        ):
-            raise bad_request(
-                f"{where}.function.parameters",
-                f'{where}: \'parameters\' must be a JSON Schema object ({{"type": "object", ...}}), '
-                f"got {json_type(parameters)}",
-            )
-        description = function.get("description")
-        if description is not None and not isinstance(description, str):
-            raise bad_request(f"{where}.function.description", f"{where}: 'description' must be a string")
+        if parameters is not None:
+            check_parameters(parameters, f"{where}.function.parameters")
+        check_description(function.get("description"), f"{where}.function.description")
         out.append({"type": "function", "function": dict(function)})
     return tuple(out) or None
 
@@ -256,11 +341,18 @@ def _max_tokens(body: Mapping[str, Any]) -> int | None:
 
 
 def _integer(body: Mapping[str, Any], key: str) -> int | None:
+    return integer_in(body, key, 0, 2**31 - 1)
+
+
+def integer_in(body: Mapping[str, Any], key: str, low: int, high: int) -> int | None:
+    """``body[key]`` as an integer in [low, high]; None when absent; else a 400 naming the field."""
     value = body.get(key)
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int):
         raise bad_request(key, f"'{key}' must be an integer, got {json_type(value)}")
+    if not low <= value <= high:
+        raise bad_request(key, f"'{key}' must be in [{low}, {high}], got {value}")
     return value
 
 
@@ -272,17 +364,19 @@ def number_in(body: Mapping[str, Any], key: str, low: float, high: float, low_op
         return None
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise bad_request(key, f"'{key}' must be a number, got {json_type(value)}")
+    if not math.isfinite(value):
+        raise bad_request(key, f"'{key}' must be a finite number, got {value}")
     if value > high or value < low or (low_open and value == low):
         raise bad_request(key, f"'{key}' must be in {'(' if low_open else '['}{low:g}, {high:g}], got {value}")
     return float(value)
 
 
-def _boolean(body: Mapping[str, Any], key: str) -> bool:
+def _boolean(body: Mapping[str, Any], key: str, param: str | None = None) -> bool:
     value = body.get(key, False)
     if value is None:
         return False
     if not isinstance(value, bool):
-        raise bad_request(key, f"'{key}' must be true or false, got {json_type(value)}")
+        raise bad_request(param or key, f"'{param or key}' must be true or false, got {json_type(value)}")
     return value
 
 

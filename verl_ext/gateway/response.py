@@ -35,11 +35,25 @@ def _extension(done: Completion, session_id: str) -> dict[str, Any]:
     }
 
 
-def completion_body(done: Completion, session_id: str, model: str) -> dict[str, Any]:
-    """The non-streaming response body."""
+def legacy_call(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The turn's first tool call as the legacy API's ``function_call`` (a request that sent ``functions``); the
+    gateway's id for it is the one the ``function_call`` is matched by when the client sends it back."""
+    calls = message.get("tool_calls")
+    return dict(calls[0]["function"]) if calls else None
+
+
+def _finish(done: Completion, legacy: bool) -> str:
+    return "function_call" if legacy and done.finish_reason == "tool_calls" else done.finish_reason
+
+
+def completion_body(done: Completion, session_id: str, model: str, legacy: bool = False) -> dict[str, Any]:
+    """The non-streaming response body (``legacy``: the request sent ``functions``, the answer has
+    ``function_call`` and ``finish_reason: "function_call"``; ``tool_calls`` holds every call the model wrote)."""
     message = dict(done.message)
     if message.get("tool_calls") and not message.get("content"):
         message["content"] = None  # as OpenAI answers a turn that only calls tools
+    if legacy and message.get("tool_calls"):
+        message["function_call"] = legacy_call(message)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -49,7 +63,7 @@ def completion_body(done: Completion, session_id: str, model: str) -> dict[str, 
             {
                 "index": 0,
                 "message": message,
-                "finish_reason": done.finish_reason,
+                "finish_reason": _finish(done, legacy),
                 "logprobs": None,
                 "token_ids": list(done.token_ids),
             }
@@ -59,7 +73,9 @@ def completion_body(done: Completion, session_id: str, model: str) -> dict[str, 
     }
 
 
-def stream_events(done: Completion, session_id: str, model: str, include_usage: bool) -> Iterator[str]:
+def stream_events(
+    done: Completion, session_id: str, model: str, include_usage: bool, legacy: bool = False
+) -> Iterator[str]:
     """The streaming response: server-sent events, one chunk per part of the message, then the finish, the usage
     (when asked for) and ``[DONE]``. The turn is complete before the first event (the session's tokens are kept
     before anything is sent)."""
@@ -82,7 +98,9 @@ def stream_events(done: Completion, session_id: str, model: str, include_usage: 
         yield event({"content": message["content"]})
     for k, call in enumerate(message.get("tool_calls") or ()):
         yield event({"tool_calls": [{"index": k, **call}]})
-    yield event({}, done.finish_reason, token_ids=list(done.token_ids))
+    if legacy and message.get("tool_calls"):
+        yield event({"function_call": legacy_call(message)})
+    yield event({}, _finish(done, legacy), token_ids=list(done.token_ids))
     if include_usage:
         usage = {**base, "choices": [], "usage": _usage(done), "verl_ext": _extension(done, session_id)}
         yield f"data: {json.dumps(usage)}\n\n"

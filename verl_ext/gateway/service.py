@@ -21,7 +21,7 @@ from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
-from verl_ext.gateway.engine import Engine, Sampling
+from verl_ext.gateway.engine import SAMPLING_DEFAULTS, Engine, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
@@ -100,7 +100,7 @@ class Gateway:
     @property
     def counters(self) -> Counter[str]:
         """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
-        ``malformed_calls``, ``invalid_engine_output``, ``records/write_failures``."""
+        ``malformed_calls``, ``invalid_engine_output``, ``context_length_exceeded``, ``records/write_failures``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
@@ -133,30 +133,45 @@ class Gateway:
                 raise session_finished(session_id, session.ended)
             messages = request.messages if self.markers is None else ReasoningSplit(request.messages, self.markers)
             stop_ids = tuple(sorted(set(self._stop_ids(request.stop)) | set(self.reader.stop_token_ids)))
+            self._refuse_unsupported_sampling(request)
+            mark = session.mark()
             try:
                 prepared = session.prepare(messages, request.tools)
             except GatewayError:
                 if session.ended:
                     self._conclude(session)
                 raise
-            if prepared.fork is not None:
-                self.counters["forks"] += 1
-                log.info("session %s: branch %d %s", session_id, prepared.branch.number, prepared.fork.to_json())
-            branch, prompt = prepared.branch, prepared.prompt
-            prompt_length = 0 if prompt is None else len(prompt)
-            max_tokens = turn_budget(
-                self.config.response_length,
-                branch.response_tokens,
-                requested=request.max_tokens,
-                max_context=self.engine.max_context,
-                prompt_length=prompt_length,
-            )
-            if prompt is None or max_tokens <= 0:
-                branch.exhausted = True
-                self.counters["calls_past_budget"] += 1
-                empty = {"role": "assistant", "content": ""}
-                return Completion(empty, "length", prompt_length, (), branch.number, prepared.fork)
-            return await self._turn(session, prepared, request, prompt, max_tokens, stop_ids)
+            try:
+                return await self._prepared_turn(session, request, prepared, stop_ids)
+            except BaseException:  # a cancelled request too (the client went away): the branch stays consistent
+                if not session.ended:  # a client's error found late, or the server's fault: the session as it was
+                    session.undo(mark)
+                raise
+
+    async def _prepared_turn(
+        self, session: Session, request: ChatRequest, prepared: Prepared, stop_ids: tuple[int, ...]
+    ) -> Completion:
+        """The turn of a prepared request (``complete``): its context checked, its budget, then ``_turn``."""
+        branch, prompt = prepared.branch, prepared.prompt
+        prompt_length = 0 if prompt is None else len(prompt)
+        if prompt is not None:
+            self._check_context(prompt_length)
+        if prepared.fork is not None:
+            self.counters["forks"] += 1
+            log.info("session %s: branch %d %s", session.id, branch.number, prepared.fork.to_json())
+        max_tokens = turn_budget(
+            self.config.response_length,
+            branch.response_tokens,
+            requested=request.max_tokens,
+            max_context=self.engine.max_context,
+            prompt_length=prompt_length,
+        )
+        if prompt is None or max_tokens <= 0:
+            branch.exhausted = True
+            self.counters["calls_past_budget"] += 1
+            empty = {"role": "assistant", "content": ""}
+            return Completion(empty, "length", prompt_length, (), branch.number, prepared.fork)
+        return await self._turn(session, prepared, request, prompt, max_tokens, stop_ids)
 
     async def _turn(
         self,
@@ -176,6 +191,8 @@ class Gateway:
             1.0 if request.top_p is None else request.top_p,
             request.seed,
             stop_ids,
+            -1 if request.top_k is None else request.top_k,
+            1.0 if request.repetition_penalty is None else request.repetition_penalty,
         )
         parse = bool(request.tools) and request.tool_choice != "none"
 
@@ -214,6 +231,32 @@ class Gateway:
             "length" if turn.finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
         )
         return Completion(visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, parsed.malformed)
+
+    def _check_context(self, prompt_length: int) -> None:
+        """400 ``context_length_exceeded`` (OpenAI's answer) for a prompt that leaves the engine no room to sample;
+        the session is undone to what it was, so the client may send a shorter history."""
+        limit = self.engine.max_context
+        if limit is not None and prompt_length >= limit:
+            self.counters["context_length_exceeded"] += 1
+            raise GatewayError(
+                400,
+                f"the prompt is {prompt_length} tokens and the model's context is {limit} tokens (prompt and output "
+                "together): shorten the messages (the session is unchanged: send a shorter history)",
+                type="invalid_request_error",
+                param="messages",
+                code="context_length_exceeded",
+            )
+
+    def _refuse_unsupported_sampling(self, request: ChatRequest) -> None:
+        """400 for a sampling option the engine cannot honour (``Engine.unsupported_sampling``), before any change."""
+        for name in getattr(self.engine, "unsupported_sampling", ()):
+            value = getattr(request, name, None)
+            if value is not None and value != SAMPLING_DEFAULTS.get(name):
+                raise bad_request(
+                    name,
+                    f"'{name}' is not served by this gateway's engine ({type(self.engine).__name__}); leave it out",
+                    "unsupported",
+                )
 
     async def _generate(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Any:
         """The engine's turn for ``prompt``; an engine that fails ends the session (its record says why) with a 503."""

@@ -38,6 +38,18 @@ class _Sent:
 
 
 @dataclass(frozen=True)
+class Mark:
+    """What a session was before a request (``Session.mark``), so a request that fails after ``prepare`` can be
+    undone (``Session.undo``): the branch count, each branch's message count, the last branch and what was kept
+    of the messages sent to each."""
+
+    branches: int
+    held: tuple[int, ...]
+    last: Branch | None
+    sent: dict[int, tuple[_Sent, int, int]]
+
+
+@dataclass(frozen=True)
 class Prepared:
     """Where a request's turn goes: the branch, the prompt for the engine (None when the branch's token budget
     is spent), and the fork the request started (None when it continued a branch)."""
@@ -131,6 +143,50 @@ class Session:
         self._keep_sent(prepared.branch, messages, known if prepared.branch is self._last else 0)
         self._last = prepared.branch
         return prepared
+
+    def mark(self) -> Mark:
+        """The session as it is now, for ``undo``."""
+        sent = {number: (kept, kept.count, len(kept.blob)) for number, kept in self._sent.items()}
+        return Mark(len(self.branches), tuple(len(b.messages) for b in self.branches), self._last, sent)
+
+    def undo(self, mark: Mark) -> None:
+        """Put the session back as it was at ``mark``: a request that failed after ``prepare`` (its prompt past the
+        engine's context, a fault of the server) leaves no trace, and the client may retry it. A branch started
+        since is dropped; a branch a request appended to is rebuilt from its log up to the messages it held (its
+        engine turns replayed as sampled, as a fork replays them)."""
+        for branch in self.branches[mark.branches :]:
+            self._unregister(branch.number, 0)
+            self._registered.pop(branch.number, None)
+        del self.branches[mark.branches :]
+        for number, held in enumerate(mark.held):
+            branch = self.branches[number]
+            if len(branch.messages) != held:
+                self.branches[number] = self._rebuilt(branch, held)
+                self._unregister(number, held + 1)
+                self._registered[number] = min(self._registered.get(number, 0), held + 1)
+        self._sent = {}
+        for number, (kept, count, size) in mark.sent.items():
+            kept.count = count
+            del kept.blob[size:]
+            self._sent[number] = kept
+        self._last = None if mark.last is None else self.branches[mark.last.number]
+
+    def _rebuilt(self, branch: Branch, held: int) -> Branch:
+        """``branch`` as it was when it held its first ``held`` messages."""
+        child = Branch(branch.number, self.new_trajectory(), branch.fork)
+        previous = branch.replay_into(child, held)
+        if not previous:
+            child.start(branch.first_messages, branch.tools)
+            previous = len(branch.first_messages)
+        if held > previous:
+            child.append(branch.messages[previous:held])
+        child.exhausted = branch.exhausted
+        return child
+
+    def _unregister(self, number: int, start: int) -> None:
+        """Drop the index entries of branch ``number``'s digests from ``start`` on."""
+        for key in [k for k, (b, n) in self._index.items() if b == number and n >= start]:
+            del self._index[key]
 
     def _keep_sent(self, branch: Branch, messages: Sequence[Mapping[str, Any]], known: int) -> None:
         """Keep the request's messages as sent for ``branch``, as far as it holds them (an exhausted branch does not

@@ -57,6 +57,10 @@ class SGLangEngine:
             "temperature": sampling.temperature,
             "top_p": sampling.top_p,
         }
+        if sampling.top_k > 0:
+            params["top_k"] = sampling.top_k
+        if sampling.repetition_penalty != 1.0:
+            params["repetition_penalty"] = sampling.repetition_penalty
         if sampling.stop_ids:
             params["stop_token_ids"] = list(sampling.stop_ids)
         if sampling.seed is not None:

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import os
 import sys
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from verl_ext.plugin.config_errors import PreflightError
@@ -177,16 +175,15 @@ def _check_rollout_settings(config: Any, loop: str, options: LoopOptions) -> Non
 def _check_records_dir(path: str) -> None:
     """Create ``verl_ext.records.dir`` here, in the driver, and write a file in it; a folder that cannot be is a
     PreflightError (on the workers a write that fails is only counted: records never stop training)."""
-    try:
-        Path(path).mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".verl_ext-write-check-"):
-            pass
-    except OSError as exc:
+    from verl_ext.telemetry.records import records_folder_problem
+
+    problem = records_folder_problem(path)
+    if problem:
         raise PreflightError(
-            f"verl_ext.records.dir={path}: cannot be created or written in the driver ({type(exc).__name__}: "
-            f"{exc.strerror or exc}). Fix: a folder every node can create and write (shared storage on a multi-node "
-            "cluster), or verl_ext.records.dir=null for no records."
-        ) from None
+            f"verl_ext.records.dir={path}: cannot be created or written in the driver ({problem}). Fix: a folder "
+            "every node can create and write (shared storage on a multi-node cluster), or verl_ext.records.dir=null "
+            "for no records."
+        )
 
 
 def _dataset_lines(key: str, files: Any, router: LoopRouter) -> list[str]:

@@ -125,3 +125,18 @@ def read_records(
             else:
                 raise RecordError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
     return headers, rollouts
+
+
+def records_folder_problem(path: str | os.PathLike[str]) -> str | None:
+    """Why records cannot be written in ``path`` (created if missing, then a file written and removed in it), as
+    ``"ExceptionType: reason"``; None when they can. Training's preflight and ``verl-ext gateway`` check with it
+    before they start."""
+    import tempfile
+
+    try:
+        Path(path).mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".verl_ext-write-check-"):
+            pass
+    except OSError as exc:
+        return f"{type(exc).__name__}: {exc.strerror or exc}"
+    return None

@@ -1,0 +1,296 @@
+"""An OpenAI Responses API request (``POST /v1/responses``) checked and mapped onto the gateway's chat request, so
+that a session served in any shape shares history matching, forks and the check.
+
+The mapping, item by item: ``instructions`` is the first (system) message; an ``input`` string is one user message;
+a message item is a message of its role (``developer`` is ``system``; ``input_text`` and ``output_text`` parts
+are its text); consecutive ``reasoning``, assistant ``message`` and ``function_call`` items are one assistant turn
+(the reasoning text its ``reasoning_content``, the calls its tool calls, ``call_id`` their id), as the gateway
+answers a turn; a ``function_call_output`` is the tool message answering its ``call_id``. A function tool is
+``{"type": "function", "name", "description", "parameters"}``. The API's server-side state (``previous_response_id``,
+``conversation``, item references, stored prompts) is not kept: a harness sends the whole input, as with
+``store: false``. Anything the engine cannot honour (hosted tools, a forced ``tool_choice``, structured output,
+images and files, background runs) is a 400 naming the field; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from verl_ext.core.messages import json_type
+from verl_ext.gateway.errors import bad_request
+from verl_ext.gateway.request import SEED_RANGE, ChatRequest, MessageList, integer_in, number_in, top_k
+from verl_ext.gateway.tool_schema import check_description, check_parameters
+
+# Fields whose non-empty value asks for something the gateway does not serve, and why.
+_REFUSED = {
+    "previous_response_id": "responses are not stored: send the whole conversation as 'input' (as with store: false)",
+    "conversation": "conversations are not stored: send the whole conversation as 'input'",
+    "prompt": "stored prompt templates are not served: send the instructions and input themselves",
+    "background": "background responses are not served: leave 'background' out",
+    "max_tool_calls": "the engine samples freely and cannot be held to a number of tool calls: leave it out",
+    "top_logprobs": "'top_logprobs' is not served by the gateway's engine: leave it out",
+}
+_ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
+_TEXT_PARTS = ("input_text", "output_text", "text")
+
+
+def parse_responses_request(body: Any) -> ChatRequest:
+    """The checked request as the gateway's ``ChatRequest``. Raises ``GatewayError`` (400) naming the field."""
+    if not isinstance(body, Mapping):
+        raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
+    for key, why in _REFUSED.items():
+        if body.get(key) not in (None, False, 0):
+            raise bad_request(key, f"'{key}' is not served: {why}", "unsupported")
+    _check_options(body)
+    messages = _instructions(body.get("instructions")) + _input(body.get("input"))
+    if messages[-1]["role"] == "assistant":
+        raise bad_request(
+            "input",
+            "the input ends with the assistant's turn: the gateway generates the next assistant turn, so end it with "
+            "the user message or function_call_output it answers",
+        )
+    checked = MessageList(messages)
+    max_tokens = integer_in(body, "max_output_tokens", 1, 2**31 - 1)
+    return ChatRequest(
+        messages=checked,
+        tools=_tools(body.get("tools")),
+        max_tokens=max_tokens,
+        temperature=number_in(body, "temperature", 0.0, 2.0),
+        top_p=number_in(body, "top_p", 0.0, 1.0, low_open=True),
+        seed=integer_in(body, "seed", *SEED_RANGE),
+        stop=(),
+        stream=_boolean(body, "stream"),
+        include_usage=True,
+        model=body.get("model") if isinstance(body.get("model"), str) else None,
+        tool_choice=_tool_choice(body.get("tool_choice")),
+        top_k=top_k(body),
+        repetition_penalty=number_in(body, "repetition_penalty", 0.0, 2.0, low_open=True),
+    )
+
+
+def _check_options(body: Mapping[str, Any]) -> None:
+    if body.get("parallel_tool_calls") is False:
+        raise bad_request(
+            "parallel_tool_calls",
+            "'parallel_tool_calls': false is not served: the engine samples freely and may write several calls in "
+            "one turn, and every call it wrote is returned; leave it out or set it true",
+            "unsupported",
+        )
+    text = body.get("text")
+    if text is not None:
+        fmt = text.get("format") if isinstance(text, Mapping) else text
+        if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):
+            raise bad_request(
+                "text.format",
+                'only the text format is served (no constrained decoding): {"format": {"type": "text"}} or leave '
+                "'text' out",
+                "unsupported",
+            )
+    reasoning = body.get("reasoning")
+    if reasoning is not None:
+        if not isinstance(reasoning, Mapping):
+            raise bad_request("reasoning", f"'reasoning' must be an object, got {json_type(reasoning)}")
+        if reasoning.get("effort") is not None:
+            raise bad_request(
+                "reasoning.effort",
+                "'reasoning.effort' is not served: whether and how long the policy reasons is its chat template's "
+                "choice (the gateway's --template-kwargs, e.g. enable_thinking); leave it out",
+                "unsupported",
+            )
+    truncation = body.get("truncation")
+    if truncation not in (None, "disabled"):
+        raise bad_request(
+            "truncation",
+            f"truncation {truncation!r} is not served: the gateway never drops input (a session's tokens are the "
+            'trainer\'s); leave it out or use "disabled"',
+            "unsupported",
+        )
+    for key in ("stream", "store"):
+        _boolean(body, key)
+    include = body.get("include")
+    if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
+        raise bad_request("include", "'include' must be a list of strings")
+
+
+def _boolean(body: Mapping[str, Any], key: str) -> bool:
+    value = body.get(key)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(key, f"'{key}' must be true or false, got {json_type(value)}")
+    return value
+
+
+def _instructions(instructions: Any) -> list[dict[str, Any]]:
+    if instructions is None:
+        return []
+    if not isinstance(instructions, str):
+        raise bad_request("instructions", f"'instructions' must be a string, got {json_type(instructions)}")
+    return [{"role": "system", "content": instructions}]
+
+
+def _input(items: Any) -> list[dict[str, Any]]:
+    if isinstance(items, str):
+        return [{"role": "user", "content": items}]
+    if not isinstance(items, list) or not items:
+        raise bad_request("input", "'input' must be a string or a non-empty list of input items")
+    out: list[dict[str, Any]] = []
+    turn: dict[str, Any] | None = None  # the assistant turn being gathered from its items
+    called: set[str] = set()  # the call ids of the function_call items so far
+    for i, item in enumerate(items):
+        where = f"input[{i}]"
+        if not isinstance(item, Mapping):
+            raise bad_request(where, f"{where} must be an input item (an object), got {json_type(item)}")
+        kind = item.get("type", "message")
+        if kind == "message" or (kind is None and "role" in item):
+            message = _message(item, where)
+            if message["role"] != "assistant":
+                turn = None
+                out.append(message)
+            elif turn is not None and not turn["content"] and not turn.get("tool_calls"):
+                turn["content"] = message["content"]
+            else:
+                turn = message
+                out.append(turn)
+        elif kind == "reasoning":
+            reasoning = _reasoning(item, where)
+            if turn is None or turn["content"] or turn.get("tool_calls") or "reasoning_content" in turn:
+                turn = {"role": "assistant", "content": ""}
+                out.append(turn)
+            turn["reasoning_content"] = reasoning
+        elif kind == "function_call":
+            if turn is None:
+                turn = {"role": "assistant", "content": ""}
+                out.append(turn)
+            turn.setdefault("tool_calls", []).append(_function_call(item, where))
+            called.add(item["call_id"])
+        elif kind == "function_call_output":
+            turn = None
+            out.append(_function_output(item, where))
+            if out[-1]["tool_call_id"] not in called:
+                raise bad_request(
+                    f"{where}.call_id",
+                    f"{where}: call_id {out[-1]['tool_call_id']!r} answers no earlier function_call item (call ids so "
+                    f"far: {sorted(called)})",
+                )
+        else:
+            raise bad_request(
+                f"{where}.type",
+                f"{where} is a {kind!r} item; served: message, reasoning, function_call and function_call_output "
+                "(hosted tools, item references and images are not)",
+                "unsupported",
+            )
+    return out
+
+
+def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    role = item.get("role")
+    if role not in _ROLES:
+        raise bad_request(f"{where}.role", f"{where}.role must be one of {sorted(_ROLES)}, got {role!r}")
+    content = item.get("content")
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for k, part in enumerate(content):
+            at = f"{where}.content[{k}]"
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "refusal" and isinstance(part.get("refusal"), str):
+                parts.append(part["refusal"])
+                continue
+            if kind not in _TEXT_PARTS:
+                raise bad_request(at, f"{at} is a {kind!r} part; only text parts are served", "unsupported")
+            if not isinstance(part.get("text"), str):
+                raise bad_request(f"{at}.text", f"{at}.text must be a string, got {json_type(part.get('text'))}")
+            parts.append(part["text"])
+        text = "".join(parts)
+    else:
+        raise bad_request(f"{where}.content", f"{where}.content must be a string or a list of parts")
+    return {"role": _ROLES[role], "content": text}
+
+
+def _reasoning(item: Mapping[str, Any], where: str) -> str:
+    """The reasoning text of a reasoning item: its ``content`` (reasoning_text parts), else its summary's text."""
+    for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
+        parts = item.get(key)
+        if parts in (None, []):
+            continue
+        if not isinstance(parts, list) or not all(
+            isinstance(p, Mapping) and p.get("type") == kind and isinstance(p.get("text"), str) for p in parts
+        ):
+            raise bad_request(f"{where}.{key}", f"{where}.{key} must be a list of {kind} parts with a string 'text'")
+        return "".join(p["text"] for p in parts)
+    return ""
+
+
+def _function_call(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    for key in ("call_id", "name", "arguments"):
+        if not isinstance(item.get(key), str) or (key != "arguments" and not item[key]):
+            raise bad_request(f"{where}.{key}", f"{where}: a function_call needs its '{key}' (a string)")
+    return {
+        "id": item["call_id"],
+        "type": "function",
+        "function": {"name": item["name"], "arguments": item["arguments"]},
+    }
+
+
+def _function_output(item: Mapping[str, Any], where: str) -> dict[str, Any]:
+    if not isinstance(item.get("call_id"), str) or not item["call_id"]:
+        raise bad_request(f"{where}.call_id", f"{where}: a function_call_output needs the 'call_id' it answers")
+    output = item.get("output")
+    if isinstance(output, list):
+        texts = []
+        for k, part in enumerate(output):
+            if (
+                not isinstance(part, Mapping)
+                or part.get("type") not in _TEXT_PARTS
+                or not isinstance(part.get("text"), str)
+            ):
+                raise bad_request(
+                    f"{where}.output[{k}]", f"{where}.output[{k}]: only text parts are served", "unsupported"
+                )
+            texts.append(part["text"])
+        output = "".join(texts)
+    if not isinstance(output, str):
+        raise bad_request(f"{where}.output", f"{where}.output must be a string, got {json_type(output)}")
+    return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
+
+
+def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
+    if tools is None:
+        return None
+    if not isinstance(tools, list):
+        raise bad_request("tools", f"'tools' must be a list of function tools, got {json_type(tools)}")
+    out = []
+    for i, tool in enumerate(tools):
+        where = f"tools[{i}]"
+        if not isinstance(tool, Mapping):
+            raise bad_request(where, f"{where} must be a function tool object, got {json_type(tool)}")
+        if tool.get("type") != "function":
+            raise bad_request(
+                f"{where}.type",
+                f"{where} is a {tool.get('type')!r} tool; only function tools are served (the client runs them): "
+                '{"type": "function", "name": ..., "parameters": ...}',
+                "unsupported",
+            )
+        if not isinstance(tool.get("name"), str) or not tool["name"]:
+            raise bad_request(f"{where}.name", f"{where}: 'name' must be a non-empty string")
+        parameters = tool.get("parameters")
+        if parameters is not None:
+            check_parameters(parameters, f"{where}.parameters")
+        check_description(tool.get("description"), f"{where}.description")
+        function = {k: tool[k] for k in ("name", "description", "parameters", "strict") if tool.get(k) is not None}
+        out.append({"type": "function", "function": function})
+    return tuple(out) or None
+
+
+def _tool_choice(choice: Any) -> str:
+    if choice is None or choice in ("auto", "none"):
+        return choice or "auto"
+    raise bad_request(
+        "tool_choice",
+        f"tool_choice {choice!r} is not served: the engine samples freely and cannot be forced to call a tool; "
+        'use "auto" (or "none")',
+        "unsupported",
+    )

@@ -17,6 +17,7 @@ from typing import Generic, TypeVar
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
+
 class LruCache(Generic[K, V]):
     """A thread-safe mapping of at most ``maxsize`` entries; ``name`` says what it caches (for tests and errors)."""
 

@@ -146,7 +146,7 @@ class Gateway:
             )
             sampled = await self._generate(session, prompt, sampling)
             finish = judge_finish(sampled.token_ids, max_tokens, stop_ids, self.profile)
-            call = EngineCall.of(prompt, sampled.token_ids, sampled.log_probs, finish.value)
+            call = branch.calls.next_call(prompt, sampled.token_ids, sampled.log_probs, finish.value)
             if self._invalid(call):
                 # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
                 # problem, the check names it, no parser sees the rest, and the branch takes no further turn.

@@ -28,7 +28,7 @@ from verl.utils.profiler import simple_timer
 
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.inputs import EngineCalls, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.policy import CheckMode, Enforcer
 from verl_ext.check.record import Rollout
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
@@ -258,7 +258,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             )
         ids = out.token_ids
         finish = finish_reason(ids, remaining, ro.stop_ids, self.rt.profile)
-        ro.calls.append(EngineCall.of(ro.prompt_ids, ids, out.log_probs, finish))
+        ro.calls.record(ro.prompt_ids, ids, out.log_probs, finish)
         if len(out.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": out.segments})
         merge_engine_extra_fields(ro.extra_fields, out.extra_fields or {})
@@ -405,7 +405,7 @@ class _RolloutState:
     agent_data: AgentData
     metrics: dict[str, Any]  # the same dict as agent_data's: verl's tools time into it too
     counters: Counter[str] = field(default_factory=Counter)
-    calls: list[EngineCall] = field(default_factory=list)
+    calls: EngineCalls = field(default_factory=EngineCalls)
     extra_fields: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort

@@ -121,3 +121,36 @@ def test_an_output_changed_after_the_engine_returned_it_fails_in_its_call(long: 
     assert [(f.kind, f.turn, f.position) for f in failures if f.kind is FailureKind.PREFIX][:1] == [
         (FailureKind.PREFIX, k, c.output_start + 1)
     ]
+
+
+def test_every_recorded_prompt_is_what_was_sent_however_it_came() -> None:
+    """Prompts as a trajectory's view, as lists that extend, re-tokenize or shrink the previous one, as ids past 32
+    bits, and a call appended from another log (a gateway fork): each call rebuilds exactly the prompt it was
+    given, and equals the call ``EngineCall.of`` builds from that prompt whole."""
+    from verl_ext.core.prompt_ids import PromptIds
+
+    stream: list[int] = [1, 2, 3]
+    sent: list[list[int]] = []
+    calls = EngineCalls()
+
+    def record(prompt: Any, out: list[int]) -> None:
+        sent.append(list(prompt))
+        calls.record(prompt, out, [-0.5] * len(out), "stop")
+
+    record(PromptIds(stream), [4, 5])
+    stream += [4, 5, 9]
+    record(PromptIds(stream), [6])  # the view fast path: only [9] is read
+    stream += [6, 7]
+    record(list(stream), [8])  # a list that extends
+    record([*stream[:4], 99, 98], [8])  # re-tokenized from position 4
+    record([1, 2], [])  # shorter than everything before
+    record([1, 2, 2**40], [2**33])  # ids past 32 bits
+    other = EngineCalls()
+    for c in calls:
+        other.append(c)  # a fork replays the parent's calls, then records its own
+    other.record([1, 2, 2**40, 2**33, 5], [3])
+    sent.append([1, 2, 2**40, 2**33, 5])
+    for c, prompt in zip([*calls, other[-1]], sent, strict=True):
+        assert c.prompt_ids == tuple(prompt)
+        assert c == EngineCall.of(prompt, c.output_ids, c.logprobs, c.finish_reason)
+    assert [c.shared for c in calls] == [0, 5, 7, 4, 2, 2]

@@ -3,7 +3,8 @@
 One tool-calling rollout per template and tool-result size, built exactly as ``verl_ext_tool_agent`` builds it, the
 engine and the tools excluded: per turn the engine-call record (the rollout's ``EngineCalls`` log, or
 ``EngineCall.of`` on code that has none), the output validation, ``parse_turn`` with verl's tool parser that reads
-the template's calls, ``add_sampled``, the tool message, ``append_messages``. Then the end of the rollout: the trainer
+the template's calls (hermes where none does; the turn's message is then the one its ids were rendered from),
+``add_sampled``, the tool message, ``append_messages``. Then the end of the rollout: the trainer
 sample, the ``Rollout`` the loop hands to the check, and the check itself (template view on).
 
 Printed, each against its goal (PASS/FAIL; never a timed test):
@@ -102,10 +103,13 @@ async def build(renderer: Any, profile: Any, conv: Conversation, turns: int, par
         if validate_engine_output(ids, lps, vocab, stop_ids=stops):
             raise SystemExit(f"turn {k}: the benchmark's own output is invalid")
         turned = await parse_turn(parser, ids, eot, decode, schemas, k, None, generation_prompt=gen)
-        t.add_sampled(ids, lps, "stop", message=turned.message)
         tool = dict(conv.tools[k])
+        message = turned.message
         if turned.calls:  # the id the parser read (the template's own call id where it renders one)
             tool["tool_call_id"] = turned.calls[0].call_id
+        else:  # no parser of this verl reads the template's calls: the message the ids were rendered from
+            message = conv.assistants[k]
+        t.add_sampled(ids, lps, "stop", message=message)
         prompt = t.append_messages([tool])
         times.append((time.perf_counter_ns() - began) / 1000)
     # The rollout ends on the assistant's answer: the template's own rendering of it, up to its close.

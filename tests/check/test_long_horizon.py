@@ -142,6 +142,7 @@ def test_every_recorded_prompt_is_what_was_sent_however_it_came() -> None:
     record(PromptIds(stream), [6])  # the view fast path: only [9] is read
     stream += [6, 7]
     record(list(stream), [8])  # a list that extends
+    calls.next_call([*stream[:4], 99, 98, 97], [1])  # built, never appended (a turn the gateway did not keep)
     record([*stream[:4], 99, 98], [8])  # re-tokenized from position 4
     record([1, 2], [])  # shorter than everything before
     record([1, 2, 2**40], [2**33])  # ids past 32 bits

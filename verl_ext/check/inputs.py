@@ -246,7 +246,9 @@ class EngineCalls(Sequence[EngineCall]):
             shared = n + _common_length(view[n : n + len(previous.output_ids)], previous.output_ids)
             call = EngineCall(view[shared:], output, lps, str(finish_reason), after=previous, shared=shared)
         else:
-            known = self._last_full if self._last_full is not None else previous.stream()
+            # ``_last_full`` is grown into this call's prompt + output below: taken, so that a second next_call
+            # before an append does not read it changed.
+            known, self._last_full = (self._last_full if self._last_full is not None else previous.stream()), None
             shared = _common_length(prompt_ids, known)
             call = EngineCall(prompt_ids[shared:], output, lps, str(finish_reason), after=previous, shared=shared)
             full = _grown(known, shared, call.tail, output)

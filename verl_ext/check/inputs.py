@@ -9,7 +9,7 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any, Literal, overload
 
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.prompt_ids import PromptIds
@@ -162,6 +162,24 @@ class EngineCall:
     def output_end(self) -> int:
         """The stream position just after the last output id."""
         return self.prompt_length + len(self.output_ids)
+
+    def replace(
+        self,
+        *,
+        output_ids: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None | Literal[False] = False,
+        finish_reason: str | None = None,
+    ) -> EngineCall:
+        """This call with another output, logprobs (None: none) or finish reason; the same prompt, kept as it is
+        (``dataclasses.replace`` for an ``EngineCall``, which is no dataclass: it keeps its prompt as a chain)."""
+        return EngineCall(
+            self._tail,
+            self.output_ids if output_ids is None else tuple(output_ids),
+            self.logprobs if logprobs is False else (None if logprobs is None else tuple(logprobs)),
+            self.finish_reason if finish_reason is None else finish_reason,
+            after=self._after,
+            shared=self._shared,
+        )
 
     def _key(self) -> tuple[Any, ...]:
         return (self.prompt_ids, self.output_ids, self.logprobs, self.finish_reason)

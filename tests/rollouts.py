@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.inputs import EngineCall, EngineCalls, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import TokenTrajectory
 
@@ -60,15 +60,17 @@ def run(
     prompt: Sequence[Mapping[str, Any]] = PROMPT,
     tools: Sequence[Mapping[str, Any]] | None = TOOLS,
 ) -> Rollout:
-    """Drive a TokenTrajectory turn by turn, recording each engine call's prompt as returned to the engine."""
+    """Drive a TokenTrajectory turn by turn, recording each engine call's prompt as returned to the engine (in an
+    ``EngineCalls`` log, as verl_ext's loop records them; ``calls`` is a list of them, for tests to change)."""
     t = TokenTrajectory(renderer)
     rollout = Rollout(t)
+    log = EngineCalls()
     prompt_ids = t.start(list(prompt), tools)
     for k, turn in enumerate(turns):
         out = list(turn.output_ids)
         distinct = [-0.01 * (k + 1) - 0.001 * i for i in range(len(out))]
         lps = list(turn.logprobs) if turn.logprobs is not None else distinct
-        rollout.calls.append(EngineCall.of(prompt_ids, out, lps, turn.finish))
+        rollout.calls.append(log.record(prompt_ids, out, lps, turn.finish))
         t.add_sampled(out, lps, turn.finish, message=dict(turn.message))
         if turn.followup:
             prompt_ids = t.append_messages(list(turn.followup))

@@ -45,7 +45,7 @@ def test_engine_call_and_trainer_sample_convert_to_plain_ints_and_floats():
     assert {type(i) for i in (*call.prompt_ids, *call.output_ids)} == {int}  # a bool becomes its int
     assert {type(x) for x in call.logprobs} == {float}
     ids = (7, 8)
-    assert EngineCall.of(ids, ids).prompt_ids is ids  # a tuple of ints is kept as is
+    assert EngineCall.of(ids, ids).output_ids is ids  # a tuple of ints is kept as is (a prompt is packed)
     sample = TrainerSample.of([1, 2], (np.int64(3),), [np.int8(1)], [-1])
     assert sample.response_ids == (3,) and type(sample.response_ids[0]) is int
     assert sample.response_mask == (1,) and type(sample.response_mask[0]) is int

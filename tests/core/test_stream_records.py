@@ -73,7 +73,13 @@ def test_the_check_sees_a_stream_changed_after_its_prompt_was_handed_out(rendere
     assert not any(f.startswith(("turn 0", "turn 1")) for f in failures)
 
 
-def test_the_check_names_ids_that_are_not_plain_ints(renderer_for):
+def test_the_stream_holds_plain_ints_and_a_changed_id_is_caught(renderer_for):
+    """The stream is packed: a bool (which passes an isinstance(int) test) written into it is kept as its int, so an
+    engine call copies plain ints; the changed id is still caught, by the prompt digests."""
     t = _rollout(renderer_for("qwen3"), turns=2)
-    t._ids[3] = True  # a bool passes an isinstance(int) test, but an engine call copies the ids unconverted
-    assert check_invariants(t).failures == ("ids that are not plain ints: ['bool']",)
+    assert t.input_ids[3] != 1
+    t._ids[3] = True
+    assert type(t.input_ids[3]) is int and t.input_ids[3] == 1
+    assert check_invariants(t).failures == tuple(
+        f"turn {k}: the prompt sent to the engine is not a prefix of the stream" for k in range(len(t.turns))
+    )

@@ -83,7 +83,7 @@ def test_non_finite_logprobs_are_written_as_strict_json_and_read_back(renderer_f
     writer, rollout, _ = written
     r = renderer_for("qwen3")
     first, second = rollout.calls
-    bad = dataclasses.replace(second, logprobs=(math.nan, -math.inf, *second.logprobs[2:]))
+    bad = second.replace(logprobs=(math.nan, -math.inf, *second.logprobs[2:]))
     nan_rollout = dataclasses.replace(rollout, calls=(first, bad))
     result = ConsistencyChecker(r).check_rollout(nan_rollout)
     assert {f.kind for f in result.engine_failures} >= {FailureKind.LOGPROB_NOT_FINITE}

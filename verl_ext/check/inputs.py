@@ -6,9 +6,10 @@ verl_ext's own agent loop and any other (verl's stock ``tool_agent`` included).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from array import array
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.prompt_ids import PromptIds
@@ -39,14 +40,57 @@ def _only(values: tuple[Any, ...], kind: type) -> bool:
     return not types or types == {kind}
 
 
-@dataclass(frozen=True)
-class EngineCall:
-    """One generate call as the engine saw it: what it received and what it returned."""
+def _packed(values: Sequence[Any]) -> Sequence[int]:
+    """``values`` as ints packed 4 bytes each (``array("i")``; 8 bytes where an id needs them, a tuple past 64 bits):
+    the engine-call records keep millions of ids on a long rollout, and a tuple of ints costs 8 bytes a slot plus
+    each int object."""
+    try:
+        return array("i", values)
+    except OverflowError:
+        pass
+    except TypeError:  # floats, numpy floats: converted with int() as ``_as_ints`` does
+        return _packed(_as_ints(values))
+    try:
+        return array("q", values)
+    except OverflowError:  # an id no tokenizer has: kept as it is, the check reports it
+        return _as_ints(values)
 
-    prompt_ids: tuple[int, ...]
-    output_ids: tuple[int, ...]  # stop token included when the engine stopped on one
-    logprobs: tuple[float, ...] | None  # one per output id; None when the engine did not return them
-    finish_reason: str = "stop"  # "stop" | "length" | anything else the engine reports
+
+class EngineCall:
+    """One generate call as the engine saw it: what it received and what it returned.
+
+    The prompt is kept packed, and a call recorded after another (``EngineCalls.record``) keeps only what its prompt
+    adds to that call's prompt + output: ``prompt_ids`` rebuilds the whole prompt on demand (O(prompt): read it once,
+    not per call; the engine view reads the chain in one pass). A rollout of n turns so holds its prompts in O(stream)
+    memory instead of O(n x stream). Equal calls (same prompt, output, logprobs and finish reason) compare equal
+    however they were built.
+    """
+
+    __slots__ = ("_after", "_shared", "_tail", "finish_reason", "logprobs", "output_ids", "prompt_length")
+
+    def __init__(
+        self,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        finish_reason: str = "stop",
+        *,
+        after: EngineCall | None = None,
+        shared: int = 0,
+    ) -> None:
+        """A call whose prompt is ``prompt_ids``; or, with ``after``, the first ``shared`` ids of ``after``'s prompt +
+        output followed by ``prompt_ids`` (``EngineCalls`` builds these). Ids and logprobs are kept as given (tuples
+        of ints and floats): use ``EngineCall.of`` to convert."""
+        if after is not None and not 0 <= shared <= after.output_end:
+            raise ValueError(f"an engine call sharing {shared} ids of a call of {after.output_end}")
+        self._after = after if shared else None
+        self._shared = shared if after is not None else 0
+        self._tail = _packed(prompt_ids)
+        self.prompt_length: int = self._shared + len(self._tail)
+        self.output_ids: tuple[int, ...] = tuple(output_ids)  # stop token included when the engine stopped on one
+        # One per output id; None when the engine did not return them.
+        self.logprobs: tuple[float, ...] | None = None if logprobs is None else tuple(logprobs)
+        self.finish_reason: str = finish_reason  # "stop" | "length" | anything else the engine reports
 
     @classmethod
     def of(
@@ -56,23 +100,236 @@ class EngineCall:
         logprobs: Sequence[float] | None = None,
         finish_reason: str = "stop",
     ) -> EngineCall:
-        """From any sequences (lists, arrays): ids become ints, logprobs floats, the finish reason its string."""
+        """From any sequences (lists, arrays): ids become ints, logprobs floats, the finish reason its string. The
+        whole prompt is copied (packed): a loop records its calls with ``EngineCalls.record`` instead."""
         return cls(
-            _as_ints(prompt_ids),
+            prompt_ids,
             _as_ints(output_ids),
             None if logprobs is None else _as_floats(logprobs),
             str(finish_reason),
         )
 
     @property
+    def after(self) -> EngineCall | None:
+        """The call whose prompt + output this call's prompt starts with (its first ``shared`` ids), or None."""
+        return self._after
+
+    @property
+    def shared(self) -> int:
+        """How many of the prompt's first ids are ``after``'s prompt + output (0 without ``after``)."""
+        return self._shared
+
+    @property
+    def tail(self) -> Sequence[int]:
+        """The prompt's ids after the ``shared`` ones (packed; read-only by contract)."""
+        return self._tail
+
+    @property
+    def prompt_ids(self) -> tuple[int, ...]:
+        """The whole prompt, rebuilt from the chain of calls (O(prompt) per read)."""
+        return tuple(self.stream()[: self.prompt_length])
+
+    def stream(self) -> array[int] | list[int]:
+        """The prompt + output, as a new packed array (a list when an id does not fit 32 bits): one pass over the
+        chain of calls this one extends."""
+        chain: list[EngineCall] = []
+        call: EngineCall | None = self
+        while call is not None:
+            chain.append(call)
+            call = call._after
+        chain.reverse()
+        out = array("i")
+        try:
+            for c in chain:
+                del out[c._shared :]
+                out.extend(c._tail)  # type: ignore[arg-type]  # TypeError when not an array("i"): see below
+                out.extend(c.output_ids)
+        except (OverflowError, TypeError):  # an id past 32 bits somewhere in the chain
+            ids: list[int] = []
+            for c in chain:
+                del ids[c._shared :]
+                ids += c._tail
+                ids += c.output_ids
+            return ids
+        return out
+
+    @property
     def output_start(self) -> int:
         """The stream position of the first output id (the prompt's length)."""
-        return len(self.prompt_ids)
+        return self.prompt_length
 
     @property
     def output_end(self) -> int:
         """The stream position just after the last output id."""
-        return len(self.prompt_ids) + len(self.output_ids)
+        return self.prompt_length + len(self.output_ids)
+
+    def replace(
+        self,
+        *,
+        output_ids: Sequence[int] | None = None,
+        logprobs: Sequence[float] | None | Literal[False] = False,
+        finish_reason: str | None = None,
+    ) -> EngineCall:
+        """This call with another output, logprobs (None: none) or finish reason; the same prompt, kept as it is
+        (``dataclasses.replace`` for an ``EngineCall``, which is no dataclass: it keeps its prompt as a chain)."""
+        return EngineCall(
+            self._tail,
+            self.output_ids if output_ids is None else tuple(output_ids),
+            self.logprobs if logprobs is False else (None if logprobs is None else tuple(logprobs)),
+            self.finish_reason if finish_reason is None else finish_reason,
+            after=self._after,
+            shared=self._shared,
+        )
+
+    def _key(self) -> tuple[Any, ...]:
+        return (self.prompt_ids, self.output_ids, self.logprobs, self.finish_reason)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, EngineCall):
+            return NotImplemented
+        return self is other or (
+            self.prompt_length == other.prompt_length
+            and self.output_ids == other.output_ids
+            and self.logprobs == other.logprobs
+            and self.finish_reason == other.finish_reason
+            and self.prompt_ids == other.prompt_ids
+        )
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+    def __repr__(self) -> str:
+        return (
+            f"EngineCall(prompt_ids=<{self.prompt_length} ids>, output_ids={self.output_ids!r}, "
+            f"logprobs={self.logprobs!r}, finish_reason={self.finish_reason!r})"
+        )
+
+
+class EngineCalls(Sequence[EngineCall]):
+    """One rollout's engine calls, recorded as they happen: ``calls.record(prompt_ids, output_ids, logprobs,
+    finish_reason)`` after each generate call. A sequence of ``EngineCall`` (what the check and the record read).
+
+    Each call keeps only what its prompt adds to the previous call's prompt + output, so recording costs O(new ids)
+    per turn and the log holds O(stream) ids however many turns. The prompt's earlier ids are read once: when the
+    prompt is a ``PromptIds`` view of the same append-only stream as the previous call's (the token core's
+    trajectory: its stream is never changed in place, ``check_invariants`` proves it), only its new ids are copied;
+    any other prompt (a stock loop's list) is compared with the previous call's prompt + output at C speed, and
+    where it departs from them (a re-tokenized history) the call keeps the rest. The engine view then compares
+    every call, at every position, with the final stream, in one pass over the chain.
+    """
+
+    __slots__ = ("_calls", "_last_full", "_last_prompt", "_pending")
+
+    def __init__(self, calls: Iterable[EngineCall] = ()) -> None:
+        self._calls: list[EngineCall] = []
+        self._last_prompt: PromptIds | None = None  # the last call's prompt, when it was a trajectory's view
+        # The last call's prompt + output, kept up to date while prompts come as plain sequences (a stock loop's).
+        self._last_full: array[int] | None = None
+        self._pending: tuple[EngineCall, PromptIds | None, array[int] | None] | None = None  # from next_call
+        for call in calls:
+            self.append(call)
+
+    def record(
+        self,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        finish_reason: str = "stop",
+    ) -> EngineCall:
+        """Record one generate call (``EngineCall.of``'s conversions) and return it."""
+        call = self.next_call(prompt_ids, output_ids, logprobs, finish_reason)
+        self.append(call)
+        return call
+
+    def next_call(
+        self,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None = None,
+        finish_reason: str = "stop",
+    ) -> EngineCall:
+        """The call ``record`` would record, without recording it: ``append`` it once the turn is kept (the
+        gateway's branch does)."""
+        output = _as_ints(output_ids)
+        lps = None if logprobs is None else _as_floats(logprobs)
+        previous = self._calls[-1] if self._calls else None
+        view = prompt_ids if isinstance(prompt_ids, PromptIds) else None
+        full: array[int] | None = None
+        if previous is None:
+            call = EngineCall(prompt_ids, output, lps, str(finish_reason))
+        elif view is not None and self._last_prompt is not None and view.extends(self._last_prompt):
+            # The same append-only stream, at least as long: its first ``len(last)`` ids are the previous prompt;
+            # only the ids after it are read (and compared with the previous output).
+            n = len(self._last_prompt)
+            shared = n + _common_length(view[n : n + len(previous.output_ids)], previous.output_ids)
+            call = EngineCall(view[shared:], output, lps, str(finish_reason), after=previous, shared=shared)
+        else:
+            # ``_last_full`` is grown into this call's prompt + output below: taken, so that a second next_call
+            # before an append does not read it changed.
+            known, self._last_full = (self._last_full if self._last_full is not None else previous.stream()), None
+            shared = _common_length(prompt_ids, known)
+            call = EngineCall(prompt_ids[shared:], output, lps, str(finish_reason), after=previous, shared=shared)
+            full = _grown(known, shared, call.tail, output)
+        if previous is None and view is None:
+            full = _grown(array("i"), 0, call.tail, output)
+        self._pending = (call, view, full)
+        return call
+
+    def append(self, call: EngineCall) -> None:
+        """Add a call built elsewhere (by ``next_call``, or another log's: a gateway fork replays its parent's)."""
+        pending, self._pending = self._pending, None
+        built_here = pending is not None and pending[0] is call
+        self._last_prompt = pending[1] if built_here else None  # type: ignore[index]
+        self._last_full = pending[2] if built_here else None  # type: ignore[index]
+        self._calls.append(call)
+
+    def __len__(self) -> int:
+        return len(self._calls)
+
+    @overload
+    def __getitem__(self, index: int) -> EngineCall: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[EngineCall]: ...
+
+    def __getitem__(self, index: int | slice) -> EngineCall | list[EngineCall]:
+        return self._calls[index]
+
+    def __iter__(self) -> Iterator[EngineCall]:
+        return iter(self._calls)
+
+    def __repr__(self) -> str:
+        return f"EngineCalls({len(self._calls)} calls)"
+
+
+def _grown(ids: array[int] | list[int], keep: int, *parts: Sequence[int]) -> array[int] | None:
+    """``ids[:keep] + parts``, in place when ``ids`` is an ``array("i")``; None when an id does not fit it."""
+    if not isinstance(ids, array) or ids.typecode != "i":
+        return None
+    try:
+        del ids[keep:]
+        for part in parts:
+            ids.extend(part if isinstance(part, array) and part.typecode == "i" else array("i", part))
+    except (OverflowError, TypeError):
+        return None
+    return ids
+
+
+def _common_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the longest common prefix of ``a`` and ``b`` (one C-speed comparison when one is a prefix of
+    the other, then halving)."""
+    n = min(len(a), len(b))
+    head_a, head_b = list(a[:n]), list(b[:n])
+    if head_a == head_b:
+        return n
+    lo, hi = 0, n  # head_a[:lo] == head_b[:lo], head_a[:hi] != head_b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if head_a[lo:mid] == head_b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 
 
 @dataclass(frozen=True)

@@ -220,7 +220,7 @@ class RecordedCall:
 
     @classmethod
     def of(cls, call: EngineCall) -> RecordedCall:
-        return cls(len(call.prompt_ids), call.output_ids, call.logprobs, call.finish_reason)
+        return cls(call.prompt_length, call.output_ids, call.logprobs, call.finish_reason)
 
     @property
     def output_start(self) -> int:

@@ -2,13 +2,14 @@
 
 A trajectory hands back the next prompt after every turn. Copying the whole stream there made each turn cost
 O(stream) (about 0.3 ms at 130k tokens); a ``PromptIds`` costs O(1) to create. It is a snapshot: it shows
-``ids[:length]`` of a list that its owner only ever appends to (``TokenTrajectory`` keeps its stream private and
-never changes, inserts or removes an id once pushed), so the ids it shows never change. Whoever needs a list
+``ids[:length]`` of a list or packed array that its owner only ever appends to (``TokenTrajectory`` keeps its stream
+private and never changes, inserts or removes an id once pushed), so the ids it shows never change. Whoever needs a list
 (an engine request, a record) copies once with ``prompt[:]`` or ``list(prompt)``.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Iterator, Sequence
 from itertools import islice
 from typing import Any, overload
@@ -25,7 +26,7 @@ class PromptIds(Sequence[int]):
 
     __slots__ = ("_ids", "_length")
 
-    def __init__(self, ids: list[int], length: int | None = None) -> None:
+    def __init__(self, ids: list[int] | array[int], length: int | None = None) -> None:
         n = len(ids) if length is None else length
         if not 0 <= n <= len(ids):
             raise ValueError(f"a PromptIds view of {n} ids over a list of {len(ids)}")
@@ -34,6 +35,11 @@ class PromptIds(Sequence[int]):
 
     def __len__(self) -> int:
         return self._length
+
+    def extends(self, earlier: PromptIds) -> bool:
+        """Whether this view shows the same append-only stream as ``earlier``, at least as far: its first
+        ``len(earlier)`` ids are then ``earlier``'s (the stream never changes an id once pushed), unread."""
+        return self._ids is earlier._ids and self._length >= earlier._length
 
     @overload
     def __getitem__(self, index: int) -> int: ...
@@ -46,7 +52,8 @@ class PromptIds(Sequence[int]):
         if isinstance(index, slice):
             start, stop, step = index.indices(n)
             if step == 1:
-                return self._ids[start:stop]
+                part = self._ids[start:stop]
+                return part if isinstance(part, list) else part.tolist()
             return [self._ids[i] for i in range(start, stop, step)]
         i = index.__index__()
         if i < 0:
@@ -63,11 +70,9 @@ class PromptIds(Sequence[int]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, PromptIds):
-            return self._length == other._length and (
-                (self._ids is other._ids) or self._ids[: self._length] == other._ids[: other._length]
-            )
+            return self._length == other._length and ((self._ids is other._ids) or self[:] == other[:])
         if isinstance(other, list):
-            return self._length == len(other) and self._ids[: self._length] == other
+            return self._length == len(other) and self[:] == other
         return NotImplemented
 
     def __add__(self, other: object) -> list[int]:
@@ -84,8 +89,8 @@ class PromptIds(Sequence[int]):
     __hash__ = None  # type: ignore[assignment]  # equal to a list with the same ids, and a list is unhashable
 
     def __repr__(self) -> str:
-        return f"PromptIds({self._ids[: self._length]!r})"
+        return f"PromptIds({self[:]!r})"
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Pickled (a Ray hop) as its own ids only, not the owner's longer list.
-        return (PromptIds, (self._ids[: self._length],))
+        return (PromptIds, (self[:],))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import struct
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
@@ -163,6 +164,14 @@ def prefix_digests(ids: Sequence[int], lengths: Iterable[int]) -> dict[int, str]
     return out
 
 
+def _packed(ids: Sequence[int]) -> array[int]:
+    """``ids`` as an ``array("i")`` (``array("q")`` when one does not fit 32 bits)."""
+    try:
+        return array("i", ids)
+    except OverflowError:
+        return array("q", ids)
+
+
 def _id_bytes(ids: Sequence[int]) -> bytes:
     """The ids as native signed 64-bit integers (the bytes of ``array("q", ids)``, packed about 4x sooner)."""
     return struct.pack(f"{len(ids)}q", *ids)
@@ -189,9 +198,10 @@ class TokenTrajectory:
         self.profile = profile or probe_template(renderer, extra_stop_ids)
         # context deltas from learned pieces (shared across rollouts of the same template)
         self.deltas = deltas or shared_deltas(renderer, self.profile)
-        # The stream, appended to only (never changed in place: the PromptIds views handed out rely on it), and one
-        # record per push; the per-token kinds, turns and logprobs are built from the records when read.
-        self._ids: list[int] = []
+        # The stream, appended to only (never changed in place: the PromptIds views handed out rely on it), packed
+        # (4 bytes an id), and one record per push; the per-token kinds, turns and logprobs are built from the
+        # records when read.
+        self._ids: array[int] = array("i")
         self._spans: list[_Span] = []
         self._per_token: tuple[list[TokenKind], list[int], list[float]] | None = None  # cache, reset on push
         self._digests = _PushedDigests(self._spans)
@@ -450,12 +460,16 @@ class TokenTrajectory:
         return text
 
     def _push(self, ids: Sequence[int], kind: TokenKind, turn: int, logprobs: Sequence[float] | None = None) -> None:
-        """Append ids of one kind and turn: one record, O(len(ids)). ``ids`` (and ``logprobs``) are kept by the record
-        as they are: pass sequences nobody changes afterwards (the template's tuples, a list made for the push)."""
+        """Append ids of one kind and turn: one record, O(len(ids)). The record keeps its own packed copy of ``ids``
+        (4 bytes an id: the stream and the records are the rollout's memory) and ``logprobs`` as they are: pass a
+        sequence nobody changes afterwards."""
         if not ids:
             return
-        self._spans.append(_Span(len(self._ids), ids, kind, turn, logprobs))
-        self._ids += ids
+        packed = _packed(ids)
+        if packed.typecode != self._ids.typecode:  # an id past 32 bits: the stream widens (views handed out keep
+            self._ids = array(packed.typecode, self._ids)  # the old array, whose first ids are theirs, unchanged)
+        self._spans.append(_Span(len(self._ids), packed, kind, turn, logprobs))
+        self._ids.extend(packed)
         self._per_token = None
 
     def _token_lists(self) -> tuple[list[TokenKind], list[int], list[float]]:
@@ -520,7 +534,7 @@ class TokenTrajectory:
         """The whole trajectory, JSON-ready (``verl-ext replay --json``). ``"turns"`` holds ``turn_of`` (the turn of
         each token), a published key kept under its older name; ``"engine_calls"`` holds one object per turn."""
         return {
-            "input_ids": list(self._ids),
+            "input_ids": self._ids.tolist(),
             "loss_mask": self.loss_mask,
             "logprobs": list(self.logprobs),
             "kinds": [k.value for k in self.kinds],

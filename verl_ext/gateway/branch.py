@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_ext.check.inputs import EngineCall
+from verl_ext.check.inputs import EngineCall, EngineCalls
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.history import ROOT, Divergence, chain, message_key, tools_key
@@ -52,7 +52,7 @@ class Branch:
         self.fork = fork
         self.messages: list[Mapping[str, Any]] = []
         self.digests: list[bytes] = []  # digests[n]: the tools and the first n messages (set by start)
-        self.calls: list[EngineCall] = []
+        self.calls = EngineCalls()  # prompts kept as what each adds: O(stream) ids per branch
         self.turns: list[_Turn] = []
         self.first_messages: tuple[Mapping[str, Any], ...] = ()
         self.tools: list[dict[str, Any]] | None = None

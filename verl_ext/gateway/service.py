@@ -210,7 +210,7 @@ class Gateway:
                 self.profile.generation_prompt_ids,
             )
 
-        turn = await self.runtime.turn(prompt, max_tokens, stop_ids, generate, read)
+        turn = await self.runtime.turn(branch.calls, prompt, max_tokens, stop_ids, generate, read)
         call = turn.call
         if turn.parsed is None:
             # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first

@@ -27,7 +27,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoo
 from verl.utils.profiler import simple_timer
 
 from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.inputs import EngineCalls, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
@@ -187,7 +187,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         async def read(ids: Sequence[int]) -> ParsedTurn:
             return await self._parse(list(ids), ro.turn, ro.counters, ro.active)
 
-        turn = await self.rt.turn(ro.prompt_ids, remaining, ro.stop_ids, generate, read)
+        turn = await self.rt.turn(ro.calls, ro.prompt_ids, remaining, ro.stop_ids, generate, read)
         ro.calls.append(turn.call)
         if len(turn.output.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": turn.output.segments})
@@ -332,7 +332,7 @@ class _RolloutState:
     agent_data: AgentData
     metrics: dict[str, Any]  # the same dict as agent_data's: verl's tools time into it too
     counters: Counter[str] = field(default_factory=Counter)
-    calls: list[EngineCall] = field(default_factory=list)
+    calls: EngineCalls = field(default_factory=EngineCalls)
     extra_fields: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort

@@ -15,7 +15,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
-from verl_ext.check.inputs import TrainerSample
+from verl_ext.check.inputs import EngineCalls, TrainerSample
 from verl_ext.check.policy import CheckMode
 from verl_ext.check.record import Rollout
 from verl_ext.plugin.agent_loop import runtime_for, training_step
@@ -68,7 +68,9 @@ class AuditedToolAgentLoop(ToolAgentLoop):
             self.server_manager = recorder.inner
         if self.options.check.mode is CheckMode.OFF:
             return output
-        calls = [self.rt.engine_call(p, o.token_ids, o.log_probs, m, stops)[0] for p, o, m, stops in recorder.calls]
+        calls = EngineCalls()
+        for p, o, m, stops in recorder.calls:
+            calls.append(self.rt.engine_call(calls, p, o.token_ids, o.log_probs, m, stops)[0])
         sample = TrainerSample.of(
             output.prompt_ids, output.response_ids, output.response_mask, output.response_logprobs
         )

@@ -92,7 +92,7 @@ class ServerManagerEngine:
         sampled = Sampled(tuple(int(i) for i in out.token_ids), None if out.log_probs is None else tuple(out.log_probs))
         session = _SESSION.get()
         if session is not None:
-            key = (tuple(int(i) for i in prompt_ids), sampled.token_ids)
+            key = (len(prompt_ids), sampled.token_ids)  # a call's prompt length and output name it in its session
             self.extra_fields.setdefault(session, {})[key] = dict(out.extra_fields)
         return sampled
 
@@ -112,7 +112,7 @@ class ServerManagerEngine:
         for calls in samples:
             merged: dict[str, Any] = {}
             for call in calls:
-                fields = filed.get((call.prompt_ids, call.output_ids))
+                fields = filed.get((call.prompt_length, call.output_ids))
                 if fields is None:
                     missing += 1
                 else:

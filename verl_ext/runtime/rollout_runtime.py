@@ -13,7 +13,7 @@ from typing import Any, Protocol
 
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCall
+from verl_ext.check.inputs import EngineCall, EngineCalls
 from verl_ext.check.policy import CheckMode, CheckPolicy, Enforcer
 from verl_ext.check.record import Rollout, RolloutRecord
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
@@ -110,29 +110,34 @@ class RolloutRuntime:
 
     def engine_call(
         self,
+        calls: EngineCalls,
         prompt_ids: Sequence[int],
         output_ids: Sequence[int],
         logprobs: Sequence[float] | None,
         max_tokens: int,
         stop_ids: Sequence[int],
     ) -> tuple[EngineCall, FinishReason]:
-        """The record of one engine call and how it ended, judged from its ids (not the engine's label)."""
+        """The record of one engine call and how it ended, judged from its ids (not the engine's label), built by
+        the rollout's log ``calls`` (what its prompt adds to the previous call's) and not yet appended to it: the
+        caller appends it once the turn is kept."""
         finish = judge_finish(output_ids, max_tokens, stop_ids, self.profile)
-        return EngineCall.of(prompt_ids, output_ids, logprobs, finish), finish
+        return calls.next_call(prompt_ids, output_ids, logprobs, finish), finish
 
     async def turn(
         self,
+        calls: EngineCalls,
         prompt_ids: Sequence[int],
         max_tokens: int,
         stop_ids: Sequence[int],
         generate: Callable[[int], Awaitable[G]],
         read: Callable[[Sequence[int]], Awaitable[ParsedTurn]],
     ) -> Turn[G]:
-        """One turn: ``generate(max_tokens)`` (the caller's engine), the engine call and its finish, the output's
-        problems, and ``read(ids)`` (the caller's tool-call reader) unless the output is invalid. The caller keeps
-        the turn (``Turn.keep``, or its own log that calls ``keep_sampled``)."""
+        """One turn: ``generate(max_tokens)`` (the caller's engine), the engine call (built by the rollout's log
+        ``calls``) and its finish, the output's problems, and ``read(ids)`` (the caller's tool-call reader) unless the
+        output is invalid. The caller keeps the turn and appends its call to ``calls`` (``Turn.keep``, or its own log
+        that calls ``keep_sampled``)."""
         out = await generate(max_tokens)
-        call, finish = self.engine_call(prompt_ids, out.token_ids, out.log_probs, max_tokens, stop_ids)
+        call, finish = self.engine_call(calls, prompt_ids, out.token_ids, out.log_probs, max_tokens, stop_ids)
         problems = self.output_problems(call.output_ids, call.logprobs)
         parsed = None if problems else await read(call.output_ids)
         return Turn(call, finish, out, problems, parsed)

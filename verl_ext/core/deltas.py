@@ -7,11 +7,11 @@ the real tool calls), so the real history is never re-rendered and never re-toke
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.core.appended_text import refuse_dropped_content
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
@@ -88,7 +88,9 @@ def _delta(
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
     # (rather than requiring a token prefix) tolerates templates that move the system or tool list.
     if boundary.close_omitted:
-        return _delta_after_unclosed_call(renderer, boundary, head_render.text, conversation, tools, full, messages)
+        return _delta_after_unclosed_call(
+            renderer, boundary, head_render.text, conversation, tools, full, messages, add_generation_prompt
+        )
     seen = prompt.count(marker)
     at = _nth_index(full.ids, marker, seen)
     if at is None:
@@ -104,7 +106,16 @@ def _delta(
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
     context = tuple(rest[len(trailer) :])
-    refuse_dropped_content(renderer.decode([marker]), head_render.text, full.text, messages)
+    refuse_dropped_content(
+        renderer,
+        conversation,
+        len(messages),
+        tools,
+        add_generation_prompt,
+        renderer.decode([marker]),
+        head_render.text,
+        full.text,
+    )
     return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
 
 
@@ -116,6 +127,7 @@ def _delta_after_unclosed_call(
     tools: Sequence[Mapping[str, Any]] | None,
     full: Any,
     messages: Sequence[Message],
+    add_generation_prompt: bool,
 ) -> ContextDelta:
     """The delta after a tool-call turn the template renders without a close (``Boundary.close_omitted``): what
     follows the turn's own render. The close is the engine's (kept as sampled; synthetic only for a cut turn)."""
@@ -128,7 +140,16 @@ def _delta_after_unclosed_call(
         )
     offset = n_before
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
-    refuse_dropped_content(renderer.decode([bare.ids[-1]]), head_text, full.text, messages)
+    refuse_dropped_content(
+        renderer,
+        conversation,
+        len(messages),
+        tools,
+        add_generation_prompt,
+        renderer.decode([bare.ids[-1]]),
+        head_text,
+        full.text,
+    )
     context = tuple(full.ids[len(bare.ids) :])
     return ContextDelta(tuple(boundary.close_ids), (), context, escapes, full.escape_divergence)
 
@@ -179,46 +200,6 @@ def refuse_beyond_template_limit(profile: TemplateProfile, assistant: Message, m
             f"{[m.get('role') for m in messages]} has {len(calls)}. Let the loop run one call per turn (verl: "
             "actor_rollout_ref.rollout.multi_turn.max_parallel_calls=1)"
         )
-
-
-def refuse_dropped_content(marker_text: str, head_text: str, full: str, messages: Sequence[Message]) -> None:
-    """Every appended message's text must reach the engine: a template may accept a message and render it
-    elsewhere (a system message moved to the top of the conversation) or not at all. Compared as template text
-    (``head_text``: the synthetic history's render; ``full``: with the assistant turn and ``messages``) after the
-    assistant turn's boundary token (no decoding: it holds for tokenizers that do not round-trip)."""
-    seen = head_text.count(marker_text)
-    at = -1
-    for _ in range(seen + 1):
-        at = full.find(marker_text, at + 1)
-        if at < 0:
-            return  # the boundary was found by ids; text that does not show it proves nothing either way
-    text = full[at:]
-    for message in messages:
-        content = _text_of(message.get("content"))
-        if content.strip() and not any(form in text for form in _rendered_forms(content)):
-            raise TemplateError(
-                f"the chat template does not render the appended {message.get('role')!r} message's text after the "
-                f"assistant turn (it drops it or moves it before the turn, e.g. to the top): {content[:60]!r} would "
-                "never reach the engine. Append this role only if `verl-ext check-template` lists it as appendable"
-            )
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        return "".join(p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-    return ""
-
-
-def _rendered_forms(content: str) -> tuple[str, ...]:
-    """How a template may write ``content``: as is, trimmed, or JSON-escaped (``| tojson``, HTML-safe or not)."""
-    dumped = json.dumps(content, ensure_ascii=False)[1:-1]
-    ascii_dumped = json.dumps(content)[1:-1]
-    html_safe = (
-        ascii_dumped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
-    )
-    return (content, content.strip(), dumped, ascii_dumped, html_safe)
 
 
 def synthetic_history(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from verl_ext.core.appended_text import refuse_dropped_content
 from verl_ext.core.errors import TemplateError
@@ -18,6 +18,32 @@ from verl_ext.core.rendering import ChatRenderer, Escape, Message
 
 _SYNTHETIC_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 _SYNTHETIC_USER = {"role": "user", "content": "Hello."}
+
+
+class History(NamedTuple):
+    """What of the real history the synthetic one a delta is rendered after mirrors."""
+
+    with_system: bool  # the conversation opens with a system message
+    earlier_tool_round: bool = False  # a tool round came before the turn (only where the template keeps state)
+
+
+def _history(with_system: bool | History) -> History:
+    return with_system if isinstance(with_system, History) else History(bool(with_system))
+
+
+def _head(history: History, previous: Message | None) -> list[Message]:
+    """The synthetic messages before the turn: a system prompt where the real one has one, a user message, and one
+    tool round (a call to the previous turn's first tool, and its result) where the template carries state over."""
+    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if history.with_system else [_SYNTHETIC_USER]
+    if history.earlier_tool_round:
+        calls = (previous or {}).get("tool_calls") or []
+        name = _call_name(calls[0]) if calls else "tool"
+        call = {"id": "call99999", "type": "function", "function": {"name": name or "tool", "arguments": {}}}
+        head += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": _SYNTHETIC_REPLY, "tool_call_id": "call99999", "name": name or "tool"},
+        ]
+    return head
 
 
 @dataclass(frozen=True)
@@ -42,9 +68,10 @@ def render_context_delta(
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]] | None,
     previous_assistant: Message | None,
-    with_system: bool,
+    with_system: bool | History,
 ) -> ContextDelta:
     """Token delta for appending ``messages`` right after an assistant turn, generation prompt included."""
+    with_system = _history(with_system)
     if not messages:
         raise TemplateError("append_messages needs at least one message")
     assistant = _synthetic_assistant(messages, previous_assistant)
@@ -72,7 +99,7 @@ def _delta(
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]] | None,
     assistant: Message,
-    with_system: bool,
+    history: History,
     add_generation_prompt: bool,
 ) -> ContextDelta:
     role = str(messages[0].get("role"))
@@ -80,8 +107,10 @@ def _delta(
     marker = boundary.boundary_id
     if marker is None:
         raise TemplateError(f"the probe found no boundary token before a {role!r} message")
-    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
-    head_render = renderer.render(head, tools, add_generation_prompt=True, escape=False)
+    head = _head(history, assistant)
+    head_render = renderer.render(
+        profile.tool_call_shape.conform(head), tools, add_generation_prompt=True, escape=False
+    )
     prompt = head_render.ids
     conversation = profile.tool_call_shape.conform([*head, assistant, *messages])
     full = renderer.render(conversation, tools, add_generation_prompt=add_generation_prompt)
@@ -130,7 +159,8 @@ def _delta_after_unclosed_call(
     add_generation_prompt: bool,
 ) -> ContextDelta:
     """The delta after a tool-call turn the template renders without a close (``Boundary.close_omitted``): what
-    follows the turn's own render. The close is the engine's (kept as sampled; synthetic only for a cut turn)."""
+    follows the turn's own render. The close is the engine's where it sampled one; none is added where the template
+    writes none."""
     n_before = len(conversation) - len(messages)
     bare = renderer.render(conversation[:n_before], tools, add_generation_prompt=False, escape=False)
     if tuple(full.ids[: len(bare.ids)]) != tuple(bare.ids) or not bare.ids:
@@ -151,7 +181,10 @@ def _delta_after_unclosed_call(
         full.text,
     )
     context = tuple(full.ids[len(bare.ids) :])
-    return ContextDelta(tuple(boundary.close_ids), (), context, escapes, full.escape_divergence)
+    # The template's own continuation: where it ends the turn without the close (a single call), none is inserted
+    # (a close the engine sampled stays, as sampled); where it writes one (several calls), a turn without it gets it.
+    close = tuple(boundary.close_ids) if bare.ids[-1] in boundary.close_ids else ()
+    return ContextDelta(close, (), context, escapes, full.escape_divergence)
 
 
 def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], assistant: Message) -> bool:
@@ -203,11 +236,11 @@ def refuse_beyond_template_limit(profile: TemplateProfile, assistant: Message, m
 
 
 def synthetic_history(
-    messages: Sequence[Message], previous_assistant: Message | None, with_system: bool
+    messages: Sequence[Message], previous_assistant: Message | None, with_system: bool | History
 ) -> tuple[list[Message], dict[str, Any]]:
     """The short history a delta is rendered after: a synthetic prompt, then a synthetic assistant turn."""
-    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
-    return head, _synthetic_assistant(messages, previous_assistant)
+    assistant = _synthetic_assistant(messages, previous_assistant)
+    return _head(_history(with_system), assistant), assistant
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

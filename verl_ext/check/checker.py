@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_ext.check.align import BudgetExceeded
+from verl_ext.check.context_message import name_context_messages
 from verl_ext.check.engine_view import check_engine_view
 from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, Cause, CheckResult, FailureKind, Finding, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample
@@ -161,6 +162,7 @@ class ConsistencyChecker:
                 f"over its {budget:g} s budget after {time.perf_counter() - view_started:.1f} s on "
                 f"{len(loc.stream)} tokens: {exc} (raise verl_ext.check.template_view_budget_s)"
             )
+        rendered = name_context_messages(rendered, loc, messages, self.policy.allows)
         # Where both views found the same thing, keep the template view's (it has both sides).
         located = {(f.cause, f.turn) for f in rendered}
         return [f for f in findings if (f.cause, f.turn) not in located] + rendered, ""

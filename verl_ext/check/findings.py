@@ -40,6 +40,7 @@ class Cause(StrEnum):
     SPECIAL_TOKEN_INJECTED = "special_token_injected"  # special-token text in content became a real token
     STOP_TEXT_IN_MESSAGE = "stop_text_in_message"  # the loop decoded a stop token into an assistant message
     MESSAGE_DIFFERS = "message_differs"  # an assistant message does not hold what the engine sampled (a tool call)
+    CONTEXT_DIFFERS = "context_differs"  # a user, tool or system message is not what the engine saw (edited later)
     UNKNOWN = "unknown"  # a divergence no rule explains
 
 

@@ -37,6 +37,8 @@ CAUSE_FIXES: dict[str, str] = {
     "with other arguments): build each message from the sampled ids with the tool parser, as verl_ext_tool_agent "
     "does (actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent).",
     "stop_text_in_message": SWITCH + ": the stock hermes parser decodes the stop token into the assistant message.",
+    "context_differs": "The loop's user, tool or system message (named in the detail) is not the text the engine "
+    "saw: it was changed after the prompt was built. Keep the messages the loop appended as they were.",
     "unknown": "Open the rollout below and compare stream and template; `verl-ext replay FILE --tokenizer DIR` "
     "replays every record, numbered by line, and names where it differs from what was trained. Report it with the "
     "record if the template view is wrong.",

@@ -35,6 +35,7 @@ CAUSE_COLORS: dict[str, str] = {
     Cause.AMBIGUOUS_STOP_DUPLICATED: "#8c564b",
     Cause.SPECIAL_TOKEN_INJECTED: "#e377c2",
     Cause.STOP_TEXT_IN_MESSAGE: "#f4a261",
+    Cause.CONTEXT_DIFFERS: "#b5541c",
     Cause.UNKNOWN: "#7b0000",
 }
 

@@ -190,7 +190,7 @@ def test_close_missing_when_an_alias_stands_in_for_the_close(renderer_for):
     assert only(result, Cause.EOS_ALIAS).allowed  # the stop itself is fine; the missing close is the defect
 
 
-def test_unknown_when_the_stream_says_something_else(renderer_for):
+def test_a_context_message_that_says_something_else_is_named(renderer_for):
     r = renderer_for("qwen3")
     messages = [*PROMPT, CALL_MESSAGE, tool_result("2"), ANSWER]
     prompt = r.render(PROMPT, TOOLS, add_generation_prompt=True).ids
@@ -199,8 +199,8 @@ def test_unknown_when_the_stream_says_something_else(renderer_for):
     calls, sample = naive(
         r, [("prompt", prompt), ("sampled", first), ("context", context), ("sampled", qwen3_answer_turn(r))]
     )
-    f = only(check(r, calls, sample, messages), Cause.UNKNOWN)
-    assert not f.allowed and f.turn == 0 and f.region == "context"
+    f = only(check(r, calls, sample, messages), Cause.CONTEXT_DIFFERS)
+    assert not f.allowed and f.turn == 0 and f.region == "context" and "message 2 (tool)" in f.detail
     assert (f.stream_text, f.rendered_text) == ("3", "2")
 
 

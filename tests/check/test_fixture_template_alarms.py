@@ -150,15 +150,12 @@ def test_kimi_parser_arguments_it_cannot_read_are_a_call_the_model_never_wrote()
     assert differs and differs[0].turn == 0 and "{}" in differs[0].detail, result.summary()
 
 
-def test_deepseek_r1_second_tool_round_is_reported_in_its_turn():
+def test_deepseek_r1_second_tool_round_is_written_into_the_first_rounds_blocks():
     """DeepSeek-R1-Distill's template writes all tool results of a conversation into one outputs block (its namespace
-    flags are never reset); verl_ext renders each append after the previous turn alone, so the second round's
-    context opens a block the full render does not: the stream differs from the template in tokens verl_ext added,
-    and the check says so (a known limit, docs/check.md), in the turn whose context it is."""
+    flags are never reset). The probe finds it (``tool_rounds_share_state``) and verl_ext renders a later round's
+    context after a synthetic earlier round, so the second round continues the first block as the template does."""
     call = HERMES_CALL + "<｜end▁of▁sentence｜>"
-    result = check(
-        Case("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", (call, call, "<｜end▁of▁sentence｜>"), ("ok", "ok"))
-    )
-    assert result.engine_ok
-    assert result.defects and {f.turn for f in result.defects} == {1}, result.summary()
-    assert all(f.region in ("boundary", "context") for f in result.defects)
+    case = Case("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B", (call, call, "<｜end▁of▁sentence｜>"), ("ok", "ok"))
+    assert probe_template(renderer(case.template)).tool_rounds_share_state
+    result = check(case)
+    assert result.engine_ok and not result.defects, result.summary()

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_rollouts import build_loop_rollout, canonical_call_text, engine_output, verl_parser
 from template_fixtures import template_files, template_renderer
@@ -104,14 +104,6 @@ REFUSED = {
     "microsoft-Phi-3.5-mini-instruct": "drops the content of an appended 'tool' message",
     "phi-4_ollama-gguf": "drops the content of an appended 'tool' message",
 }
-# Fixture templates that render a message differently depending on turns before the previous assistant turn, where
-# verl_ext renders each append after that turn alone: rollouts that reach the history they depend on are left out
-# here, and the check reports them (test_fixture_template_alarms.py pins the finding).
-HISTORY_DEPENDENT = {
-    # one tool-outputs block and one tool-calls block per conversation (its namespace flags are never reset): a
-    # second tool round is written into the first round's blocks
-    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "tool",
-}
 # The hermes call a model may write whatever its template's own format (verl's default multi_turn.format reads it).
 HERMES_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"x": "3"}}\n</tool_call>'
 
@@ -147,18 +139,9 @@ def test_no_defect_on_any_engine_output_with_fixture_templates(template):
     @given(st.data())
     def holds(data):
         rollout = draw_loop_rollout(data, r, profile, parser, calls)
-        if template in HISTORY_DEPENDENT:
-            assume(rounds(rollout.messages, HISTORY_DEPENDENT[template]) < 2)
         result = checker.check_rollout(rollout, template_view=True)
         assert not result.engine_failures, result.summary()
         defects = [f for f in result.findings if not f.allowed]
         assert not defects, [(f.cause.value, f.turn, f.stream_text, f.rendered_text, f.detail) for f in defects]
 
     holds()
-
-
-def rounds(messages, role: str) -> int:
-    """How many times messages of ``role`` were appended after an assistant turn."""
-    return sum(
-        1 for a, b in zip(messages, messages[1:], strict=False) if a["role"] == "assistant" and b["role"] == role
-    )

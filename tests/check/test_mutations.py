@@ -253,12 +253,7 @@ def test_the_clean_rollout_is_clean(case, variant):
 
 # Misses the check has (each a strict xfail: it fails the suite once the check catches it; docs/check.md, "Not yet
 # there").
-KNOWN_MISSES = {
-    ("mistral-7b-v0.3", "context message missing from the messages"): (
-        "the template refuses messages whose roles do not alternate, and a refused render is allowed "
-        "(template_refused): the template view cannot see a user message the loop's messages lost"
-    ),
-}
+KNOWN_MISSES: dict[tuple[str, str], str] = {}
 
 
 def params() -> list[Any]:

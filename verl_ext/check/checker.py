@@ -9,10 +9,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_ext.check.align import BudgetExceeded
+from verl_ext.check.context_message import name_context_messages
 from verl_ext.check.engine_view import check_engine_view
 from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, Cause, CheckResult, FailureKind, Finding, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.locate import Locator
+from verl_ext.check.lost_messages import lost_message_findings
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.check.record import Rollout
 from verl_ext.check.template_view import template_findings
@@ -105,7 +107,7 @@ class ConsistencyChecker:
             # The time the rollout's template read (today's date in its prompt), not the wall clock now.
             renderer = self.renderer.with_clock(rollout.template_clock) if rollout.template_clock else self.renderer
             loc = Locator.build(calls, messages, stream, renderer, prompt_messages, rollout.assistants)
-            findings = turn_end_findings(loc, self.profile, stream, self.policy.allows)
+            findings = turn_end_findings(loc, self.profile, stream, self.policy.allows, messages)
             if template_view is None:
                 rate = self.policy.template_view_rate
                 template_view = rate >= 1.0 or (rate > 0.0 and self._rng.random() < rate)
@@ -152,13 +154,15 @@ class ConsistencyChecker:
             )
         except TemplateError as exc:
             # Final messages the template refuses to render: nothing to compare with, say so.
-            rendered = [self._refused(loc, exc)]
+            # A message the loop's messages lost makes them unrenderable on some templates: named from the calls.
+            rendered = [self._refused(loc, exc), *lost_message_findings(loc, self.profile, self.policy.allows)]
         except BudgetExceeded as exc:
             # A long, divergent rollout must not stall the step: count it and say why, keep the rest.
             return findings, (
                 f"over its {budget:g} s budget after {time.perf_counter() - view_started:.1f} s on "
                 f"{len(loc.stream)} tokens: {exc} (raise verl_ext.check.template_view_budget_s)"
             )
+        rendered = name_context_messages(rendered, loc, messages, self.policy.allows)
         # Where both views found the same thing, keep the template view's (it has both sides).
         located = {(f.cause, f.turn) for f in rendered}
         return [f for f in findings if (f.cause, f.turn) not in located] + rendered, ""

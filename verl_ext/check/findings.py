@@ -208,6 +208,14 @@ class Cause(StrEnum):
         "arguments): build each message from the sampled ids with the tool parser, as verl_ext_tool_agent does "
         "(actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_tool_agent).",
     )
+    CONTEXT_DIFFERS = (
+        "context_differs",
+        _DEFECT,
+        "#b5541c",
+        "a user, tool or system message is not what the engine saw (edited later)",
+        "The loop's user, tool or system message (named in the detail) is not the text the engine saw: it was "
+        "changed after the prompt was built. Keep the messages the loop appended as they were.",
+    )
     UNKNOWN = (
         "unknown",
         _DEFECT,

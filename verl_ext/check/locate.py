@@ -9,6 +9,7 @@ from typing import Any
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.inputs import EngineCall, rollout_assistants
+from verl_ext.check.texts_alike import alike_note
 from verl_ext.core.rendering import ChatRenderer
 
 CONTEXT_TOKENS = 4  # decoded tokens shown on each side of a divergence
@@ -85,6 +86,9 @@ class Locator:
         region = region or self.region(at)
         turn = self.turn(stream.start) if turn is None else turn
         d = self.renderer.decode
+        stream_text = d(s[stream.start : stream.end]) if texts is None else texts[0]
+        rendered_text = d(rendered_ids) if texts is None else texts[1]
+        detail += alike_note(self.renderer, s[stream.start : stream.end], rendered_ids, stream_text, rendered_text)
         return Finding(
             cause=cause,
             allowed=allowed,
@@ -95,8 +99,8 @@ class Locator:
             rendered=rendered,
             stream_ids=s[stream.start : stream.end],
             rendered_ids=tuple(rendered_ids),
-            stream_text=d(s[stream.start : stream.end]) if texts is None else texts[0],
-            rendered_text=d(rendered_ids) if texts is None else texts[1],
+            stream_text=stream_text,
+            rendered_text=rendered_text,
             context_before=d(s[max(0, stream.start - CONTEXT_TOKENS) : stream.start]),
             context_after=d(s[stream.end : stream.end + CONTEXT_TOKENS]),
             detail=detail,

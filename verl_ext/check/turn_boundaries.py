@@ -6,12 +6,14 @@ These come from the engine record alone (no render), so they are cheap and run o
 - CLOSE_VARIANT: the turn stopped on another of the template's turn ends (GPT-OSS ``<|return|>`` before a user
   message, Llama ``<|eom_id|>``): kept as the turn's close;
 - AMBIGUOUS_STOP_KEPT: the stop token also opens the next message (GLM ``<|observation|>``) and is kept once;
-- CLOSE_MISSING: a turn followed by another message has neither a sampled nor an inserted close (a defect).
+- CLOSE_MISSING: a turn followed by another message has neither a sampled nor an inserted close (a defect); not
+  after a single tool call on a template that writes no close there (``Boundary.close_omitted``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.locate import Locator
@@ -20,7 +22,11 @@ from verl_ext.core.probe import END, TemplateProfile
 
 
 def turn_end_findings(
-    loc: Locator, profile: TemplateProfile, stream: Sequence[int], allowed: Callable[[Cause], bool]
+    loc: Locator,
+    profile: TemplateProfile,
+    stream: Sequence[int],
+    allowed: Callable[[Cause], bool],
+    messages: Sequence[Mapping[str, Any]] = (),
 ) -> list[Finding]:
     """A finding for each turn end that is not "the template's close, sampled": an ambiguous stop kept once, a
     close variant, an alias stop, a missing close, a synthetic close; ``allowed`` judges each cause. A turn followed
@@ -34,9 +40,10 @@ def turn_end_findings(
     for k, call in enumerate(loc.calls):
         role = loc.next_roles[k] if k < len(loc.next_roles) else END
         try:
-            close = profile.boundary(role).close_ids
+            boundary = profile.boundary(role)
         except TemplateError:
             continue  # the template cannot append this role; the template view reports what differs
+        close = () if boundary.close_omitted and _single_call(loc, messages, k) else boundary.close_ids
         stop = call.output_ids[-1] if call.output_ids else None
         end = call.output_end
         if stop is not None and not end_has_close and close[:1] == (stop,):
@@ -72,6 +79,16 @@ def turn_end_findings(
             detail = f"the turn ended on {why}; the template's close {decode(close)!r} was inserted (mask 0)"
             out.append(_finding(loc, Cause.SYNTHETIC_CLOSE, allowed, k, Span(end, end + len(close)), detail))
     return out
+
+
+def _single_call(loc: Locator, messages: Sequence[Mapping[str, Any]], turn: int) -> bool:
+    """Whether turn ``turn``'s message holds one tool call: the template that omits its close after a single call
+    (``Boundary.close_omitted``) writes none there, and verl_ext inserts none."""
+    at = loc.assistant_indices[turn] if turn < len(loc.assistant_indices) else -1
+    if not 0 <= at < len(messages):
+        return False
+    calls = messages[at].get("tool_calls")
+    return isinstance(calls, Sequence) and len(calls) == 1
 
 
 def _finding(

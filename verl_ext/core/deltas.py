@@ -7,17 +7,43 @@ the real tool calls), so the real history is never re-rendered and never re-toke
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
+from verl_ext.core.appended_text import refuse_dropped_content
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
 
 _SYNTHETIC_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 _SYNTHETIC_USER = {"role": "user", "content": "Hello."}
+
+
+class History(NamedTuple):
+    """What of the real history the synthetic one a delta is rendered after mirrors."""
+
+    with_system: bool  # the conversation opens with a system message
+    earlier_tool_round: bool = False  # a tool round came before the turn (only where the template keeps state)
+
+
+def _history(with_system: bool | History) -> History:
+    return with_system if isinstance(with_system, History) else History(bool(with_system))
+
+
+def _head(history: History, previous: Message | None) -> list[Message]:
+    """The synthetic messages before the turn: a system prompt where the real one has one, a user message, and one
+    tool round (a call to the previous turn's first tool, and its result) where the template carries state over."""
+    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if history.with_system else [_SYNTHETIC_USER]
+    if history.earlier_tool_round:
+        calls = (previous or {}).get("tool_calls") or []
+        name = _call_name(calls[0]) if calls else "tool"
+        call = {"id": "call99999", "type": "function", "function": {"name": name or "tool", "arguments": {}}}
+        head += [
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "content": _SYNTHETIC_REPLY, "tool_call_id": "call99999", "name": name or "tool"},
+        ]
+    return head
 
 
 @dataclass(frozen=True)
@@ -42,9 +68,10 @@ def render_context_delta(
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]] | None,
     previous_assistant: Message | None,
-    with_system: bool,
+    with_system: bool | History,
 ) -> ContextDelta:
     """Token delta for appending ``messages`` right after an assistant turn, generation prompt included."""
+    with_system = _history(with_system)
     if not messages:
         raise TemplateError("append_messages needs at least one message")
     assistant = _synthetic_assistant(messages, previous_assistant)
@@ -72,7 +99,7 @@ def _delta(
     messages: Sequence[Message],
     tools: Sequence[Mapping[str, Any]] | None,
     assistant: Message,
-    with_system: bool,
+    history: History,
     add_generation_prompt: bool,
 ) -> ContextDelta:
     role = str(messages[0].get("role"))
@@ -80,15 +107,19 @@ def _delta(
     marker = boundary.boundary_id
     if marker is None:
         raise TemplateError(f"the probe found no boundary token before a {role!r} message")
-    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
-    head_render = renderer.render(head, tools, add_generation_prompt=True, escape=False)
+    head = _head(history, assistant)
+    head_render = renderer.render(
+        profile.tool_call_shape.conform(head), tools, add_generation_prompt=True, escape=False
+    )
     prompt = head_render.ids
     conversation = profile.tool_call_shape.conform([*head, assistant, *messages])
     full = renderer.render(conversation, tools, add_generation_prompt=add_generation_prompt)
     # The assistant's boundary token is the first one after those the prompt already holds. Counting
     # (rather than requiring a token prefix) tolerates templates that move the system or tool list.
     if boundary.close_omitted:
-        return _delta_after_unclosed_call(renderer, boundary, head_render.text, conversation, tools, full, messages)
+        return _delta_after_unclosed_call(
+            renderer, boundary, head_render.text, conversation, tools, full, messages, add_generation_prompt
+        )
     seen = prompt.count(marker)
     at = _nth_index(full.ids, marker, seen)
     if at is None:
@@ -104,7 +135,16 @@ def _delta(
     offset = len(head) + 1
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
     context = tuple(rest[len(trailer) :])
-    refuse_dropped_content(renderer.decode([marker]), head_render.text, full.text, messages)
+    refuse_dropped_content(
+        renderer,
+        conversation,
+        len(messages),
+        tools,
+        add_generation_prompt,
+        renderer.decode([marker]),
+        head_render.text,
+        full.text,
+    )
     return ContextDelta(tuple(close), tuple(trailer), context, escapes, full.escape_divergence)
 
 
@@ -116,9 +156,11 @@ def _delta_after_unclosed_call(
     tools: Sequence[Mapping[str, Any]] | None,
     full: Any,
     messages: Sequence[Message],
+    add_generation_prompt: bool,
 ) -> ContextDelta:
     """The delta after a tool-call turn the template renders without a close (``Boundary.close_omitted``): what
-    follows the turn's own render. The close is the engine's (kept as sampled; synthetic only for a cut turn)."""
+    follows the turn's own render. The close is the engine's where it sampled one; none is added where the template
+    writes none."""
     n_before = len(conversation) - len(messages)
     bare = renderer.render(conversation[:n_before], tools, add_generation_prompt=False, escape=False)
     if tuple(full.ids[: len(bare.ids)]) != tuple(bare.ids) or not bare.ids:
@@ -128,9 +170,21 @@ def _delta_after_unclosed_call(
         )
     offset = n_before
     escapes = tuple(dataclasses.replace(e, message_index=e.message_index - offset) for e in full.escapes)
-    refuse_dropped_content(renderer.decode([bare.ids[-1]]), head_text, full.text, messages)
+    refuse_dropped_content(
+        renderer,
+        conversation,
+        len(messages),
+        tools,
+        add_generation_prompt,
+        renderer.decode([bare.ids[-1]]),
+        head_text,
+        full.text,
+    )
     context = tuple(full.ids[len(bare.ids) :])
-    return ContextDelta(tuple(boundary.close_ids), (), context, escapes, full.escape_divergence)
+    # The template's own continuation: where it ends the turn without the close (a single call), none is inserted
+    # (a close the engine sampled stays, as sampled); where it writes one (several calls), a turn without it gets it.
+    close = tuple(boundary.close_ids) if bare.ids[-1] in boundary.close_ids else ()
+    return ContextDelta(close, (), context, escapes, full.escape_divergence)
 
 
 def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], assistant: Message) -> bool:
@@ -181,52 +235,12 @@ def refuse_beyond_template_limit(profile: TemplateProfile, assistant: Message, m
         )
 
 
-def refuse_dropped_content(marker_text: str, head_text: str, full: str, messages: Sequence[Message]) -> None:
-    """Every appended message's text must reach the engine: a template may accept a message and render it
-    elsewhere (a system message moved to the top of the conversation) or not at all. Compared as template text
-    (``head_text``: the synthetic history's render; ``full``: with the assistant turn and ``messages``) after the
-    assistant turn's boundary token (no decoding: it holds for tokenizers that do not round-trip)."""
-    seen = head_text.count(marker_text)
-    at = -1
-    for _ in range(seen + 1):
-        at = full.find(marker_text, at + 1)
-        if at < 0:
-            return  # the boundary was found by ids; text that does not show it proves nothing either way
-    text = full[at:]
-    for message in messages:
-        content = _text_of(message.get("content"))
-        if content.strip() and not any(form in text for form in _rendered_forms(content)):
-            raise TemplateError(
-                f"the chat template does not render the appended {message.get('role')!r} message's text after the "
-                f"assistant turn (it drops it or moves it before the turn, e.g. to the top): {content[:60]!r} would "
-                "never reach the engine. Append this role only if `verl-ext check-template` lists it as appendable"
-            )
-
-
-def _text_of(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, Sequence):
-        return "".join(p["text"] for p in content if isinstance(p, Mapping) and isinstance(p.get("text"), str))
-    return ""
-
-
-def _rendered_forms(content: str) -> tuple[str, ...]:
-    """How a template may write ``content``: as is, trimmed, or JSON-escaped (``| tojson``, HTML-safe or not)."""
-    dumped = json.dumps(content, ensure_ascii=False)[1:-1]
-    ascii_dumped = json.dumps(content)[1:-1]
-    html_safe = (
-        ascii_dumped.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026").replace("'", "\\u0027")
-    )
-    return (content, content.strip(), dumped, ascii_dumped, html_safe)
-
-
 def synthetic_history(
-    messages: Sequence[Message], previous_assistant: Message | None, with_system: bool
+    messages: Sequence[Message], previous_assistant: Message | None, with_system: bool | History
 ) -> tuple[list[Message], dict[str, Any]]:
     """The short history a delta is rendered after: a synthetic prompt, then a synthetic assistant turn."""
-    head: list[Message] = [_SYNTHETIC_SYSTEM, _SYNTHETIC_USER] if with_system else [_SYNTHETIC_USER]
-    return head, _synthetic_assistant(messages, previous_assistant)
+    assistant = _synthetic_assistant(messages, previous_assistant)
+    return _head(_history(with_system), assistant), assistant
 
 
 def _nth_index(ids: Sequence[int], value: int, n: int) -> int | None:

@@ -35,6 +35,7 @@ from typing import Any
 
 from verl_ext.core.deltas import (
     ContextDelta,
+    History,
     refuse_beyond_template_limit,
     render_context_delta,
     renders_per_call,
@@ -141,12 +142,15 @@ class LearnedDeltas:
         previous_assistant: Message | None,
         with_system: bool,
         tools_key: str | None = None,
+        earlier_tool_round: bool = False,
     ) -> DeltaResult:
-        """The delta for appending ``messages`` after an assistant turn (generation prompt included)."""
+        """The delta for appending ``messages`` after an assistant turn (generation prompt included);
+        ``earlier_tool_round``: the conversation holds a tool round before that turn."""
+        history = History(with_system, earlier_tool_round and self.profile.tool_rounds_share_state)
 
         def render() -> ContextDelta:
             self.stats.rendered += 1
-            return render_context_delta(self.renderer, self.profile, messages, tools, previous_assistant, with_system)
+            return render_context_delta(self.renderer, self.profile, messages, tools, previous_assistant, history)
 
         if not self.enabled:
             return DeltaResult(render())
@@ -159,7 +163,7 @@ class LearnedDeltas:
             return DeltaResult(render(), why or None)
         if tools_key is None:
             tools_key = tools_fingerprint(tools)
-        key, shape = self._shape_for(messages, tools, previous_assistant, with_system, tools_key)
+        key, shape = self._shape_for(messages, tools, previous_assistant, history, tools_key)
         if isinstance(shape, str):
             return DeltaResult(render(), shape)
         delta = self._fill(shape, messages)
@@ -187,11 +191,11 @@ class LearnedDeltas:
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         previous_assistant: Message | None,
-        with_system: bool,
+        history: History,
         tools_key: str,
     ) -> tuple[tuple[Any, ...], _Shape | str]:
         """(the shape's key, the learned shape or why it is rendered), learning it on first sight."""
-        base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
+        base, slots, key = self._key(messages, tools, previous_assistant, history, tools_key)
         shape = self._shapes.get(key)
         if shape is not None:
             self._shapes.move_to_end(key)
@@ -202,12 +206,12 @@ class LearnedDeltas:
             # would cost more than rendering.
             fields = [f"{messages[i].get('role')}.{k}" for i, k in self._relevant[base]]
             return key, f"the template prints {fields}, which change every turn: rendered"
-        shape = self._learn(messages, tools, previous_assistant, with_system, slots)
+        shape = self._learn(messages, tools, previous_assistant, history, slots)
         if isinstance(shape, str) and slots:
             # The printed fields are not plain slots (printed twice, cut, transformed): key by their values.
             self._no_slots.add(base)
-            base, slots, key = self._key(messages, tools, previous_assistant, with_system, tools_key)
-            shape = self._shapes.get(key) or self._learn(messages, tools, previous_assistant, with_system, ())
+            base, slots, key = self._key(messages, tools, previous_assistant, history, tools_key)
+            shape = self._shapes.get(key) or self._learn(messages, tools, previous_assistant, history, ())
         self._remember(key, shape)
         return key, shape
 
@@ -256,7 +260,7 @@ class LearnedDeltas:
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         previous: Message | None,
-        with_system: bool,
+        history: History,
         tools_key: str,
     ) -> tuple[tuple[Any, ...], tuple[tuple[int, str], ...], tuple[Any, ...]]:
         """(the key without field values, the printed fields learned as slots, the shape's key)."""
@@ -264,10 +268,10 @@ class LearnedDeltas:
         calls = None
         if previous is not None:
             calls = tuple(_call_name(c) for c in previous.get("tool_calls") or ())
-        base = (layout, calls, with_system, tools_key)
+        base = (layout, calls, history, tools_key)
         relevant = self._relevant.get(base)
         if relevant is None:
-            relevant = self._relevant_fields(messages, tools, previous, with_system)
+            relevant = self._relevant_fields(messages, tools, previous, history)
             self._relevant[base] = relevant
         slotted = base not in self._no_slots
         slots: list[tuple[int, str]] = []
@@ -294,12 +298,12 @@ class LearnedDeltas:
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         previous: Message | None,
-        with_system: bool,
+        history: History,
     ) -> tuple[tuple[int, str], ...]:
         """Non-content fields that change the delta (Mistral's ``tool_call_id``, not Qwen's): part of the key."""
         marked = _with_contents(messages, [_MARKER.format(i) for i in range(len(messages))])
         try:
-            base = self._render_or_none(marked, tools, previous, with_system)
+            base = self._render_or_none(marked, tools, previous, history)
         except TemplateError:
             base = None
         relevant: list[tuple[int, str]] = []
@@ -313,7 +317,7 @@ class LearnedDeltas:
                 altered = [dict(x) for x in marked]
                 altered[i][k] = _ALTERED.format(i)
                 try:
-                    changed = self._render_or_none(altered, tools, previous, with_system) != base
+                    changed = self._render_or_none(altered, tools, previous, history) != base
                 except TemplateError:
                     changed = True
                 if changed:
@@ -325,22 +329,22 @@ class LearnedDeltas:
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         previous: Message | None,
-        with_system: bool,
+        history: History,
     ) -> ContextDelta:
-        return render_context_delta(self.renderer, self.profile, messages, tools, previous, with_system)
+        return render_context_delta(self.renderer, self.profile, messages, tools, previous, history)
 
     def _render_marked(
         self,
         marked: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         previous: Message | None,
-        with_system: bool,
+        history: History,
     ) -> tuple[ContextDelta, str] | str:
         """(the delta, the whole conversation's text) for messages with markers in place of their contents, or the
         template's error."""
         try:
-            delta = render_context_delta(self.renderer, self.profile, marked, tools, previous, with_system)
-            head, assistant = synthetic_history(marked, previous, with_system)
+            delta = render_context_delta(self.renderer, self.profile, marked, tools, previous, history)
+            head, assistant = synthetic_history(marked, previous, history)
             text = self.renderer.render_text([*head, assistant, *marked], tools, add_generation_prompt=True)
         except TemplateError as exc:
             return str(exc)
@@ -351,7 +355,7 @@ class LearnedDeltas:
         messages: Sequence[Message],
         tools: Sequence[Mapping[str, Any]] | None,
         previous: Message | None,
-        with_system: bool,
+        history: History,
         fields: Sequence[tuple[int, str]],
     ) -> _Shape | str:
         """Fixed pieces around each content and each printed field in ``fields``, or why this shape must be
@@ -362,7 +366,7 @@ class LearnedDeltas:
         field_markers = [_field_marker(j, len(messages[i][k])) for j, (i, k) in enumerate(fields)]
         alternatives = [_field_alternative(j, len(messages[i][k])) for j, (i, k) in enumerate(fields)]
         marked = _with_fields(_with_contents(messages, markers), fields, field_markers)
-        rendered = self._render_marked(marked, tools, previous, with_system)
+        rendered = self._render_marked(marked, tools, previous, history)
         if isinstance(rendered, str):
             return f"cannot learn the delta for {roles}: {rendered}"
         delta, text = rendered
@@ -384,7 +388,7 @@ class LearnedDeltas:
                 _with_fields(_with_contents(messages, tricky), fields, alternatives),
                 tools,
                 previous,
-                with_system,
+                history,
             )
         except TemplateError as exc:
             return f"cannot render tricky contents for {roles}: {exc}"

@@ -127,6 +127,10 @@ class TemplateProfile:
     # Whether an assistant turn may hold several tool calls (None: tool messages cannot be appended at all).
     parallel_tool_calls: bool | None = None
     parallel_tool_calls_error: str = ""  # what the template says when it refuses several calls in one turn
+    # The template writes a tool round (the call turn's end, its results) differently once an earlier tool round is
+    # in the conversation (namespace flags it never resets: DeepSeek R1 writes every result of a conversation into
+    # one outputs block): deltas are rendered after a synthetic earlier round where the rollout had one.
+    tool_rounds_share_state: bool = False
 
     def boundary(self, next_role: str) -> Boundary:
         for b in self.boundaries:
@@ -301,6 +305,7 @@ class _Prober:
         profile_boundaries, unsupported = self.probe_boundaries(gen_ids)
         grouped = self.tool_grouping() if "tool" not in unsupported else None
         parallel, parallel_error = self.parallel_tool_calls() if "tool" not in unsupported else (None, "")
+        shared_state = self.tool_rounds_share_state() if "tool" not in unsupported else False
         stop_ids = self.stop_ids(profile_boundaries)
         strips = self.reasoning_stripping()
         args = self.tool_call_arguments()
@@ -322,6 +327,7 @@ class _Prober:
             tool_call_shape=self.shape,
             parallel_tool_calls=parallel,
             parallel_tool_calls_error=parallel_error,
+            tool_rounds_share_state=shared_state,
         )
 
     def generation_prompt(self, gen_ids: tuple[int, ...], head_ids: tuple[int, ...]) -> tuple[int, ...]:
@@ -597,6 +603,31 @@ class _Prober:
         self.examples["tool x2"] = text[text.find("QXARG2") :]
         closes_between = sum(between.count(self.r.decode([s])) for s in self.r.structural_ids if s in ids)
         return closes_between == 0
+
+    def tool_rounds_share_state(self) -> bool:
+        """Whether a second tool round (a call turn and its result) is written otherwise after a first one: what the
+        template writes after the second call, alone after the prompt and after an earlier round, compared."""
+        reasoning = self.variants[0][1]
+        second = self.shape.conform(
+            [_with_reasoning({"role": "assistant", "content": "", "tool_calls": [_tool_call(2)]}, reasoning)]
+        )[0]
+        try:
+            alone, _ = self.render([*self.head, second, _tool(2)], gen=True)
+            after, _ = self.render(
+                [*self.head, _assistant_tools(1, reasoning, self.shape), _tool(1), second, _tool(2)], gen=True
+            )
+        except TemplateError:
+            return False
+        if "QXARG2" not in alone or "QXARG2" not in after:
+            return False
+        shared = alone[alone.rfind("QXARG2") :] != after[after.rfind("QXARG2") :]
+        if shared:
+            self.note(
+                Severity.REPAIR,
+                "writes a tool round otherwise once an earlier one is in the conversation (state it never resets): "
+                "a round's context is rendered after a synthetic earlier round where the rollout had one",
+            )
+        return shared
 
     def parallel_tool_calls(self) -> tuple[bool, str]:
         """Whether one assistant turn may hold two tool calls, and the template's words when it may not."""

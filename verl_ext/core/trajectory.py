@@ -213,6 +213,8 @@ class TokenTrajectory:
         self._tools_key = ""
         self._state = _State.EMPTY
         self._with_system = False
+        self._tool_rounds = False  # a tool message is in the conversation (some templates write later rounds otherwise)
+        self._earlier_tool_round = False  # ... and was there before the last assistant turn
         self._last_assistant: Message | None = None
         self._pending_close: str | None = None  # why the last turn still needs its close
         self.output_problems: list[tuple[int, OutputProblem]] = []  # (turn, problem): invalid engine output, cut
@@ -283,6 +285,7 @@ class TokenTrajectory:
         self._tools_key = tools_fingerprint(self.tools)
         self.messages = [dict(m) for m in messages]
         self._with_system = messages[0].get("role") == "system"
+        self._tool_rounds = any(m.get("role") == "tool" for m in messages)
         # In the tool-call shape the template accepts (history may hold assistant turns with tool calls).
         rendered = self.renderer.render(
             self.profile.tool_call_shape.conform(messages), self.tools, add_generation_prompt=True
@@ -326,6 +329,7 @@ class TokenTrajectory:
         closed = "open" if self._pending_close else "sampled"
         self.turns.append(TurnRecord(turn, prompt_len, prompt_len, len(self._ids), finish, stop, closed, self._digests))
         self._last_assistant = dict(message) if message is not None else None
+        self._earlier_tool_round = self._tool_rounds
         if message is not None:
             self.messages.append(dict(message))
         self._state = _State.AWAITING_CONTEXT
@@ -342,7 +346,12 @@ class TokenTrajectory:
                 "the engine through add_sampled()"
             )
         learned = self.deltas.context_delta(
-            messages, self.tools, self._last_assistant, self._with_system, self._tools_key
+            messages,
+            self.tools,
+            self._last_assistant,
+            self._with_system,
+            self._tools_key,
+            earlier_tool_round=self._earlier_tool_round,
         )
         delta = learned.delta
         turn = self.turn_index - 1
@@ -355,6 +364,7 @@ class TokenTrajectory:
             delta.escapes, turn + 1, start, first_message=len(self.messages), divergence=delta.escape_divergence
         )
         self.messages += [dict(m) for m in messages]
+        self._tool_rounds = self._tool_rounds or any(m.get("role") == "tool" for m in messages)
         self._state = _State.AWAITING_SAMPLE
         return self.prompt_ids()
 

@@ -38,3 +38,11 @@ def image_tokens(vision_profile: VisionProfile, vl_processor: Any) -> ImageToken
 @pytest.fixture(scope="session")
 def images() -> Callable[..., Any]:
     return make_image
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tokenizer_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Qwen2.5-VL saved with the Qwen2.5 tokenizer, the VL template and the processor settings."""
+    from verl_ext.demo.vl_model import save_tiny_vl_model
+
+    return save_tiny_vl_model(tmp_path_factory.mktemp("tiny-vl"), tokenizer_dirs["qwen2.5"])

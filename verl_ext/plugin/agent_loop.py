@@ -33,6 +33,7 @@ from verl_ext.check.policy import CheckMode, Enforcer
 from verl_ext.check.record import Rollout
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import OptionsError, TemplateError
+from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
@@ -40,6 +41,7 @@ from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
+from verl_ext.plugin.image_loop import image_sample, refuse_images_without_vision, vision_for
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
@@ -196,11 +198,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         t.finish()
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
+        images = image_sample(t, self.response_length) if isinstance(t, ImageTrajectory) else None
+        if images is not None:  # a rollout with a VL model: no image cut in two, the record holds digests
+            sample = images.sample
         # step 4: check the rollout, write its record, report its metrics, apply the policy
         rollout = Rollout.of(
             ro.calls,
             sample,
-            t.messages,
+            images.record_messages if images is not None else t.messages,
             ro.tools,
             prompt_messages=len(messages),
             response_length=self.response_length,
@@ -214,10 +219,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                 "data_source": kwargs.get("data_source"),
                 "index": _plain_index(kwargs.get("index")),
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),
+                **({"images": images.record_images} if images is not None else {}),
             },
         )
         result = rt.conclude(rollout, ro.counters)
-        return self._output(ro, sample, result)
+        output = self._output(ro, sample, result)
+        if images is not None:
+            output.multi_modal_data = images.multi_modal_data
+        return output
 
     # -- the rollout's steps, in order ------------------------------------------------------------
     def _start(
@@ -226,7 +235,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         """Step 1: render the first prompt (never truncated: the engine must see what the trainer trains on)."""
         active, schemas = self._active_tools(kwargs)
         tools = schemas or None
-        t = TokenTrajectory(self.rt.renderer, self.rt.profile)
+        vision = vision_for(self.processor, self.rt.renderer)
+        if vision is None:
+            refuse_images_without_vision(messages, "the prompt")
+        t = (
+            TokenTrajectory(self.rt.renderer, self.rt.profile)
+            if vision is None
+            else ImageTrajectory(self.rt.renderer, self.rt.profile, image_tokens=vision)
+        )
         prompt_ids = t.start(messages, tools)
         if len(prompt_ids) > self.prompt_length:
             raise OptionsError(
@@ -254,7 +270,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             return False
         with simple_timer("generate_sequences", ro.metrics):
             out = await generate_turn(
-                self.server_manager, ro.request_id, ro.prompt_ids, dict(ro.params), remaining, ro.counters
+                self.server_manager,
+                ro.request_id,
+                ro.prompt_ids,
+                dict(ro.params),
+                remaining,
+                ro.counters,
+                image_data=list(ro.trajectory.images) if isinstance(ro.trajectory, ImageTrajectory) else None,
             )
         ids = out.token_ids
         finish = finish_reason(ids, remaining, ro.stop_ids, self.rt.profile)
@@ -284,6 +306,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         tool_messages = await self._run_tools(parsed, ro.active, ro.agent_data, ro.counters, ro.metrics, ro.rewards)
         tool_messages += [over_limit_message(c, self.max_parallel_calls) for c in dropped]
         tool_messages += [_malformed_message(ro.turn - 1, i) for i in range(malformed)]
+        if not isinstance(ro.trajectory, ImageTrajectory):
+            refuse_images_without_vision(tool_messages, "a tool result")
         try:
             ro.prompt_ids = ro.trajectory.append_messages(tool_messages)
             ro.replies += 1
@@ -377,6 +401,11 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
 
     def _cap_response(self, outcome: ToolOutcome) -> ToolOutcome:
         """multi_turn.max_tool_response_length, applied as verl's tool_agent does (left, right or middle)."""
+        parts = outcome.message.get("content")
+        if isinstance(parts, list):  # images then one text part (image_loop.tool_message): cap the text
+            capped = self._cap_response(dataclasses.replace(outcome, message={"content": parts[-1]["text"]}))
+            text_part = {**parts[-1], "text": capped.message["content"]}
+            return dataclasses.replace(outcome, message={**outcome.message, "content": [*parts[:-1], text_part]})
         text, limit = str(outcome.message.get("content") or ""), self.max_tool_response_length
         if not limit or len(text) <= limit:
             return outcome

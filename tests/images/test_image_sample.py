@@ -44,3 +44,22 @@ def test_without_a_cut_every_image_goes_to_the_trainer(vl_renderer: ChatRenderer
     got: Any = image_sample(ro.trajectory, None)
     assert got.multi_modal_data == {"images": ro.trajectory.images}
     assert got.sample == ro.sample()
+
+
+def test_a_tool_results_text_is_capped_and_its_images_kept() -> None:
+    import types
+
+    from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
+    from verl_ext.plugin.image_loop import tool_message
+    from verl_ext.plugin.tool_calls import ToolOutcome, ToolStatus
+
+    image = make_image(56, 56)
+    message = tool_message({"role": "tool", "content": "x" * 50, "tool_call_id": "c0"}, [image])
+    loop = types.SimpleNamespace(max_tool_response_length=10, tool_response_truncate_side="right")
+    loop._cap_response = types.MethodType(VerlExtToolAgentLoop._cap_response, loop)
+    capped = loop._cap_response(ToolOutcome(message, ToolStatus.OK, None))
+    assert capped.message["content"] == [
+        {"type": "image", "image": image},
+        {"type": "text", "text": "x" * 10 + "...(truncated)"},
+    ]
+    assert capped.message["tool_call_id"] == "c0"

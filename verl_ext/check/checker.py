@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections import Counter
@@ -12,6 +13,7 @@ from verl_ext.check.align import BudgetExceeded
 from verl_ext.check.context_message import name_context_messages
 from verl_ext.check.engine_view import check_engine_view
 from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, Cause, CheckResult, FailureKind, Finding, Span
+from verl_ext.check.image_view import expanding_images, rollout_image_failures
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.check.locate import Locator
 from verl_ext.check.lost_messages import lost_message_findings
@@ -98,6 +100,9 @@ class ConsistencyChecker:
             vocab_size=self._vocab_size,
             stop_ids=self.profile.stop_id_set,
         )
+        image_failures = rollout_image_failures(rollout.extra, sample)  # () for a rollout without images
+        if image_failures:
+            ev = dataclasses.replace(ev, failures=ev.failures + image_failures)
         findings: list[Finding] = []
         ran_template = False
         skipped = ""
@@ -106,6 +111,7 @@ class ConsistencyChecker:
             stream = stream if len(stream) >= len(ev.engine_stream) else ev.engine_stream
             # The time the rollout's template read (today's date in its prompt), not the wall clock now.
             renderer = self.renderer.with_clock(rollout.template_clock) if rollout.template_clock else self.renderer
+            renderer = expanding_images(renderer, rollout.extra)  # renders image blocks as the processor expanded them
             loc = Locator.build(calls, messages, stream, renderer, prompt_messages, rollout.assistants)
             findings = turn_end_findings(loc, self.profile, stream, self.policy.allows, messages)
             if template_view is None:

@@ -247,6 +247,12 @@ class FailureKind(StrEnum):
     LOGPROB_NOT_FINITE = "logprob_not_finite"  # a NaN or infinite logprob
     LOGPROB_POSITIVE = "logprob_positive"  # a logprob above 0
     NAN_STOP = "nan_stop"  # a stop id the engine substituted for a NaN sample (SGLang's "NaN happened")
+    # the image view (verl_ext.check.image_view): the trainer's images and their token spans are not the engine's
+    IMAGE_DROPPED = "image_dropped"  # an image the engine was given is missing from the trainer's images or stream
+    IMAGE_ORDER = "image_order"  # the trainer's images are the engine's, out of placeholder order
+    IMAGE_EXPANSION = "image_expansion"  # a placeholder run's length is not what its image's grid implies
+    IMAGE_TRAINED = "image_trained"  # an image's placeholder tokens carry loss mask 1
+    IMAGE_SPAN = "image_span"  # a placeholder run not where the engine's prompt held it (or an image it never saw)
 
 
 # The failures that are the engine's output itself being invalid (rather than the rollout changing it).

@@ -386,7 +386,7 @@ def _json_fields(obj: Any) -> dict[str, Any]:
 # The keys a loop may add to a rollout line (``Rollout.extra``): the dataset row's source and index, the turns a
 # resumed rollout replayed, and the gateway's session and branch (``gateway``). The reader refuses any key that is
 # neither one of these nor a record key.
-EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway"})
+EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway", "images"})  # images: image_view
 
 # The record's own keys; the others a rollout line may hold are ``EXTRA_KEYS``.
 _KEYS = frozenset(

@@ -36,6 +36,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_ext.core.errors import EngineRequestError, OptionsError
+from verl_ext.engines.cpu_images import VisionInputs, ban, vision_of
 from verl_ext.engines.forced_turn import contains_subsequence, forced_prefix  # noqa: F401 - the hook lives there
 
 logger = logging.getLogger(__name__)
@@ -162,6 +163,8 @@ def generate_tokens(
     *,
     forced_ids: Sequence[int] = (),
     generator: torch.Generator | None = None,
+    vision: VisionInputs | None = None,
+    banned_ids: Sequence[int] = (),
 ) -> Generation:
     """Generate from ``prompt_ids`` one token at a time with a KV cache.
 
@@ -172,9 +175,10 @@ def generate_tokens(
         raise EngineRequestError("verl_ext_cpu: empty prompt")
     device = next(model.parameters()).device
     input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
-    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1)
+    images = {} if vision is None else dict(vars(vision))  # a VL model's pixels, grids and token types
+    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **images)
     past = out.past_key_values
-    logits = out.logits[0, -1].float()
+    logits = ban(out.logits[0, -1].float(), banned_ids)
 
     token_ids: list[int] = []
     log_probs: list[float] = []
@@ -194,7 +198,7 @@ def generate_tokens(
         step_ids = torch.tensor([[token]], dtype=torch.long, device=device)
         out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
         past = out.past_key_values
-        logits = out.logits[0, -1].float()
+        logits = ban(out.logits[0, -1].float(), banned_ids)
     return Generation(
         token_ids=token_ids,
         log_probs=log_probs,
@@ -205,9 +209,11 @@ def generate_tokens(
 
 def load_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
     """Load the served model from a local Hugging Face folder, in eval mode (fp32 by default: exact logprobs)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    vl = getattr(AutoConfig.from_pretrained(path), "image_token_id", None) is not None  # a vision-language model
+    auto = AutoModelForImageTextToText if vl else AutoModelForCausalLM
+    model = auto.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
     model.eval()
     return model
 
@@ -297,6 +303,7 @@ class CPUGenerationServer:
         from transformers import AutoTokenizer
 
         self.model = load_model(model_path)
+        self.vision = vision_of(model_path, self.model.config)  # None for a text-only model
         self.eos_ids = eos_ids_of(self.model)
         self.prompt_length = prompt_length
         self.response_length = response_length
@@ -326,9 +333,10 @@ class CPUGenerationServer:
     ) -> TokenOutput:
         """One engine call: sample from ``prompt_ids`` on CPU with verl's sampling params (text only), returning the
         ids, their logprobs when asked, the finish reason and the weights' step."""
-        if image_data is not None or video_data is not None or kwargs.get("audio_data") is not None:
-            raise NotImplementedError("verl_ext_cpu serves text only")
+        if video_data is not None or kwargs.get("audio_data") is not None:
+            raise NotImplementedError("verl_ext_cpu serves text and images only (no video or audio)")
         prompt_ids = [int(i) for i in prompt_ids]
+        vision = self._vision_inputs(prompt_ids, image_data)
         cfg = sampling_config_from_params(
             dict(sampling_params),
             default_max_tokens=default_max_tokens(
@@ -341,7 +349,14 @@ class CPUGenerationServer:
         async with self.lock:
             # generation blocks; a thread keeps the actor answering update_weights/sleep/... meanwhile
             result = await asyncio.to_thread(
-                generate_tokens, self.model, prompt_ids, cfg, forced_ids=forced, generator=generator
+                generate_tokens,
+                self.model,
+                prompt_ids,
+                cfg,
+                forced_ids=forced,
+                generator=generator,
+                vision=vision,
+                banned_ids=self.vision.banned_ids if self.vision is not None else (),
             )
         return TokenOutput(
             token_ids=result.token_ids,
@@ -350,6 +365,14 @@ class CPUGenerationServer:
             num_preempted=0,
             extra_fields={"global_steps": self.global_steps},
         )
+
+    def _vision_inputs(self, prompt_ids: list[int], image_data: Any) -> VisionInputs | None:
+        """The request's images as model inputs (None without images); an image for a text-only model is refused."""
+        if not image_data:
+            return None
+        if self.vision is None:
+            raise EngineRequestError("verl_ext_cpu: the request holds images but the served model is text-only")
+        return self.vision.inputs(prompt_ids, list(image_data))
 
     async def update_weights(self, weights: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
         """Load the trainer's weights into the model (between steps); returns how many tensors were loaded."""

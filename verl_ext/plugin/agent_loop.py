@@ -31,6 +31,7 @@ from verl_ext.check.inputs import EngineCalls, TrainerSample, trainer_sample_fro
 from verl_ext.check.record import Rollout
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
+from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
@@ -38,6 +39,7 @@ from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
+from verl_ext.plugin.image_loop import image_sample, refuse_images_without_vision, vision_for
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
@@ -121,11 +123,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         t.finish()
 
         sample = trainer_sample_from_trajectory(t, self.response_length)
+        images = image_sample(t, self.response_length) if isinstance(t, ImageTrajectory) else None
+        if images is not None:  # a rollout with a VL model: no image cut in two, the record holds digests
+            sample = images.sample
         # step 4: check the rollout, write its record, report its metrics, apply the policy
         rollout = Rollout.of(
             ro.calls,
             sample,
-            t.messages,
+            images.record_messages if images is not None else t.messages,
             ro.tools,
             prompt_messages=len(messages),
             response_length=self.response_length,
@@ -139,10 +144,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                 "data_source": kwargs.get("data_source"),
                 "index": _plain_index(kwargs.get("index")),
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),
+                **({"images": images.record_images} if images is not None else {}),
             },
         )
         result = rt.conclude(rollout, ro.counters)
-        return self._output(ro, sample, result)
+        output = self._output(ro, sample, result)
+        if images is not None:
+            output.multi_modal_data = images.multi_modal_data
+        return output
 
     # -- the rollout's steps, in order ------------------------------------------------------------
     def _start(
@@ -151,7 +160,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         """Step 1: render the first prompt (never truncated: the engine must see what the trainer trains on)."""
         active, schemas = self._active_tools(kwargs)
         tools = schemas or None
-        t = self.rt.new_trajectory()
+        vision = vision_for(self.processor, self.rt.renderer)
+        if vision is None:
+            refuse_images_without_vision(messages, "the prompt")
+        t = (
+            self.rt.new_trajectory()
+            if vision is None
+            else ImageTrajectory(self.rt.renderer, self.rt.profile, image_tokens=vision)
+        )
         prompt_ids = t.start(messages, tools)
         if len(prompt_ids) > self.prompt_length:
             raise OptionsError(
@@ -181,7 +197,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         async def generate(max_tokens: int) -> Any:
             with simple_timer("generate_sequences", ro.metrics):
                 return await generate_turn(
-                    self.server_manager, ro.request_id, ro.prompt_ids, dict(ro.params), max_tokens, ro.counters
+                    self.server_manager,
+                    ro.request_id,
+                    ro.prompt_ids,
+                    dict(ro.params),
+                    max_tokens,
+                    ro.counters,
+                    image_data=list(ro.trajectory.images) if isinstance(ro.trajectory, ImageTrajectory) else None,
                 )
 
         async def read(ids: Sequence[int]) -> ParsedTurn:
@@ -214,6 +236,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         tool_messages = await self._run_tools(parsed, ro.active, ro.agent_data, ro.counters, ro.metrics, ro.rewards)
         tool_messages += [over_limit_message(c, self.max_parallel_calls) for c in dropped]
         tool_messages += [_malformed_message(ro.turn - 1, i) for i in range(malformed)]
+        if not isinstance(ro.trajectory, ImageTrajectory):
+            refuse_images_without_vision(tool_messages, "a tool result")
         try:
             ro.prompt_ids = ro.trajectory.append_messages(tool_messages)
             ro.replies += 1
@@ -304,6 +328,11 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
 
     def _cap_response(self, outcome: ToolOutcome) -> ToolOutcome:
         """multi_turn.max_tool_response_length, applied as verl's tool_agent does (left, right or middle)."""
+        parts = outcome.message.get("content")
+        if isinstance(parts, list):  # images then one text part (image_loop.tool_message): cap the text
+            capped = self._cap_response(dataclasses.replace(outcome, message={"content": parts[-1]["text"]}))
+            text_part = {**parts[-1], "text": capped.message["content"]}
+            return dataclasses.replace(outcome, message={**outcome.message, "content": [*parts[:-1], text_part]})
         text, limit = str(outcome.message.get("content") or ""), self.max_tool_response_length
         if not limit or len(text) <= limit:
             return outcome

@@ -63,6 +63,7 @@ async def generate_turn(
     sampling_params: Mapping[str, Any],
     budget: int,
     counters: Counter[str],
+    image_data: list[Any] | None = None,
 ) -> TurnOutput:
     """Ask the engine for one turn of at most ``budget`` tokens, continuing it while the engine returns it partial."""
     ids: list[int] = []
@@ -72,7 +73,9 @@ async def generate_turn(
     out: Any = None
     for attempt in range(1 + MAX_CONTINUATIONS):
         params = {**sampling_params, "max_tokens": budget - len(ids)}
-        out = await _generate(server_manager, request_id, [*prompt_ids, *ids], params, len(ids), counters)
+        out = await _generate(
+            server_manager, request_id, [*prompt_ids, *ids], params, len(ids), counters, image_data=image_data
+        )
         new = [int(i) for i in out.token_ids]
         extra = dict(out.extra_fields or {})
         first_extra = extra if first_extra is None else first_extra
@@ -119,11 +122,15 @@ async def _generate(
     params: Mapping[str, Any],
     done: int,
     counters: Counter[str],
+    image_data: list[Any] | None = None,
 ) -> Any:
     """One engine call. A Ray failure (the server crashed or was killed) raises ``RolloutInterrupted`` naming the
     ``done`` tokens of the turn it loses; any other error is raised as it is."""
     try:
-        return await server_manager.generate(request_id=request_id, prompt_ids=prompt_ids, sampling_params=params)
+        images = {"image_data": image_data} if image_data else {}  # every image of the prompt, in placeholder order
+        return await server_manager.generate(
+            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **images
+        )
     except Exception as exc:
         if not _is_ray_failure(exc):
             raise

@@ -9,14 +9,17 @@ message saying what was wrong, and the status is counted in ``tito/tool/*`` metr
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-# The parse step lives in the core, shared with the gateway; imported here for the loop's callers.
 from verl_ext.core.turn_parse import ParsedCall, ParsedTurn, arguments_object, call_id, parse_turn
+
+# The parse step lives in the core, shared with the gateway; imported here for the loop's callers.
+from verl_ext.plugin.image_loop import tool_message
 
 __all__ = [
     "ParsedCall",
@@ -99,7 +102,9 @@ async def run_tool(
     finally:
         if instance_id is not None and not isinstance(tool, FunctionTool):
             await _release(tool, instance_id)
-    return outcome(response.text or "", ToolStatus.OK, reward)
+    done = outcome(response.text or "", ToolStatus.OK, reward)
+    # a tool may answer with images (verl's ToolResponse.image): content parts before its text, never dropped
+    return dataclasses.replace(done, message=tool_message(done.message, response.image)) if response.image else done
 
 
 async def _release(tool: Any, instance_id: str) -> None:

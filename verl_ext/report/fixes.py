@@ -32,6 +32,15 @@ ENGINE_FIXES: dict[str, str] = {
     "logprob_not_finite": ENGINE_BROKEN + "a NaN or infinite logprob; check the model's numerics (dtype, weights).",
     "logprob_positive": ENGINE_BROKEN + "a logprob above 0; check the engine's logprob settings.",
     "nan_stop": ENGINE_BROKEN + "the engine hit NaN while sampling and substituted a stop; check the model's numerics.",
+    "image_dropped": "An image the engine was given is not in the trainer's images or stream: hand verl every image "
+    "(first prompt and tool results) in placeholder order (verl_ext_tool_agent does; docs/vl-models.md).",
+    "image_order": "The trainer's images are out of placeholder order: keep the order the template renders them in.",
+    "image_expansion": "An image's placeholder run is not the length its grid implies: expand placeholders with the "
+    "processor the trainer uses, with the same pixel limits.",
+    "image_trained": "Image placeholder tokens carry loss mask 1: they are context, never sampled; mask them 0 (and "
+    "ban sampling the image pad id).",
+    "image_span": "An image's placeholder run is not where the engine's prompt held it: do not re-tokenize or edit "
+    "prompts that hold images. " + SWITCH + ".",
 }
 
 TRUNCATION_FIX = (

@@ -1,0 +1,96 @@
+"""Pieces of the image tests: a tool that returns screenshots, test images, and VL rollouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.check.image_view import image_evidence, messages_for_record
+from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.record import Rollout
+from verl_ext.core.image_trajectory import ImageTrajectory
+from verl_ext.core.images import ImageTokens
+from verl_ext.core.rendering import ChatRenderer
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "screenshot",
+            "description": "Take a screenshot of the screen.",
+            "parameters": {"type": "object", "properties": {"region": {"type": "string"}}},
+        },
+    }
+]
+
+
+def make_image(width: int, height: int, seed: int = 0) -> Any:
+    """An RGB test image whose pixels depend on its size and ``seed`` (distinct images, distinct digests)."""
+    from PIL import Image
+
+    img = Image.new("RGB", (width, height), ((width * 7 + seed) % 256, (height * 13 + seed * 3) % 256, seed % 256))
+    img.putpixel((0, 0), (seed % 256, 1, 2))
+    return img
+
+
+CALL_TEXT = '<tool_call>\n{{"name": "screenshot", "arguments": {{"region": "{region}"}}}}\n</tool_call><|im_end|>'
+
+
+def call_message(region: str) -> dict[str, Any]:
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "screenshot", "arguments": {"region": region}}}],
+    }
+
+
+def image_parts(images: list[Any], text: str) -> list[dict[str, Any]]:
+    return [*({"type": "image", "image": im} for im in images), {"type": "text", "text": text}]
+
+
+@dataclass
+class VLRollout:
+    """A driven image rollout: the trajectory, its engine calls, and the images handed to the trainer."""
+
+    trajectory: ImageTrajectory
+    calls: list[EngineCall]
+    images: list[Any]
+
+    def sample(self) -> TrainerSample:
+        return trainer_sample_from_trajectory(self.trajectory)
+
+    def rollout(self, sample: TrainerSample | None = None, images: list[Any] | None = None) -> Rollout:
+        """The check's ``Rollout`` (``sample`` and the trainer's ``images`` replaced to inject a defect)."""
+        t = self.trajectory
+        evidence = image_evidence(t, self.images if images is None else images)
+        return Rollout.of(
+            self.calls,
+            sample or self.sample(),
+            messages_for_record(t.messages, t.image_spans),
+            t.tools,
+            prompt_messages=1,
+            kinds=[k.value for k in t.kinds],
+            extra={"images": evidence.to_json()},
+        )
+
+
+def drive(
+    renderer: ChatRenderer, tokens: ImageTokens, prompt_images: list[Any], tool_images: list[list[Any]]
+) -> VLRollout:
+    """A screenshot-tool rollout: the prompt with ``prompt_images``, one tool call per entry of ``tool_images``
+    (each result holding those images), then a final answer."""
+    t = ImageTrajectory(renderer, image_tokens=tokens)
+    calls: list[EngineCall] = []
+    prompt = t.start([{"role": "user", "content": image_parts(prompt_images, "What is on the screen?")}], TOOLS)
+    turns = [(CALL_TEXT.format(region=f"r{k}"), call_message(f"r{k}")) for k in range(len(tool_images))]
+    turns.append(("It shows a screen.<|im_end|>", {"role": "assistant", "content": "It shows a screen."}))
+    for k, (text, message) in enumerate(turns):
+        out = renderer.encode(text)
+        logprobs = [-0.01 * (k + 1)] * len(out)
+        calls.append(EngineCall.of(prompt, out, logprobs, "stop"))
+        t.add_sampled(out, logprobs, "stop", message)
+        if k < len(tool_images):
+            tool = {"role": "tool", "content": image_parts(tool_images[k], f"screenshot {k}")}
+            prompt = t.append_messages([tool])
+    t.finish()
+    return VLRollout(t, calls, list(t.images))

@@ -1,0 +1,279 @@
+"""Image view: the images the trainer receives, and their token spans, are the ones the engine was given.
+
+The engine was given each image as a run of placeholder tokens the processor expanded from the image's grid, and
+the image itself, in placeholder order. verl's trainer pairs the k-th placeholder run of its stream with the k-th
+image it receives (``get_rope_index``, the embedding merge): a dropped, swapped or mis-expanded image shifts every
+position after it, silently when the totals still match. Per image, the view checks that
+
+- the trainer receives the engine's images, in the engine's order (a digest of each image's pixels);
+- its placeholder run in the trainer's stream sits where the engine's prompt put it and is as long as the grid of
+  the image the trainer receives implies;
+- none of its tokens is trained (mask 0).
+
+Every failure is an ``EngineFailure`` (a bug, never allowed). The view reads plain data (``ImageEvidence``): the
+loop computes the digests and grids with the processor; this module imports the token core only.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.check.findings import EngineFailure, FailureKind
+from verl_ext.check.inputs import TrainerSample
+from verl_ext.core.image_trajectory import ImageSpan, ImageTrajectory
+from verl_ext.core.images import IMAGE_PART_TYPES, image_digest, part_image
+from verl_ext.core.rendering import ChatRenderer, Message, Rendered
+
+
+@dataclass(frozen=True)
+class TrainerImage:
+    """One image as handed to the trainer: its pixels' digest and the placeholder count its grid implies."""
+
+    digest: str
+    grid: tuple[int, ...]
+    expected_length: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"digest": self.digest, "grid": list(self.grid), "expected_length": self.expected_length}
+
+
+@dataclass(frozen=True)
+class ImageEvidence:
+    """What the image view compares: the placeholder id, the engine's image spans (where its prompts held each
+    image, from the trajectory that built them) and the trainer's images in the order it receives them."""
+
+    placeholder_id: int
+    engine: tuple[ImageSpan, ...]
+    trainer: tuple[TrainerImage, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The record's ``images`` object: per image its span, grid and digest on each side."""
+        return {
+            "placeholder_id": self.placeholder_id,
+            "engine": [s.to_dict() for s in self.engine],
+            "trainer": [t.to_dict() for t in self.trainer],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> ImageEvidence:
+        return cls(
+            int(obj["placeholder_id"]),
+            tuple(ImageSpan.from_dict(s) for s in obj["engine"]),
+            tuple(
+                TrainerImage(str(t["digest"]), tuple(int(v) for v in t["grid"]), int(t["expected_length"]))
+                for t in obj["trainer"]
+            ),
+        )
+
+
+def placeholder_runs(stream: Sequence[int], placeholder_id: int) -> list[tuple[int, int]]:
+    """(position, length) of each run of ``placeholder_id`` in ``stream``, in order."""
+    runs: list[tuple[int, int]] = []
+    k, n = 0, len(stream)
+    while k < n:
+        if stream[k] != placeholder_id:
+            k += 1
+            continue
+        start = k
+        while k < n and stream[k] == placeholder_id:
+            k += 1
+        runs.append((start, k - start))
+    return runs
+
+
+def check_image_view(evidence: ImageEvidence, sample: TrainerSample) -> tuple[EngineFailure, ...]:
+    """The image view's failures for one rollout (empty: the trainer's images and spans are the engine's)."""
+    failures: list[EngineFailure] = []
+    engine, trainer = evidence.engine, evidence.trainer
+    failures += _order_failures(engine, trainer)
+    stream = sample.stream
+    runs = placeholder_runs(stream, evidence.placeholder_id)
+    mask = (0,) * len(sample.prompt_ids) + tuple(sample.response_mask)
+    if len(runs) != len(engine):
+        at = _first_unmatched(engine, runs)
+        failures.append(
+            EngineFailure(
+                FailureKind.IMAGE_DROPPED if len(runs) < len(engine) else FailureKind.IMAGE_SPAN,
+                None if at is None else engine[at].turn if at < len(engine) else None,
+                None if at is None else (engine[at].position if at < len(engine) else runs[at][0]),
+                f"the trainer's stream holds {len(runs)} image placeholder runs where the engine's prompts held "
+                f"{len(engine)} images",
+            )
+        )
+    for k, (span, run) in enumerate(zip(engine, runs, strict=False)):
+        if run != (span.position, span.length):
+            failures.append(
+                EngineFailure(
+                    FailureKind.IMAGE_SPAN,
+                    span.turn,
+                    run[0],
+                    f"image {k}: the trainer's placeholder run is at {run[0]} ({run[1]} tokens), the engine's was at "
+                    f"{span.position} ({span.length} tokens)",
+                )
+            )
+        if k < len(trainer) and run[1] != trainer[k].expected_length:
+            failures.append(
+                EngineFailure(
+                    FailureKind.IMAGE_EXPANSION,
+                    span.turn,
+                    run[0],
+                    f"image {k}: its placeholder run has {run[1]} tokens where its grid {list(trainer[k].grid)} "
+                    f"implies {trainer[k].expected_length}",
+                )
+            )
+        trained = [p for p in range(run[0], run[0] + run[1]) if p < len(mask) and mask[p]]
+        if trained:
+            failures.append(
+                EngineFailure(
+                    FailureKind.IMAGE_TRAINED,
+                    span.turn,
+                    trained[0],
+                    f"image {k}: {len(trained)} of its {run[1]} placeholder tokens have loss mask 1 (image tokens "
+                    "are never sampled: mask 0)",
+                )
+            )
+    return tuple(failures)
+
+
+def _order_failures(engine: Sequence[ImageSpan], trainer: Sequence[TrainerImage]) -> list[EngineFailure]:
+    """The trainer's images against the engine's, by digest: one missing, added, or out of order."""
+    want, got = [s.digest for s in engine], [t.digest for t in trainer]
+    if want == got:
+        return []
+    missing = [k for k, d in enumerate(want) if d not in got]
+    if missing:
+        k = missing[0]
+        return [
+            EngineFailure(
+                FailureKind.IMAGE_DROPPED,
+                engine[k].turn,
+                engine[k].position,
+                f"the trainer receives {len(got)} images, the engine was given {len(want)}: image {k} "
+                f"(digest {want[k]}) is not among them",
+            )
+        ]
+    if sorted(want) == sorted(got):
+        k = next(i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b)
+        return [
+            EngineFailure(
+                FailureKind.IMAGE_ORDER,
+                engine[k].turn,
+                engine[k].position,
+                f"the trainer's image {k} (digest {got[k]}) is not the engine's image {k} (digest {want[k]}): "
+                "the images are out of placeholder order",
+            )
+        ]
+    extra = next(k for k, d in enumerate(got) if d not in want or got.count(d) > want.count(d))
+    return [
+        EngineFailure(
+            FailureKind.IMAGE_SPAN,
+            None,
+            None,
+            f"the trainer's image {extra} (digest {got[extra]}) was never given to the engine",
+        )
+    ]
+
+
+def _first_unmatched(engine: Sequence[ImageSpan], runs: Sequence[tuple[int, int]]) -> int | None:
+    """The index of the first engine image whose span has no run at its place."""
+    for k, span in enumerate(engine):
+        if k >= len(runs) or runs[k] != (span.position, span.length):
+            return k
+    return len(engine) if len(runs) > len(engine) else None
+
+
+def rollout_image_failures(extra: Mapping[str, Any], sample: TrainerSample) -> tuple[EngineFailure, ...]:
+    """The image view of a rollout whose record extras hold ``images`` (``ImageEvidence.to_json``); () without."""
+    obj = extra.get("images")
+    return () if obj is None else check_image_view(ImageEvidence.from_json(obj), sample)
+
+
+class _ImageExpandingRenderer(ChatRenderer):
+    """A renderer whose ``render`` expands each image block's placeholder to the count the record's message part
+    holds (``"tokens"``), as the processor expanded it in the rollout: the template view then compares the stream
+    with what the template and processor together write."""
+
+    image_placeholder: int = -1
+
+    def render(
+        self,
+        messages: Sequence[Message],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        add_generation_prompt: bool = False,
+        escape: bool | None = None,
+    ) -> Rendered:
+        out = super().render(messages, tools, add_generation_prompt, escape)
+        lengths = [p.get("tokens") for m in messages for p in _parts(m) if _image_part(p)]
+        runs = placeholder_runs(out.ids, self.image_placeholder)
+        if not runs or len(runs) != len(lengths) or not all(isinstance(n, int) for n in lengths):
+            return out  # not the record's messages: rendered as the template writes them
+        ids: list[int] = []
+        done = 0
+        for (start, length), n in zip(runs, lengths, strict=True):
+            ids += out.ids[done:start]
+            ids += [self.image_placeholder] * n
+            done = start + length
+        ids += out.ids[done:]
+        return dataclasses.replace(out, ids=tuple(ids))
+
+
+def expanding_images(renderer: ChatRenderer, extra: Mapping[str, Any]) -> ChatRenderer:
+    """``renderer`` for the template view of a rollout: for one with images (record extras ``images``), a copy that
+    renders each image block expanded as the record's messages say; otherwise ``renderer`` itself."""
+    obj = extra.get("images")
+    if obj is None:
+        return renderer
+    clone = copy.copy(renderer)
+    clone.__class__ = _ImageExpandingRenderer
+    clone.image_placeholder = int(obj["placeholder_id"])  # type: ignore[attr-defined]
+    return clone
+
+
+def _image_part(part: Any) -> bool:
+    return isinstance(part, Mapping) and part.get("type") in IMAGE_PART_TYPES
+
+
+def _parts(message: Mapping[str, Any]) -> list[Any]:
+    content = message.get("content")
+    return content if isinstance(content, list) else []
+
+
+def image_evidence(trajectory: ImageTrajectory, trainer_images: Sequence[Any]) -> ImageEvidence:
+    """The evidence for a rollout: the trajectory's image spans (where the engine's prompts held each image) and
+    ``trainer_images`` (what the loop hands the trainer), each digested and expanded with the trajectory's
+    processor (an image the engine was given is expanded once: its grid is read from its span)."""
+    tokens = trajectory.image_tokens
+    known = {s.digest: s.grid for s in trajectory.image_spans}
+    trainer = []
+    for image in trainer_images:
+        digest = image_digest(image)
+        grid = known.get(digest)
+        if grid is None:
+            grid = tokens.expand(image).grid
+        trainer.append(TrainerImage(digest, grid, tokens.profile.expected_length(grid)))
+    return ImageEvidence(tokens.profile.placeholder_id, tuple(trajectory.image_spans), tuple(trainer))
+
+
+def messages_for_record(messages: Sequence[Mapping[str, Any]], spans: Sequence[ImageSpan]) -> list[dict[str, Any]]:
+    """``messages`` with each image part replaced by ``{"type": "image", "digest": ..., "tokens": n}`` (its span in
+    ``spans``, which lists the messages' images in order): a record line is JSON, the template still renders the
+    part as an image block, and the check's template view expands it to ``n`` placeholders."""
+    found = iter(spans)
+    out = []
+    for message in messages:
+        if any(part_image(p) is not None for p in _parts(message)):
+            parts = []
+            for p in _parts(message):
+                if part_image(p) is None:
+                    parts.append(p)
+                    continue
+                span = next(found, None)
+                digest = image_digest(part_image(p))
+                parts.append({"type": "image", "digest": digest, "tokens": None if span is None else span.length})
+            message = {**message, "content": parts}
+        out.append(dict(message))
+    return out

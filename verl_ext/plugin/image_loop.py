@@ -20,12 +20,15 @@ from typing import Any
 
 from verl_ext.check.image_view import image_evidence, messages_for_record
 from verl_ext.check.inputs import TrainerSample, trainer_sample_from_trajectory
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
 from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.images import ImageTokens, has_images, probe_vision
 from verl_ext.core.rendering import ChatRenderer
 
-_VISION: dict[tuple[int, str], ImageTokens | None] = {}
+# One entry per processor object and template, for the worker's life; the processor is kept with its entry so that
+# an id reused after garbage collection is not taken for it.
+_VISION: LruCache[tuple[int, str], tuple[Any, ImageTokens]] = LruCache("image profiles", 16)
 
 
 def _blank_image(width: int, height: int) -> Any:
@@ -40,9 +43,15 @@ def vision_for(processor: Any, renderer: ChatRenderer) -> ImageTokens | None:
     if processor is None or getattr(processor, "image_processor", None) is None:
         return None
     key = (id(processor), renderer.fingerprint)
-    if key not in _VISION:
-        _VISION[key] = ImageTokens(probe_vision(renderer, processor, _blank_image), processor)
-    return _VISION[key]
+
+    def make() -> tuple[Any, ImageTokens]:
+        return processor, ImageTokens(probe_vision(renderer, processor, _blank_image), processor)
+
+    held, tokens = _VISION.get_or_make(key, make)
+    if held is not processor:  # another object under a reused id: probe this one
+        _VISION.pop(key, None)
+        held, tokens = _VISION.get_or_make(key, make)
+    return tokens
 
 
 def refuse_images_without_vision(messages: Sequence[Mapping[str, Any]], where: str) -> None:

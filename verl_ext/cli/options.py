@@ -7,6 +7,8 @@ import difflib
 import json
 import os
 import re
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,4 +106,20 @@ def check_output_file(path: str, option: str, example: str = "report.html") -> P
         raise MissingFileError(f"{option} {path!r}: folder {str(folder)!r} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise OptionsError(f"{option} {path!r} cannot be written (permissions); pass a path this user can write")
+    return out
+
+
+def distinct_files(paths: Sequence[str], command: str) -> list[str]:
+    """``paths`` with a file given twice (by the same or another name) kept once, saying so on stderr: counted
+    twice, its rollouts would weigh double in every figure."""
+    seen: dict[str, str] = {}
+    out: list[str] = []
+    for path in paths:
+        key = os.path.realpath(path)
+        if key in seen:
+            again = "" if seen[key] == path else f" (as {seen[key]!r})"
+            print(f"verl-ext {command}: warning: {path!r} was given before{again}; it is read once", file=sys.stderr)
+            continue
+        seen[key] = path
+        out.append(path)
     return out

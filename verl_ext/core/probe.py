@@ -126,6 +126,9 @@ class TemplateProfile:
     # Whether an assistant turn may hold several tool calls (None: tool messages cannot be appended at all).
     parallel_tool_calls: bool | None = None
     parallel_tool_calls_error: str = ""  # what the template says when it refuses several calls in one turn
+    # The tokenizer's own fingerprint (``ChatRenderer.tokenizer_fingerprint``): a report decoding the records with
+    # another folder's tokenizer is refused by it, whatever chat template the run used.
+    tokenizer_fingerprint: str = ""
 
     def boundary(self, next_role: str) -> Boundary:
         for b in self.boundaries:
@@ -310,6 +313,7 @@ class _Prober:
             tool_call_shape=self.shape,
             parallel_tool_calls=parallel,
             parallel_tool_calls_error=parallel_error,
+            tokenizer_fingerprint=self.r.tokenizer_fingerprint,
         )
 
     def generation_prompt(self, gen_ids: tuple[int, ...], head_ids: tuple[int, ...]) -> tuple[int, ...]:

@@ -257,3 +257,51 @@ def test_a_stored_nan_under_an_untouched_stream_is_still_the_first_line(record_f
     assert cli(["replay", str(path), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 1
     out = capsys.readouterr().out
     assert out.startswith(FAILS) and "recorded stream: the same " in out and DIFFERS not in out
+
+
+def test_report_refuses_another_models_tokenizer_as_replay_does(record_file, tokenizer_dirs, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    qwen25, qwen3 = str(tokenizer_dirs["qwen2.5"]), str(tokenizer_dirs["qwen3"])
+    # Qwen2.5's vocabulary lacks Qwen3's <think> ids: decoding with it would draw them as engine-view failures
+    assert cli(["report", str(record_file), "-o", str(out), "--tokenizer", qwen25]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verl-ext report: error: the records were written with tokenizer ") and err.count("\n") == 1
+    assert "Pass --tokenizer the folder the rollouts used" in err and not out.exists()
+    assert cli(["report", str(record_file), "-o", str(out), "--tokenizer", qwen3]) == 0 and out.is_file()
+    capsys.readouterr()
+
+    # a header from before the tokenizer's own fingerprint was written: compared as replay compares it
+    old = edited(record_file, tmp_path, lambda h: h["template_profile"].pop("tokenizer_fingerprint"), line=0)
+    out.unlink()
+    assert cli(["report", str(old), "-o", str(out), "--tokenizer", qwen25]) == 2 and not out.exists()
+    assert "--chat-template FILE" in capsys.readouterr().err
+    assert cli(["report", str(old), "-o", str(out), "--tokenizer", qwen3]) == 0
+
+
+def test_a_file_given_twice_is_read_once_with_a_word(record_file, tokenizer_dirs, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    alias = tmp_path / "alias.jsonl"
+    alias.symlink_to(record_file)
+    assert cli(["report", str(record_file), str(record_file), str(alias), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert ": 1 rollout at step 1, " in captured.out  # not 3 rollouts
+    assert f"{str(record_file)!r} was given before; it is read once" in captured.err
+    assert f"{str(alias)!r} was given before (as {str(record_file)!r})" in captured.err
+    tok = ["--tokenizer", str(tokenizer_dirs["qwen3"])]
+    assert cli(["replay", str(record_file), str(alias), *tok]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("recorded stream: the same ") == 1 and "was given before" in captured.err
+
+
+def test_replay_takes_the_files_a_multi_worker_run_writes(record_file, tokenizer_dirs, tmp_path, capsys):
+    other = tmp_path / "rollouts-worker2.jsonl"
+    other.write_text(record_file.read_text())
+    tok = ["--tokenizer", str(tokenizer_dirs["qwen3"])]
+    assert cli(["replay", str(record_file), str(other), *tok]) == 0
+    out = capsys.readouterr().out
+    assert f"== {record_file}:2: " in out and f"== {other}:2: " in out
+    assert cli(["replay", str(record_file), str(other), *tok, "--json"]) == 0
+    assert [(r["file"], r["line"]) for r in json.loads(capsys.readouterr().out)] == [
+        (str(record_file), 2),
+        (str(other), 2),
+    ]

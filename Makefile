@@ -20,16 +20,28 @@ export PIP_DISABLE_PIP_VERSION_CHECK := 1
 
 venv: $(STAMP)
 
+# Each environment stamp holds a hash of the files it was built from, and is rebuilt when they hash to another value:
+# keyed on content, not on modification times, so the first `make` in a fresh clone (every file newer than any stamp)
+# does not reinstall into the .venv that is there, and an edit to a dependency file does.
+content_hash = $(shell $(PYTHON) -c 'import hashlib, sys; h = hashlib.sha256(); \
+	[h.update(f.encode() + b"\0" + open(f, "rb").read() + b"\0") for f in sys.argv[1:]]; print(h.hexdigest()[:16])' $(1))
+ENV_HASH := $(call content_hash,setup.py constraints.txt)
+SGLANG_HASH := $(call content_hash,setup.py constraints.txt requirements-sglang-cpu.txt)
+# FORCE (always rebuilt) when the stamp $(1) is missing or holds another hash than $(2)
+stale = $(if $(filter $(2),$(shell cat $(1) 2>/dev/null)),,FORCE)
+.PHONY: FORCE
+FORCE:
+
 # Rebuilt only when the dependency specification changes; torch is installed first and pinned
 # by constraints.txt so that nothing can pull a CUDA build.
-$(STAMP): setup.py constraints.txt
+$(STAMP): $(call stale,$(STAMP),$(ENV_HASH))
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
 	$(PIP) -e '.[test]'
 	$(BIN)/python -c "import sys, torch; \
 	ok = torch.__version__.startswith('2.13.0') and torch.version.cuda is None and not torch.cuda.is_available(); \
 	sys.exit(0 if ok else 'expected the CPU build of torch 2.13.0, got ' + torch.__version__ + ' (cuda=' + str(torch.version.cuda) + ')')"
-	@touch $@
+	@echo $(ENV_HASH) > $@
 
 tokenizers: venv
 	$(BIN)/python scripts/unpack_tokenizers.py
@@ -55,10 +67,10 @@ VERL_EXT_REQUIRE_SGLANG ?= 1
 export VERL_EXT_REQUIRE_SGLANG
 SGLANG_STAMP := $(VENV)/.sglang-cpu
 sglang-cpu: $(SGLANG_STAMP)
-$(SGLANG_STAMP): $(STAMP) requirements-sglang-cpu.txt
+$(SGLANG_STAMP): $(call stale,$(SGLANG_STAMP),$(SGLANG_HASH)) | $(STAMP)
 	$(PIP) --no-deps sglang==0.5.12
 	$(PIP) -r requirements-sglang-cpu.txt
-	@touch $@
+	@echo $(SGLANG_HASH) > $@
 
 test: venv tokenizers browser sglang-cpu
 	$(BIN)/ruff check verl_ext tests scripts hydra_plugins recipes bench

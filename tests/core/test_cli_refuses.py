@@ -113,9 +113,33 @@ def test_output_paths_are_refused_before_the_slow_part(tokenizer_dirs, tmp_path,
     ]
     (tmp_path / "plain").write_text("a file")
     cases.append((["report", "x.jsonl", "-o", str(tmp_path / "plain" / "r.html")], "is a file, not a folder", "-o"))
+    cases.append((["demo", "--out", str(tmp_path / "plain")], "--out", "is a file, not a folder", "pass a folder"))
+    if Path("/proc/self").is_dir():  # Linux: a folder whose permissions say writable (to root) that takes no file
+        cases += [
+            (["check-template", qwen3, "--html", "/proc/a.html"], "--html '/proc/a.html' cannot be written"),
+            (["report", "x.jsonl", "-o", "/proc/r.html"], "-o '/proc/r.html' cannot be written"),
+            (["demo", "--out", "/proc/demo"], "--out '/proc/demo' cannot be written"),
+        ]
+    if Path("/etc/passwd").is_file():
+        cases.append((["demo", "--out", "/etc/passwd"], "--out '/etc/passwd' is a file, not a folder"))
     for argv, *words in cases:
         start = time.perf_counter()
         code, out, err = run(capsys, *argv)
         # no probe, no record read: the records named do not even exist, and nothing was printed
         assert_one_line(code, err, *words)
         assert out == "" and time.perf_counter() - start < 5, (argv, out)
+
+
+def test_replay_reads_its_files_before_loading_the_tokenizer(tmp_path, capsys):
+    # the tokenizer folder does not exist either: the file, checked first, is what the error names (no 5 s load)
+    no_tokenizer = str(tmp_path / "no-tokenizer")
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"messages": [{"role": "user", "content": "hi"}]}\nnot json\n')
+    for files, words in (
+        ([str(tmp_path / "missing.jsonl")], ("missing.jsonl' does not exist",)),
+        ([str(bad)], (f"{bad}:2: not valid JSON",)),
+        ([str(bad), str(tmp_path / "missing.jsonl")], (f"{bad}:2: not valid JSON",)),
+    ):
+        code, out, err = run(capsys, "replay", *files, "--tokenizer", no_tokenizer)
+        assert_one_line(code, err, *words)
+        assert "no-tokenizer" not in err and out == ""

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from verl_ext.cli.main import main as cli
 from verl_ext.demo.run import DemoResult
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("ray")]  # demo beside a worker; Ray group
@@ -53,6 +54,16 @@ def test_engine_view_passes_on_every_rollout(demo: DemoResult) -> None:
     records = rollouts(demo)
     assert len(records) == 8 and all(r["check"]["engine_ok"] for r in records)
     assert {r["step"] for r in records} == {1, 2}
+
+
+def test_every_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
+    # Every demo rollout fills its response budget (a random model rarely stops): the loop's synthetic close after
+    # the cut lies past the trainer's cap, and replay must cut where the trainer did (record key response_length).
+    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))
+    code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
+    out = capsys.readouterr().out
+    assert code == 0, out.splitlines()[0]
+    assert out.count("recorded stream: the same ") == 8
 
 
 def test_rollout_and_trainer_logprobs_agree(demo: DemoResult) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from verl_ext.cli.main import main as cli
 from verl_ext.demo.data import DATA_SOURCE
 from verl_ext.demo.run import DemoResult, run_demo
 
@@ -60,3 +61,11 @@ def test_every_session_is_checked_recorded_and_reported(demo: DemoResult) -> Non
     assert demo.report is not None and Path(demo.report).is_file()
     html = demo.report.read_text()
     assert "Engine view: 0 failures" in html and "Template audit" in html
+
+
+def test_every_session_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
+    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))
+    code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
+    out = capsys.readouterr().out
+    assert code == 0, out.splitlines()[0]
+    assert out.count("recorded stream: the same ") == ROLLOUTS

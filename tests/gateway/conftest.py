@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from gateway_fixtures import Script
+from replay_checks import assert_records_replay
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +43,8 @@ def gateway_parts(tiny_qwen3_dir: Path) -> dict[str, Any]:
 @pytest.fixture
 def make_gateway(gateway_parts: dict[str, Any], tmp_path: Path) -> Any:
     """``make_gateway(script_turns, **config)``: a fresh Gateway (records under tmp_path/records) on the shared
-    engine, whose script is set to ``script_turns``."""
+    engine, whose script is set to ``script_turns``. After the test, every record it wrote must replay to what was
+    trained (``replay_checks``)."""
     from verl_ext.gateway.service import Gateway, GatewayConfig
     from verl_ext.runtime import RolloutRuntime
     from verl_ext.telemetry.records import RecordWriter, header_record
@@ -54,4 +56,5 @@ def make_gateway(gateway_parts: dict[str, Any], tmp_path: Path) -> Any:
         runtime = RolloutRuntime.build(parts["renderer"]).with_writer(writer)
         return Gateway(parts["engine"], runtime, parts["reader"], GatewayConfig(**config), markers=parts["markers"])
 
-    return make
+    yield make
+    assert_records_replay(tmp_path / "records", gateway_parts["renderer"])

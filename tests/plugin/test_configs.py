@@ -334,3 +334,32 @@ def test_a_misspelled_loop_stops_main_ppo_with_exit_2_and_no_traceback():
     assert out.returncode == 2, out.stderr[-2000:]
     assert "did you mean verl_ext_tool_agent " in out.stderr.strip().splitlines()[-1]
     assert "Traceback" not in out.stderr
+
+
+def _pasted(fix: str, folder: Path) -> list[str]:
+    """The words bash passes to a command when ``fix`` is pasted after it (in ``folder``: an unquoted ``>`` would
+    create a file there)."""
+    done = subprocess.run(["bash", "-c", f"printf '%s\\n' {fix}"], cwd=folder, capture_output=True, text=True)
+    assert done.returncode == 0 and not done.stderr and not list(folder.iterdir()), (fix, done.stderr)
+    return done.stdout.splitlines()
+
+
+@pytest.mark.parametrize("source", ["the option's error", "docs/troubleshooting.md"])
+def test_the_extra_stop_tokens_fix_works_pasted_into_bash(source, tmp_path):
+    if source == "the option's error":
+        with pytest.raises(OptionsError) as raised:
+            LoopOptions.from_sources({"extra_stop_tokens": "</tool_call>"})
+        fix = str(raised.value).split("e.g. ", 1)[1]
+    else:
+        row = next(
+            line
+            for line in (REPO / "docs" / "troubleshooting.md").read_text().splitlines()
+            if line.startswith("| `verl_ext.extra_stop_tokens must be")
+        )
+        fix = re.findall(r"`([^`]*extra_stop_tokens=[^`]*)`", row)[-1]  # the fix column's command
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    (word,) = _pasted(fix, tmp_path)  # one argument, as typed: `<` and `>` are no redirections, `[...]` no glob
+    (override,) = OverridesParser.create().parse_overrides([word])
+    assert override.key_or_group == "verl_ext.extra_stop_tokens" and override.value() == ["</tool_call>"]
+    assert LoopOptions.from_sources({"extra_stop_tokens": override.value()}).extra_stop_tokens == ("</tool_call>",)

@@ -45,7 +45,7 @@ def test_records_hold_what_the_report_should_show(records_file):
 
 def test_cli_prints_where_and_a_summary(built_report):
     assert built_report.stdout.strip() == (
-        f"wrote {built_report.html_path}: 11 rollouts over 4 steps, 1 engine-view failures, "
+        f"wrote {built_report.html_path}: 11 rollouts over 4 steps, 1 engine-view failure, "
         "5 rollouts with defects (45.5%), 12 findings"
     )
 

@@ -9,7 +9,7 @@ import logging
 from rollouts import TOOLS, Turn, call, run, tool_result
 
 from verl_ext.check import Cause, ConsistencyChecker
-from verl_ext.check.record import Rollout
+from verl_ext.check.record import SCHEMA_VERSION, Rollout
 from verl_ext.cli.main import main as cli
 from verl_ext.core.probe import probe_template
 from verl_ext.core.trajectory import RepairKind
@@ -69,7 +69,10 @@ def test_records_replay_to_the_same_stream(renderer_for, tokenizer_dirs, tmp_pat
     assert len(headers) == 1 and headers[0].template_profile["verdict"] == "repairable"
     (rec,) = rollouts
     assert rec == written  # the typed record round-trips through its file exactly
-    assert rec.version == 2 and json.loads(writer.path.read_text().splitlines()[1])["version"] == 2
+    assert (
+        rec.version == SCHEMA_VERSION
+        and json.loads(writer.path.read_text().splitlines()[1])["version"] == SCHEMA_VERSION
+    )
     assert rec.step == 7 and list(rec.input_ids) == t.input_ids and rec.check.ok
     assert {f.cause for f in rec.check.findings} >= {"eos_alias", "synthetic_close"}
     assert rec.turn_of == rollout.turn_of and rec.turn_of[-1] == 1  # the answer's tokens are turn 1

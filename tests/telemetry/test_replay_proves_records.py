@@ -61,10 +61,14 @@ def test_a_record_that_replays_to_what_was_trained_says_so(record_file, tokenize
 def test_the_wrong_tokenizer_is_the_first_line_and_exit_1(record_file, tokenizer_dirs, capsys):
     # Qwen2.5 shares most of Qwen3's vocabulary: the replay builds a plausible stream whose invariants all hold
     assert cli(["replay", str(record_file), "--tokenizer", str(tokenizer_dirs["qwen2.5"])]) == 1
-    first, second = capsys.readouterr().out.splitlines()[:2]
+    first, *rest = capsys.readouterr().out.split("\n\n")[0].splitlines()
     assert first.startswith(DIFFERS + f"{record_file}: the records were written with tokenizer ")
     assert "fingerprint" in first and "Replay with the tokenizer folder" in first
-    assert second.startswith(f"  also: {record_file}:2: the replayed stream differs from the recorded input_ids")
+    # then what the other tokenizer does to the record: ids past its vocabulary rejected, another stream; but no
+    # engine-view failure of the stored calls is invented from its vocabulary
+    differs = f"  also: {record_file}:2: the replayed stream differs from the recorded input_ids"
+    assert any(line.startswith(differs) for line in rest)
+    assert not [line for line in rest if "engine view failure" in line]
     assert cli(["replay", str(record_file), "--tokenizer", str(tokenizer_dirs["qwen2.5"]), "--json"]) == 1
     captured = capsys.readouterr()
     (result,) = json.loads(captured.out)
@@ -199,3 +203,105 @@ def test_nan_engine_logprobs_under_a_clean_stored_verdict_are_failures(record_fi
     assert cli(["replay", str(path), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 1
     text = capsys.readouterr().out
     assert "engine view (stored and re-validated): " in text and "[logprob_not_finite]" in text
+
+
+FAILS = "REPLAY FAILS: "
+
+
+def _answer(obj) -> tuple[str, int]:
+    """The answer turn's message key and the stream position of its first sampled token."""
+    return max(obj["sampled"], key=int), obj["engine_calls"][1]["prompt_length"]
+
+
+def _nan_stored(obj):
+    obj["engine_calls"][1]["logprobs"][0] = "NaN"
+
+
+def _nan_replayed(obj):
+    obj["logprobs"][_answer(obj)[0]][0] = "NaN"
+
+
+def _mask_off(obj):
+    obj["loss_mask"][_answer(obj)[1] + 2] = 0
+
+
+def _mask_on(obj):
+    obj["loss_mask"][_answer(obj)[1] - 1] = 1  # the generation prompt's last token: never sampled
+
+
+@pytest.mark.parametrize(
+    ("tamper", "names"),
+    [
+        (_nan_stored, "engine view failure [logprob_not_finite] at token {start} (turn 1): "),
+        (_nan_replayed, "engine output rejected [logprob_not_finite] at token {start} (turn 1): "),
+        (_mask_off, "engine view failure [mask] at token {off} (turn 1): "),
+        (_mask_on, "engine view failure [mask] at token {on} (turn 0): "),  # the prompt's tokens: turn 0's
+    ],
+)
+def test_a_tampered_record_names_the_failure_its_kind_and_token_first(
+    tamper, names, record_file, tokenizer_dirs, tmp_path, capsys
+):
+    path = edited(record_file, tmp_path, tamper)
+    start = _answer(json.loads(record_file.read_text().splitlines()[1]))[1]
+    assert cli(["replay", str(path), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 1
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(FAILS + f"{path}:2: " + names.format(start=start, off=start + 2, on=start - 1)), first
+    assert cli(["replay", str(path), "--tokenizer", str(tokenizer_dirs["qwen3"]), "--json"]) == 1
+    captured = capsys.readouterr()
+    assert captured.err.startswith("verl-ext replay: " + first) and not json.loads(captured.out)[0]["ok"]
+
+
+def test_a_stored_nan_under_an_untouched_stream_is_still_the_first_line(record_file, tokenizer_dirs, tmp_path, capsys):
+    # the stream replays the same (the replay keys are clean); only the stored engine call holds the NaN
+    path = edited(record_file, tmp_path, _nan_stored)
+    assert cli(["replay", str(path), "--tokenizer", str(tokenizer_dirs["qwen3"])]) == 1
+    out = capsys.readouterr().out
+    assert out.startswith(FAILS) and "recorded stream: the same " in out and DIFFERS not in out
+
+
+def test_report_refuses_another_models_tokenizer_as_replay_does(record_file, tokenizer_dirs, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    qwen25, qwen3 = str(tokenizer_dirs["qwen2.5"]), str(tokenizer_dirs["qwen3"])
+    # Qwen2.5's vocabulary lacks Qwen3's <think> ids: decoding with it would draw them as engine-view failures
+    assert cli(["report", str(record_file), "-o", str(out), "--tokenizer", qwen25]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("verl-ext report: error: the records were written with tokenizer ") and err.count("\n") == 1
+    assert "Pass --tokenizer the folder the rollouts used" in err and not out.exists()
+    assert cli(["report", str(record_file), "-o", str(out), "--tokenizer", qwen3]) == 0 and out.is_file()
+    capsys.readouterr()
+
+    # a header from before the tokenizer's own fingerprint was written: compared as replay compares it
+    old = edited(record_file, tmp_path, lambda h: h["template_profile"].pop("tokenizer_fingerprint"), line=0)
+    out.unlink()
+    assert cli(["report", str(old), "-o", str(out), "--tokenizer", qwen25]) == 2 and not out.exists()
+    assert "--chat-template FILE" in capsys.readouterr().err
+    assert cli(["report", str(old), "-o", str(out), "--tokenizer", qwen3]) == 0
+
+
+def test_a_file_given_twice_is_read_once_with_a_word(record_file, tokenizer_dirs, tmp_path, capsys):
+    out = tmp_path / "report.html"
+    alias = tmp_path / "alias.jsonl"
+    alias.symlink_to(record_file)
+    assert cli(["report", str(record_file), str(record_file), str(alias), "-o", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert ": 1 rollout at step 1, " in captured.out  # not 3 rollouts
+    assert f"{str(record_file)!r} was given before; it is read once" in captured.err
+    assert f"{str(alias)!r} was given before (as {str(record_file)!r})" in captured.err
+    tok = ["--tokenizer", str(tokenizer_dirs["qwen3"])]
+    assert cli(["replay", str(record_file), str(alias), *tok]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.count("recorded stream: the same ") == 1 and "was given before" in captured.err
+
+
+def test_replay_takes_the_files_a_multi_worker_run_writes(record_file, tokenizer_dirs, tmp_path, capsys):
+    other = tmp_path / "rollouts-worker2.jsonl"
+    other.write_text(record_file.read_text())
+    tok = ["--tokenizer", str(tokenizer_dirs["qwen3"])]
+    assert cli(["replay", str(record_file), str(other), *tok]) == 0
+    out = capsys.readouterr().out
+    assert f"== {record_file}:2: " in out and f"== {other}:2: " in out
+    assert cli(["replay", str(record_file), str(other), *tok, "--json"]) == 0
+    assert [(r["file"], r["line"]) for r in json.loads(capsys.readouterr().out)] == [
+        (str(record_file), 2),
+        (str(other), 2),
+    ]

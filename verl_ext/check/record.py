@@ -30,9 +30,12 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
 - no version: files written before the version was recorded. Same keys as version 1; they load as version 1
   (keys they lack take their defaults: ``turn_of`` is recomputed from ``engine_calls``).
 - 1: JSON floats could be bare ``NaN``/``Infinity`` (not JSON; Python's reader accepts them, others do not).
-- 2 (current): a float that is not finite is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``
+- 2: a float that is not finite is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``
   (valid JSON). Float fields (logprobs) read those strings back as floats, so a record round-trips exactly; a
   non-finite float anywhere else (a tool argument in a message) stays that string.
+- 3 (current): ``response_length``, the trainer's cap on the response, so replay cuts its stream where the trainer
+  cut it (a turn that filled the budget gets a synthetic close past the cap, which is not trained). Lines of
+  versions 1 and 2 lack it and still load (replay then infers the cut, ``check.replay_diff``).
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
 The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.
@@ -55,7 +58,15 @@ from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
 from verl_ext.core.engine_output import NAN_HAPPENED
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.messages import json_type
-from verl_ext.core.replay import NON_FINITE_JSON, SCHEMA_VERSION, RecordError, ReplayRecord, unknown_key_error
+from verl_ext.core.replay import (
+    NON_FINITE_JSON,
+    SCHEMA_VERSION,
+    RecordError,
+    ReplayRecord,
+    Unparsed,
+    parse_finish,
+    unknown_key_error,
+)
 
 if TYPE_CHECKING:
     from verl_ext.core.probe import TemplateProfile
@@ -186,6 +197,7 @@ class Rollout:
             check=RecordedCheck.of(result),
             extra=dict(self.extra),
             template_clock=self.template_clock,
+            response_length=self.response_length,
         )
 
 
@@ -402,6 +414,7 @@ _KEYS = frozenset(
         "logprobs",
         "finish",
         "prompt_length",
+        "response_length",
         "input_ids",
         "loss_mask",
         "trainer_logprobs",
@@ -441,6 +454,9 @@ class RolloutRecord:
     check: RecordedCheck
     extra: Mapping[str, Any] = field(default_factory=dict)
     template_clock: str | None = None  # absent from records written before it existed, and where none was read
+    # The trainer's cap on the response (the stream holds at most prompt_length + response_length tokens); None in
+    # records from before version 3, and where the loop had no cap.
+    response_length: int | None = None
 
     @property
     def sampled_logprobs(self) -> dict[int, float]:
@@ -460,6 +476,7 @@ class RolloutRecord:
             "step": self.step,
             **self._replay_json(),
             "prompt_length": self.prompt_length,
+            "response_length": self.response_length,
             "input_ids": list(self.input_ids),
             "loss_mask": list(self.loss_mask),
             "trainer_logprobs": None if self.trainer_logprobs is None else list(self.trainer_logprobs),
@@ -488,8 +505,16 @@ class RolloutRecord:
 
     def replay_record(self, where: str = "record") -> ReplayRecord:
         """The conversation as ``verl-ext replay`` rebuilds it. Raises RecordError (naming ``where``) when the
-        record cannot be replayed (e.g. logprob counts that disagree with the ids: an engine failure)."""
-        return ReplayRecord.from_json(self._replay_json(), where)
+        record cannot be replayed (e.g. logprob counts that disagree with the ids: an engine failure). A rollout
+        that ended on an engine call whose output never became a message (invalid output, kept up to its first
+        problem) has one engine call more than ``sampled`` has messages: that call is replayed from
+        ``engine_calls``."""
+        unparsed = None
+        if len(self.engine_calls) == len(self.sampled) + 1:
+            last = self.engine_calls[-1]
+            finish = last.finish_reason if last.finish_reason in _REPLAYABLE_FINISH else "stop"
+            unparsed = Unparsed(last.output_ids, last.logprobs, parse_finish(finish))
+        return ReplayRecord.from_json(self._replay_json(), where, unparsed)
 
     # long: one type check per field, in the order the format documents them; split, the format would scatter
     @classmethod
@@ -559,6 +584,7 @@ class RolloutRecord:
             check=RecordedCheck.from_json(obj["check"], where),
             extra={k: v for k, v in obj.items() if k not in _KEYS},
             template_clock=f.str("template_clock", default=None),
+            response_length=f.int("response_length", default=None),
         )
 
 
@@ -597,6 +623,7 @@ class HeaderProfile:
 
     fingerprint: str = ""
     tokenizer_name: str = ""
+    tokenizer_fingerprint: str = ""  # the tokenizer alone (headers from before it was written: "")
     verdict: str = "?"
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)
     stop_ids: tuple[ProfileStop, ...] = ()
@@ -623,6 +650,7 @@ class HeaderProfile:
         return cls(
             fingerprint=f.str("fingerprint", default=""),
             tokenizer_name=f.str("tokenizer_name", default=""),
+            tokenizer_fingerprint=f.str("tokenizer_fingerprint", default=""),
             verdict=f.str("verdict", default="?"),
             template_kwargs=f.dict("template_kwargs", default={}),
             stop_ids=tuple(

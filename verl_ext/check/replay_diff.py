@@ -37,14 +37,13 @@ def stream_difference(
     recorded: RolloutRecord, ids: Sequence[int], mask: Sequence[int], renderer: ChatRenderer
 ) -> str | None:
     """Where the replayed stream (``ids``, ``mask``) first differs from the recorded ``input_ids`` / ``loss_mask``;
-    None when they are equal. A recorded stream that the trainer cut (``check.truncated``) is compared with the
-    replay's first tokens."""
+    None when they are equal. The replay is first cut where the trainer cut the rollout (``trained_length``)."""
     rec = tuple(recorded.input_ids)
-    rep = tuple(ids)
-    cut = recorded.check.truncated and len(rec) < len(rep)
+    end = trained_length(recorded, mask)
+    rep = tuple(ids[:end])
     first = _first_difference(rec, rep)
-    if first is None and (len(rec) == len(rep) or cut):
-        bad = _first_difference(tuple(recorded.loss_mask), tuple(mask[: len(rec)]))
+    if first is None and len(rec) == len(rep):
+        bad = _first_difference(tuple(recorded.loss_mask), tuple(mask[:end]))
         if bad is None:
             return None
         return (
@@ -53,9 +52,10 @@ def stream_difference(
         )
     at = min(len(rec), len(rep)) if first is None else first
     decode = renderer.decode
+    cut = f", cut at the response length {recorded.response_length}" if end < len(ids) else ""
     line = (
         f"the replayed stream differs from the recorded input_ids at token {at} (recorded {len(rec)} tokens, "
-        f"replayed {len(rep)}): after {decode(rec[max(0, at - _SHOWN) : at])!r} the record has "
+        f"replayed {len(rep)}{cut}): after {decode(rec[max(0, at - _SHOWN) : at])!r} the record has "
         f"{_side(rec, at, decode)}, the replay {_side(rep, at, decode)}"
     )
     if at < recorded.prompt_length and "strftime_now" in (renderer.chat_template or ""):
@@ -64,6 +64,28 @@ def stream_difference(
             "recorded on another day renders another date"
         )
     return line
+
+
+def trained_length(recorded: RolloutRecord, mask: Sequence[int]) -> int:
+    """How many tokens of the replayed stream (whose loss mask is ``mask``) the trainer kept: the stream up to the
+    record's ``response_length`` past its prompt (as ``trainer_sample_from_trajectory`` cuts it). A turn that filled
+    the budget ends at the cap, and the synthetic close the loop adds after it lies past the cap, untrained.
+
+    A record from before version 3 has no ``response_length``; its cut is inferred, and only where nothing sampled
+    is lost by it: the recorded stream is shorter and either the check said the trainer cut it (``check.truncated``)
+    or the last engine call ended at the length limit and every replayed token past the record is untrained."""
+    n = len(mask)
+    if recorded.response_length is not None:
+        return min(n, recorded.prompt_length + recorded.response_length)
+    kept = len(recorded.input_ids)
+    if kept >= n:
+        return n
+    if recorded.check.truncated:
+        return kept
+    calls = recorded.engine_calls
+    if calls and calls[-1].finish_reason == "length" and not any(mask[kept:]):
+        return kept
+    return n
 
 
 def _first_difference(a: tuple[int, ...], b: tuple[int, ...]) -> int | None:

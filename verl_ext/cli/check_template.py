@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from verl_ext.cli.options import check_output_file, renderer_from_args, stop_ids_from_args
 from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.tool_call_shape import RENDERS_ARGUMENTS, RENDERS_NAME, RENDERS_NOTHING
 
 if TYPE_CHECKING:
     from verl_ext.plugin.tool_parser_fit import ParserFit
@@ -69,6 +70,14 @@ def _tok(renderer: ChatRenderer, ids: tuple[int, ...]) -> str:
     return repr(renderer.decode(ids)) if ids else "(nothing)"
 
 
+# What the template renders of a tool call (``ToolCallShape.renders``), as the audit's line says it.
+_RENDERS = {
+    RENDERS_ARGUMENTS: "the arguments",
+    RENDERS_NAME: "the name only",
+    RENDERS_NOTHING: "nothing of the call (it can only live in the content text)",
+}
+
+
 def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str, parsers: ParserFit | None = None) -> str:
     """The audit as ``verl-ext check-template`` prints it: verdict (and the verl tool parser that reads the
     template's calls), stop ids, boundaries, conventions, then every reason."""
@@ -108,7 +117,7 @@ def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str, pars
     shape = p.tool_call_shape
     lines.append(
         f"tool-call input: content {'None' if shape.content_none else repr('')}, arguments as {shape.arguments}; "
-        f"the template renders {'the ' + shape.renders if shape.renders == 'arguments' else shape.renders}"
+        f"the template renders {_RENDERS.get(shape.renders, shape.renders)}"
     )
     parallel = {True: "yes", False: "no, one per turn", None: "not renderable"}[p.parallel_tool_calls]
     lines.append(f"several tool calls in one turn: {parallel}")

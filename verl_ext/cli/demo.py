@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from verl_ext.cli.options import check_output_folder
 from verl_ext.core.errors import OptionsError
 from verl_ext.demo.run import LOOPS, run_demo, shown
 
@@ -13,6 +14,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     """``verl-ext demo``: run the CPU GRPO demo; exit code 1 when any step had an engine-view failure."""
     if args.steps < 1:
         raise OptionsError(f"--steps must be at least 1, got {args.steps}")
+    check_output_folder(args.out, "--out")  # before the model, the data and the trainer: a wrong path costs nothing
     loop = args.loop
     harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
     print(

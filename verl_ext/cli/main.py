@@ -34,7 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--html", metavar="FILE", help="also write the audit as a self-contained HTML page")
 
     rep = sub.add_parser("replay", help="rebuild recorded conversations as a rollout would and check invariants")
-    rep.add_argument("file", help="JSONL file, one record per line (see docs/replay-format.md)")
+    rep.add_argument(
+        "files",
+        nargs="+",
+        metavar="FILE",
+        help="JSONL files, one record per line (see docs/replay-format.md); a multi-worker run writes one per process",
+    )
     rep.add_argument("--tokenizer", required=True, help="tokenizer folder")
     _add_template_options(rep)
     rep.add_argument("--json", action="store_true", help="print a JSON array, one object per record")
@@ -47,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--tokenizer", metavar="DIR", help="tokenizer folder to decode ids (default: the one the header names)"
     )
     report.add_argument("--examples", type=int, default=5, metavar="N", help="worst rollouts shown token by token")
+    report.add_argument(
+        "--chat-template",
+        metavar="FILE",
+        help="the .jinja chat template the run used, when it was not the tokenizer folder's (records from before "
+        "the tokenizer fingerprint was written are compared by tokenizer and template)",
+    )
 
     from verl_ext.cli.gateway import add_gateway_parser
 

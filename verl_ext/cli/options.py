@@ -7,6 +7,8 @@ import difflib
 import json
 import os
 import re
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -99,4 +101,50 @@ def check_output_file(path: str, option: str, example: str = "report.html") -> P
         raise MissingFileError(f"{option} {path!r}: folder {str(folder)!r} does not exist; create it first")
     if not os.access(folder, os.W_OK | os.X_OK) or (out.exists() and not os.access(out, os.W_OK)):
         raise OptionsError(f"{option} {path!r} cannot be written (permissions); pass a path this user can write")
+    # Permissions do not tell everything (root may "write" anywhere, yet /proc takes no new file): open it for
+    # writing, as the command will, without changing what is there.
+    try:
+        if out.exists():
+            os.close(os.open(out, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+        else:
+            os.close(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            out.unlink()
+    except OSError as exc:
+        raise OptionsError(
+            f"{option} {path!r} cannot be written ({exc.strerror or exc}); pass a path in a folder this user can write"
+        ) from None
+    return out
+
+
+def check_output_folder(path: str, option: str) -> Path:
+    """``path`` as a folder the command can write into (created when missing), checked before any slow work. Raises
+    an error naming ``option``, the path and the fix."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise NotAFolderError(f"{option} {path!r} is a file, not a folder; pass a folder (it is created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".verl-ext-write-check-{os.getpid()}"
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        probe.unlink()
+    except OSError as exc:
+        raise OptionsError(
+            f"{option} {path!r} cannot be written ({exc.strerror or exc}); pass a folder this user can write"
+        ) from None
+    return out
+
+
+def distinct_files(paths: Sequence[str], command: str) -> list[str]:
+    """``paths`` with a file given twice (by the same or another name) kept once, saying so on stderr: counted
+    twice, its rollouts would weigh double in every figure."""
+    seen: dict[str, str] = {}
+    out: list[str] = []
+    for path in paths:
+        key = os.path.realpath(path)
+        if key in seen:
+            again = "" if seen[key] == path else f" (as {seen[key]!r})"
+            print(f"verl-ext {command}: warning: {path!r} was given before{again}; it is read once", file=sys.stderr)
+            continue
+        seen[key] = path
+        out.append(path)
     return out

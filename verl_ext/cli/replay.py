@@ -5,14 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.check.record import RecordedFailure, RecordHeader, RolloutRecord
 from verl_ext.check.replay_diff import fingerprint_difference, stream_difference
 from verl_ext.check.revalidate import revalidated
-from verl_ext.cli.options import renderer_from_args, stop_ids_from_args
+from verl_ext.cli.options import distinct_files, renderer_from_args, stop_ids_from_args
 from verl_ext.core.invariants import InvariantReport, check_invariants
 from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
@@ -76,9 +76,37 @@ class _Replayed:
         t = self.trajectory
         return self.report.ok and not t.output_problems and not self.differences and not self.engine_failures
 
+    def problems(self, where: str) -> list[tuple[str, str]]:
+        """(headline, line) for every reason this record fails, the causes before their effects: the stored engine
+        calls' failures (in the check's order), engine output the replay rejected, broken invariants, then where the
+        replayed stream differs from what was trained. Each line names ``where`` (file:line), the kind and token."""
+        out = [
+            (_FAILS, f"{where}: engine view failure {_at(f.kind, f.position, f.turn)}: {f.detail}")
+            for f in self.engine_failures
+        ]
+        t = self.trajectory
+        for turn, problem in t.output_problems:
+            position = t.turns[turn].prompt_length + problem.index if turn < len(t.turns) else None
+            out.append(
+                (_FAILS, f"{where}: engine output rejected {_at(problem.kind.value, position, turn)}: {problem.detail}")
+            )
+        out += [(_FAILS, f"{where}: invariant broken: {failure}") for failure in self.report.failures]
+        out += [(_DIFFERS, f"{where}: {d}") for d in self.differences]
+        return out
 
-def _replay_one(renderer: ChatRenderer, stops: list[int], item: ReplayItem, where: str) -> _Replayed:
-    """Replay one conversation and, for a check's record, compare it with what was trained."""
+
+def _at(kind: str, position: int | None, turn: int | None) -> str:
+    """``[kind] at token P (turn T)``: a failure's kind and where it is (the whole rollout when it has no token)."""
+    where = "in the whole rollout" if position is None else f"at token {position}"
+    return f"[{kind}] {where}" + ("" if turn is None else f" (turn {turn})")
+
+
+def _replay_one(
+    renderer: ChatRenderer, stops: list[int], item: ReplayItem, where: str, same_tokenizer: bool
+) -> _Replayed:
+    """Replay one conversation and, for a check's record, compare it with what was trained. ``same_tokenizer``
+    false (the header names another tokenizer): the stored engine calls are not checked against this tokenizer's
+    vocabulary and stop ids, which would invent failures (the header's difference is reported instead)."""
     n_sampled = sum(len(ids) for ids in item.record.sampled.values())
     if n_sampled >= LARGE_RECORD_IDS:  # seconds of work: say so, on stderr (stdout stays the result)
         print(f"replaying {where}: {len(item.record.messages)} messages, {n_sampled} sampled ids ...", file=sys.stderr)
@@ -88,67 +116,108 @@ def _replay_one(renderer: ChatRenderer, stops: list[int], item: ReplayItem, wher
     if item.recorded is not None:
         diff = stream_difference(item.recorded, t.input_ids, t.loss_mask, renderer)
         if diff:
-            done.differences.append(f"{where}: {diff}")
-        stop_ids = probe_template(renderer, stops).stop_id_set
-        done.engine_failures = revalidated(item.recorded, renderer.vocab_size, stop_ids).check.engine_failures
+            done.differences.append(diff)
+        vocab_size = renderer.vocab_size if same_tokenizer else None
+        stop_ids = probe_template(renderer, stops).stop_id_set if same_tokenizer else frozenset()
+        done.engine_failures = revalidated(item.recorded, vocab_size, stop_ids).check.engine_failures
     return done
 
 
+@dataclass
+class ReplayedFiles:
+    """Replay files, replayed: every record with where it came from, the headers that name another tokenizer, and
+    every failure and difference as (headline, line), the first being what the output's first line says."""
+
+    done: list[tuple[str, _Replayed]]  # (file, replayed record), in file and line order
+    headers: list[str]  # "FILE: ..." for each header whose fingerprint is not the replaying tokenizer's
+
+    @property
+    def problems(self) -> list[tuple[str, str]]:
+        out = [(_DIFFERS, line) for line in self.headers]
+        return out + [p for path, r in self.done for p in r.problems(f"{path}:{r.item.line}")]
+
+    @property
+    def ok(self) -> bool:
+        """Every record reproduced, its engine calls valid, its invariants held, with the tokenizer it names."""
+        return all(r.ok for _, r in self.done) and not self.headers
+
+
+def replay_items(
+    items: Iterable[tuple[str, ReplayItem]], renderer: ChatRenderer, stops: list[int], given: str
+) -> ReplayedFiles:
+    """Replay each (file, item) with ``renderer`` and the engine's extra ``stops``; ``given`` names the replaying
+    tokenizer in a header's difference (``--tokenizer DIR``)."""
+    out = ReplayedFiles([], [])
+    mismatched: dict[int, bool] = {}  # id(header) -> the header names another tokenizer
+    for path, item in items:
+        header = item.header
+        if header is not None and id(header) not in mismatched:
+            diff = fingerprint_difference(header, renderer, given)
+            mismatched[id(header)] = diff is not None
+            if diff:
+                out.headers.append(f"{path}: {diff}")
+        same = header is None or not mismatched[id(header)]
+        out.done.append((path, _replay_one(renderer, stops, item, f"{path}:{item.line}", same)))
+    return out
+
+
 def run_replay(args: argparse.Namespace) -> int:
+    files = distinct_files(args.files, "replay")
+    # Every file is read and type-checked before the tokenizer loads (seconds): a wrong path or a bad line costs
+    # nothing. The records are held anyway: the replayed trajectories are printed at the end.
+    items = [(path, item) for path in files for item in read_records(path)]
     renderer = renderer_from_args(args.tokenizer, args)
     stops = stop_ids_from_args(renderer, args.stop)
     given = f"--tokenizer {args.tokenizer!r}"
     if args.chat_template:
         given += f" --chat-template {args.chat_template!r}"
-    done: list[_Replayed] = []
-    headers: list[str] = []  # header differences, once per header
-    seen: set[int] = set()
-    for item in read_records(args.file):
-        if item.header is not None and id(item.header) not in seen:
-            seen.add(id(item.header))
-            diff = fingerprint_difference(item.header, renderer, given)
-            if diff:
-                headers.append(f"{args.file}: {diff}")
-        done.append(_replay_one(renderer, stops, item, f"{args.file}:{item.line}"))
-    differences = headers + [d for r in done for d in r.differences]
+    result = replay_items(items, renderer, stops, given)
     if args.json:
-        for line in differences:
-            print(f"verl-ext replay: {_DIFFERS}: {line}", file=sys.stderr)
-        print(json.dumps([_json_result(r, headers) for r in done]))
+        for headline, line in result.problems:
+            print(f"verl-ext replay: {headline}: {line}", file=sys.stderr)
+        print(json.dumps([_json_result(r, result.headers, path) for path, r in result.done]))
     else:
-        _print_text(renderer, done, differences, args)
-    return 0 if all(r.ok for r in done) and not headers else 1
+        _print_text(renderer, result.done, result.problems, args)
+    return 0 if result.ok else 1
 
 
+# The first line of the output when a record is not reproduced (``_DIFFERS``) or fails on its own (``_FAILS``: an
+# engine-view failure of its stored calls, engine output the replay rejects, a broken invariant).
 _DIFFERS = "REPLAY DIFFERS FROM THE RECORD"
+_FAILS = "REPLAY FAILS"
 
 
-def _json_result(r: _Replayed, headers: list[str]) -> dict[str, Any]:
-    """One record's object of ``--json``: the trajectory, invariants, and the comparison with the record."""
-    out: dict[str, Any] = {"line": r.item.line, **r.trajectory.to_dict(), "ok": r.ok and not headers}
+def _json_result(r: _Replayed, headers: list[str], path: str) -> dict[str, Any]:
+    """One record's object of ``--json``: the trajectory, invariants, and the comparison with the record (``file``:
+    the file it came from, when several were given)."""
+    where = f"{path}:{r.item.line}"
+    out: dict[str, Any] = {"file": path, "line": r.item.line, **r.trajectory.to_dict(), "ok": r.ok and not headers}
     out["failures"] = list(r.report.failures)
     if r.item.recorded is not None:
         out["recorded"] = {
             "same": not r.differences and not headers,
-            "differences": headers + r.differences,
-            "engine_failures": [{"kind": f.kind, "turn": f.turn, "detail": f.detail} for f in r.engine_failures],
+            "differences": headers + [f"{where}: {d}" for d in r.differences],
+            "engine_failures": [
+                {"kind": f.kind, "turn": f.turn, "position": f.position, "detail": f.detail} for f in r.engine_failures
+            ],
         }
     return out
 
 
 def _print_text(
-    renderer: ChatRenderer, done: list[_Replayed], differences: list[str], args: argparse.Namespace
+    renderer: ChatRenderer, done: list[tuple[str, _Replayed]], problems: list[tuple[str, str]], args: argparse.Namespace
 ) -> None:
-    """The text output: every difference from the records first (the first line says so), then one block per
-    record."""
-    if differences:
-        print(f"{_DIFFERS}: {differences[0]}")
-        for line in differences[1:]:
+    """The text output: every failure and difference first (the first line names the first, its kind and token),
+    then one block per record."""
+    if problems:
+        headline, line = problems[0]
+        print(f"{headline}: {line}")
+        for _, line in problems[1:]:
             print(f"  also: {line}")
         print()
-    for r in done:
+    for path, r in done:
         t = r.trajectory
-        print(format_trajectory(renderer, t, f"{args.file}:{r.item.line}", per_token=args.tokens))
+        print(format_trajectory(renderer, t, f"{path}:{r.item.line}", per_token=args.tokens))
         if t.output_problems:
             print("engine output: REJECTED (these tokens are not trained)")
             for turn, problem in t.output_problems:

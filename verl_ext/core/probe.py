@@ -131,6 +131,9 @@ class TemplateProfile:
     # in the conversation (namespace flags it never resets: DeepSeek R1 writes every result of a conversation into
     # one outputs block): deltas are rendered after a synthetic earlier round where the rollout had one.
     tool_rounds_share_state: bool = False
+    # The tokenizer's own fingerprint (``ChatRenderer.tokenizer_fingerprint``): a report decoding the records with
+    # another folder's tokenizer is refused by it, whatever chat template the run used.
+    tokenizer_fingerprint: str = ""
 
     def boundary(self, next_role: str) -> Boundary:
         for b in self.boundaries:
@@ -328,6 +331,7 @@ class _Prober:
             parallel_tool_calls=parallel,
             parallel_tool_calls_error=parallel_error,
             tool_rounds_share_state=shared_state,
+            tokenizer_fingerprint=self.r.tokenizer_fingerprint,
         )
 
     def generation_prompt(self, gen_ids: tuple[int, ...], head_ids: tuple[int, ...]) -> tuple[int, ...]:

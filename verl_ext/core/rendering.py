@@ -41,6 +41,7 @@ from verl_ext.core.tokenizer_files import (
     read_template_file,
     refuse_unparsable,
     template_origin,
+    template_variables,
 )
 
 if TYPE_CHECKING:  # transformers takes seconds to import; what only reads records (the report) never needs it
@@ -128,6 +129,29 @@ def load_renderer(
     return renderer
 
 
+def _cleans_up_spaces(tokenizer: Any, backend: Any) -> bool:
+    """Whether transformers' decode changes the backend's text (``clean_up_tokenization_spaces``). Transformers 5
+    ignores that flag for a BPE model unless forced, warning on the first decode (every Llama 3 folder sets it): the
+    text is the backend's either way, so the backend decodes it, and the warning about a flag with no effect stays
+    away from the audit."""
+    if not getattr(tokenizer, "clean_up_tokenization_spaces", False):
+        return False
+    if backend is None:
+        return True
+    forced = getattr(tokenizer, "clean_up_tokenization_spaces_for_bpe_even_though_it_will_corrupt_output", False)
+    return type(backend.model).__name__ != "BPE" or bool(forced)
+
+
+def _quiet(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    """``tokenizer`` with ``clean_up_tokenization_spaces`` off where transformers ignores it (a BPE model): the same
+    text from every decode (verl's tool parsers' too), without a warning per process about a flag with no effect."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    flag = getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    if backend is not None and flag and not _cleans_up_spaces(tokenizer, backend):
+        tokenizer.clean_up_tokenization_spaces = False
+    return tokenizer
+
+
 # Plain text every chat tokenizer encodes and decodes back unchanged (no space before punctuation, which
 # ``clean_up_tokenization_spaces`` would legitimately remove).
 ROUND_TRIP_TEXTS: tuple[str, ...] = ("Hello world, how are you?", "Line one.\nLine two:  two spaces.")
@@ -156,11 +180,11 @@ def load_tokenizer(tokenizer_dir: str | os.PathLike[str]) -> PreTrainedTokenizer
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before the import: huggingface_hub reads it once
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
+    tokenizer = _quiet(AutoTokenizer.from_pretrained(str(tokenizer_dir)))
     failures = round_trip_failures(tokenizer)
     if not failures or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         return tokenizer
-    faithful = PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir))
+    faithful = _quiet(PreTrainedTokenizerFast.from_pretrained(str(tokenizer_dir)))
     if round_trip_failures(faithful):
         return tokenizer  # the file itself does not round-trip: the probe reports it
     text, back = failures[0]
@@ -287,10 +311,20 @@ class ChatRenderer:
 
     # -- identity ---------------------------------------------------------------------------------
     @functools.cached_property
+    def _tokenizer_hash(self) -> Any:
+        """sha256 over the tokenizer's serialization, once per tokenizer (about a second for a 150k vocabulary): both
+        fingerprints continue from it."""
+        return hashlib.sha256(self.tokenizer.backend_tokenizer.to_str().encode())
+
+    @property
+    def tokenizer_fingerprint(self) -> str:
+        """Stable id of the tokenizer alone (vocabulary, merges, added tokens): what decoding ids depends on."""
+        return self._tokenizer_hash.hexdigest()[:16]
+
+    @functools.cached_property
     def fingerprint(self) -> str:
         """Stable id of (tokenizer, template, template kwargs): the probe's cache key."""
-        h = hashlib.sha256()
-        h.update(self.tokenizer.backend_tokenizer.to_str().encode())
+        h = self._tokenizer_hash.copy()
         h.update((self.chat_template or "").encode())
         h.update(json.dumps(self.template_kwargs, sort_keys=True, default=str).encode())
         return h.hexdigest()[:16]
@@ -332,9 +366,27 @@ class ChatRenderer:
         except Exception as exc:  # jinja raises many types; all mean "this template refused"
             roles = [m.get("role") for m in messages]
             why = " ".join(str(exc).split())  # one line, whatever the template's message holds
-            raise TemplateError(f"{self.template_source}: chat template failed to render roles {roles}: {why}") from exc
+            raise TemplateError(
+                f"{self.template_source}: chat template failed to render roles {roles}: {why}{self._missing_kwarg(exc)}"
+            ) from exc
         assert isinstance(text, str)
         return text
+
+    def _missing_kwarg(self, exc: Exception) -> str:
+        """The fix for a template that reads a variable from its caller that it was not given (firefunction-v2's
+        ``functions`` and ``datetime``): pass it as a template kwarg. Empty for any other error."""
+        import jinja2
+
+        match = re.fullmatch(r"'(\w+)' is undefined", str(exc))
+        if not isinstance(exc, jinja2.UndefinedError) or match is None:
+            return ""
+        name = match.group(1)
+        if name in self.template_kwargs or name not in template_variables(self.chat_template or ""):
+            return ""
+        return (
+            f"; the template reads {name!r} from its caller and was not given it: pass it as a template kwarg "
+            f"(verl-ext: --template-kwargs '{{\"{name}\": ...}}'; training: data.apply_chat_template_kwargs)"
+        )
 
     def render(
         self,
@@ -554,7 +606,7 @@ class ChatRenderer:
             or not isinstance(self.tokenizer, PreTrainedTokenizerFast)
             or kind.decode is not PreTrainedTokenizerBase.decode
             or kind._decode is not PreTrainedTokenizerFast._decode
-            or self.tokenizer.clean_up_tokenization_spaces
+            or _cleans_up_spaces(self.tokenizer, backend)
         ):
             return None
         return backend

@@ -44,7 +44,7 @@ NON_FINITE_JSON: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-In
 
 # The record schema version (``verl_ext.check.record`` documents each): the replay format is its subset, so a replay
 # line may carry the version of the record file it came from; a newer one is refused, not guessed at.
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 
 # The replay format's keys, in the order docs/replay-format.md documents them.
 REPLAY_KEYS = (
@@ -140,6 +140,15 @@ def read_json_lines(
 
 
 @dataclass(frozen=True)
+class Unparsed:
+    """An engine call's output that no message holds: ids, logprobs (None: none recorded) and finish reason."""
+
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+    finish: FinishReason | str
+
+
+@dataclass(frozen=True)
 class ReplayRecord:
     messages: tuple[dict[str, Any], ...]
     tools: tuple[dict[str, Any], ...] | None = None
@@ -149,11 +158,16 @@ class ReplayRecord:
     finish: Mapping[int, FinishReason | str] = field(default_factory=dict)  # str: SGLang's "NaN happened"
     prompt_messages: int | None = None  # messages in the first prompt; default: up to the first assistant message
     template_clock: str | None = None  # the time strftime_now read in the rollout (ISO 8601); None: the wall clock
+    # The engine call a rollout ended on whose output never became a message (invalid output: the loop kept it up to
+    # the first problem and stopped). Not a key of the format: a check's record holds it in ``engine_calls``.
+    unparsed: Unparsed | None = None
 
     # long: one type check per field, in the order the format documents them; split, the format would scatter
     @classmethod
-    def from_json(cls, obj: Any, where: str = "record") -> ReplayRecord:
-        """Every field checked for its type; an error names the field (and message index) and the fix."""
+    def from_json(cls, obj: Any, where: str = "record", unparsed: Unparsed | None = None) -> ReplayRecord:
+        """Every field checked for its type; an error names the field (and message index) and the fix. With
+        ``unparsed`` (a check's record whose last engine call never became a message), the prompt may be every
+        message (``prompt_messages`` up to their count)."""
         if not isinstance(obj, Mapping):
             raise RecordError(f"{where}: expected a JSON object with a 'messages' list, got {json_type(obj)}")
         for key in obj:
@@ -212,18 +226,20 @@ class ReplayRecord:
                     f"{where}: 'logprobs'[{str(index)!r}] has {len(values)} values but 'sampled' has {have} there; "
                     "give one logprob per sampled id"
                 )
-        finish = by_index("finish", _finish)
+        finish = by_index("finish", parse_finish)
         prompt_messages = obj.get("prompt_messages")
+        most = len(messages) if unparsed is not None else len(messages) - 1
         if prompt_messages is not None and (
-            isinstance(prompt_messages, bool)
-            or not isinstance(prompt_messages, int)
-            or not 0 < prompt_messages < len(messages)
+            isinstance(prompt_messages, bool) or not isinstance(prompt_messages, int) or not 0 < prompt_messages <= most
         ):
             raise RecordError(
-                f"{where}: 'prompt_messages' must be an integer between 1 and {len(messages) - 1}, "
-                f"got {prompt_messages!r}"
+                f"{where}: 'prompt_messages' must be an integer between 1 and {most}, got {prompt_messages!r}"
             )
-        if prompt_messages is not None and messages[prompt_messages].get("role") != "assistant":
+        if (
+            prompt_messages is not None
+            and prompt_messages < len(messages)
+            and messages[prompt_messages].get("role") != "assistant"
+        ):
             raise RecordError(f"{where}: 'prompt_messages' must point at the first assistant message the rollout made")
         clock = obj.get("template_clock")
         if clock is not None:
@@ -245,6 +261,7 @@ class ReplayRecord:
             finish,
             prompt_messages,
             clock,
+            unparsed,
         )
 
 
@@ -269,7 +286,7 @@ def _logprobs(value: Any) -> tuple[float, ...]:
     return tuple(NON_FINITE_JSON[x] if isinstance(x, str) else float(x) for x in value)
 
 
-def _finish(value: Any) -> FinishReason | str:
+def parse_finish(value: Any) -> FinishReason | str:
     """``"stop"``, ``"length"``, or SGLang's finish_reason object ({"type": ..., "matched": ...}); a NaN stop is kept as
     SGLang's "NaN happened" so the trajectory rejects the substituted stop id."""
     if isinstance(value, Mapping):
@@ -344,5 +361,8 @@ def replay(renderer: ChatRenderer, record: ReplayRecord, extra_stop_ids: Sequenc
         if j > i + 1:
             t.append_messages(messages[i + 1 : j])
         i = j
+    if record.unparsed is not None:
+        u = record.unparsed
+        t.add_sampled(u.output_ids, u.logprobs, u.finish)
     t.finish()
     return t

@@ -156,6 +156,7 @@ def check_token_ids(folder: str | os.PathLike[str], tokenizer: Any) -> None:
                         f"{path / name}: {key} {token_id} is past the vocabulary of tokenizer.json ({size:,} ids, "
                         f"0-{size - 1}); {_SAME_MODEL.format(name=name)}"
                     )
+    _refuse_tokens_added_at_load(path, tokenizer)
     config_file = path / "tokenizer_config.json"
     decoder = read_json_object(config_file).get("added_tokens_decoder") if config_file.is_file() else None
     for key, token in (decoder or {}).items():
@@ -171,6 +172,34 @@ def check_token_ids(folder: str | os.PathLike[str], tokenizer: Any) -> None:
                 "tokenizer_config.json and tokenizer.json come from different models: copy both again from the "
                 "model's repository"
             )
+
+
+def _refuse_tokens_added_at_load(path: Path, tokenizer: Any) -> None:
+    """A special token the folder's config names (eos, bos, the additional ones; not pad or unk, which a user may
+    add on purpose) that tokenizer.json lacks: transformers adds it at load as a new id, past every id the model was
+    trained with, and the audit would list it as a stop id no model output can hold."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None or not (path / "tokenizer.json").is_file():
+        return
+    in_file = {t.get("id") for t in _tokenizer_json_head(path / "tokenizer.json").get("added_tokens", [])}
+    base = int(backend.get_vocab_size(with_added_tokens=False))
+    optional = {tokenizer.pad_token, tokenizer.unk_token}
+    for token in tokenizer.all_special_tokens:
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if token in optional or not _is_id(token_id) or token_id < base or token_id in in_file:
+            continue
+        named = [n for n in ("tokenizer_config.json", "special_tokens_map.json") if _names(path / n, token)]
+        where = path / (named[0] if named else "tokenizer_config.json")
+        raise TemplateError(
+            f"{where}: names the special token {token!r}, which tokenizer.json does not have (transformers added it "
+            f"at load as id {token_id}, past the model's vocabulary of {base:,} ids): tokenizer_config.json and "
+            "tokenizer.json come from different models: copy both again from the model's repository"
+        )
+
+
+def _names(file: Path, token: str) -> bool:
+    """Whether ``file`` (a JSON file of the folder) holds ``token``'s text."""
+    return file.is_file() and json.dumps(token)[1:-1] in file.read_text(encoding="utf-8", errors="replace")
 
 
 def template_variables(template: str) -> frozenset[str]:

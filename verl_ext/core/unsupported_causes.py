@@ -9,6 +9,8 @@ model's name:
   end a turn;
 * the template writes a turn's close only after several tool calls: the close sits in the branch of its loop for
   the second and later calls (an upstream template bug), so a turn with a single call has no close.
+
+A template that raises its own error for a tool message has no tool turn at all: the reason says so, with the fix.
 """
 
 from __future__ import annotations
@@ -42,8 +44,20 @@ def explain_unsupported(prober: Any, role: str, why: str) -> str:
     probe at work (its renders, its head conversation, its tool-call shape)."""
     cause = _foreign_marker_cause(prober, role)
     if cause is None and role == "tool":
-        cause = _single_call_close_cause(prober)
+        cause = _single_call_close_cause(prober) or _no_tool_turn_cause(why)
     return f"{why}. Cause: {cause}" if cause else why
+
+
+def _no_tool_turn_cause(why: str) -> str | None:
+    """A template that raises its own error for a tool message (Gemma 2's "roles must alternate"): it has no tool
+    turn, and no repair can make one."""
+    if "chat template failed to render roles" not in why:
+        return None
+    return (
+        "the template has no tool turn: it refuses a tool message with its own error. Fix: give the rollout a "
+        "template that renders tool results (--chat-template FILE here; in training "
+        "actor_rollout_ref.model.custom_chat_template), or train this model without tools"
+    )
 
 
 def _foreign_marker_cause(prober: Any, role: str) -> str | None:

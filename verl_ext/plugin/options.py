@@ -160,7 +160,7 @@ def _stop_tokens(value: Any) -> tuple[str, ...]:
     would be encoded as its digits, so both are refused."""
     if value is None:
         return ()
-    example = 'e.g. verl_ext.extra_stop_tokens=["</tool_call>"]'
+    example = """e.g. 'verl_ext.extra_stop_tokens=["</tool_call>"]'"""  # quoted: pasted into bash, as typed
     if not isinstance(value, (list, tuple)):
         raise OptionsError(f"verl_ext.extra_stop_tokens must be a list of token strings, got {value!r}; {example}")
     for k, token in enumerate(value):

@@ -88,14 +88,20 @@ class Summary:
 
     def one_line(self) -> str:
         """The summary as ``verl-ext report`` prints it (with the gateway's forks where it wrote rollouts)."""
+        steps = f"at step {self.steps[0]}" if len(self.steps) == 1 else f"over {len(self.steps)} steps"
         line = (
-            f"{self.rollouts} rollouts over {len(self.steps)} steps, {self.engine_failures} engine-view failures, "
+            f"{_count(self.rollouts, 'rollout')} {steps}, {_count(self.engine_failures, 'engine-view failure')}, "
             f"{self.defect_rollouts} rollouts with defects ({self.defect_rate:.1%}), {self.findings} findings"
         )
         if self.gateway is not None:
             g = self.gateway
             line += f", {g.forks} forks in {g.forked_sessions} of {g.sessions} gateway sessions"
         return line
+
+
+def _count(n: int, noun: str) -> str:
+    """``1 rollout``, ``2 rollouts``."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def summarize(rollouts: Sequence[RolloutRef]) -> Summary:

@@ -14,6 +14,7 @@ from typing import Any
 
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.check.inputs import EngineCall
+from verl_ext.core.call_reader import learn_call_reader
 from verl_ext.core.engine_output import validate_engine_output
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
@@ -75,6 +76,8 @@ class Gateway:
         self.renderer = renderer
         self.profile = profile
         self.reader = reader  # a ToolCallReader (verl_ext.gateway.parsing)
+        if getattr(reader, "call_reader", False) is None:  # the template's own reader, where verl's reads no call
+            reader.call_reader = learn_call_reader(renderer, profile).reader
         self.config = config or GatewayConfig()
         self.checker = checker or ConsistencyChecker(renderer, profile)
         self.writer = writer
@@ -86,7 +89,8 @@ class Gateway:
     @property
     def counters(self) -> Counter[str]:
         """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
-        ``malformed_calls``, ``invalid_engine_output``."""
+        ``malformed_calls``, ``derived_reads`` (turns read by the reader derived from the template),
+        ``invalid_engine_output``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
@@ -171,6 +175,7 @@ class Gateway:
             session.register(branch)
             self.counters["turns"] += 1
             self.counters["malformed_calls"] += turn.malformed
+            self.counters["derived_reads"] += int(turn.derived)
             reason = (
                 "length" if finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
             )

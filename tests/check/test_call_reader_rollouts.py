@@ -84,7 +84,7 @@ def test_read_calls_check_clean(case):
     parser = verl_parser_for(case)
     checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
 
-    @settings(max_examples=8, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def holds(data):
         drawn = data.draw(calls(reader.form.several))
@@ -114,7 +114,7 @@ def test_verl_and_derived_readers_agree(case):
     schemas = tool_schemas(TOOLS)
     end_ids = frozenset(s.id for s in profile.stop_ids if set(s.sources) - {"user"})
 
-    @settings(max_examples=10, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def holds(data):
         drawn = data.draw(calls(reader.form.several))

@@ -25,6 +25,7 @@ _ID = r"(?P<id>[A-Za-z0-9_\-]+)"
 # or a marker (never glued to the name).
 _NOISE = r"(?:\s*<\|[^<>|\s]+\|>|\s+[A-Za-z_][\w\-]*|(?<=\|>)[A-Za-z_][\w\-]*)"
 _DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
 
 
 def _chunk(c: str) -> str:
@@ -129,7 +130,7 @@ class CallReader:
         if self.section is None:  # no anchor: calls sit right at the turn's start, as the template renders them
             if not in_prompt:
                 return None
-            m = re.compile(r"\s*").match(text, at)
+            m = _SPACE.match(text, at)
             return (at, m.end()) if m and m.end() < len(text) and text[m.end()] in "{[" else None
         # the first section may start inside the generation prompt (Llama's header, functionary's ">>>"), never
         # end there
@@ -217,8 +218,7 @@ class CallReader:
 
 def _json_at(text: str, at: int) -> tuple[Any, int]:
     """The JSON value starting at ``at`` after whitespace, and where it ends; (None, at) where none parses."""
-    m = re.compile(r"\s*").match(text, at)
-    begin = m.end() if m else at
+    begin = _SPACE.match(text, at).end()  # type: ignore[union-attr]  # \s* always matches
     try:
         value, end = _DECODER.raw_decode(text, begin)
     except json.JSONDecodeError:
@@ -226,14 +226,16 @@ def _json_at(text: str, at: int) -> tuple[Any, int]:
     return value, end
 
 
+_OTHER_KEY = {"arguments": "parameters", "parameters": "arguments"}  # the other key models write
+
+
 def _json_call(form: CallForm, obj: Any) -> ReadCall | None:
     """A JSON_CALL object read: the name under ``name_key``, the arguments (an object, or JSON text of one) under
     ``arguments_key`` (a model may write the other common key: ``arguments`` for ``parameters`` and back)."""
     if not isinstance(obj, dict) or not isinstance(obj.get(form.name_key), str):
         return None
-    keys = (form.arguments_key, *(k for k in ("arguments", "parameters") if k != form.arguments_key))
-    key = next((k for k in keys if k in obj), None)
-    if key is None:
+    key = form.arguments_key if form.arguments_key in obj else _OTHER_KEY.get(form.arguments_key)
+    if key is None or key not in obj:
         return None
     args = obj[key]
     if isinstance(args, str):

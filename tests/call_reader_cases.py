@@ -96,7 +96,7 @@ def case_renderer(case: str) -> ChatRenderer:
 
 # String values as models write them: words, digits, punctuation, unicode, inner spaces (no outer whitespace: a
 # keyed form's value is read without the whitespace around it, as the template's own newlines are).
-_WORDS = st.sampled_from(["1+2", "Paris", "a b", "x=1, y=2", "中文", "🙂", "say \"hi\"", "a\\b", "3", "true", "{x}"])
+_WORDS = st.sampled_from(["1+2", "Paris", "a b", "x=1, y=2", "中文", "🙂", 'say "hi"', "a\\b", "3", "true", "{x}"])
 _ANY = st.recursive(
     st.one_of(st.integers(-1000, 1000), st.booleans(), _WORDS),
     lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from("abc"), inner, max_size=2)),
@@ -109,7 +109,7 @@ def arguments(draw: Any) -> dict[str, Any]:
     """A call's arguments: a string, integer, number and boolean, an object, an array and a null, drawn subsets."""
     values: dict[str, Any] = {
         "expression": draw(_WORDS),
-        "count": draw(st.integers(-10**6, 10**6)),
+        "count": draw(st.integers(-(10**6), 10**6)),
         "ratio": draw(st.sampled_from([0.5, 2.25, -3.5, 1e-3])),
         "exact": draw(st.booleans()),
         "filters": draw(st.dictionaries(st.sampled_from(["a", "b"]), _ANY, min_size=1, max_size=2)),

@@ -62,7 +62,14 @@ def _rollout(case: str, text: str, reader: Any, parser: Any) -> tuple[Any, Any]:
     profile = probe_template(r)
     outputs = [[*r.encode(text), _close(profile)], r.encode("The answer is 3.")]
     return build_loop_rollout(
-        r, profile, parser, outputs, ["3", "4", "5"], tools=TOOLS, prompt=PROMPT, max_parallel_calls=8,
+        r,
+        profile,
+        parser,
+        outputs,
+        ["3", "4", "5"],
+        tools=TOOLS,
+        prompt=PROMPT,
+        max_parallel_calls=8,
         call_reader=reader,
     )
 

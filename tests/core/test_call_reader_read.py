@@ -109,8 +109,11 @@ def test_harmony_analysis_before_a_call_is_the_content():
     [
         ("qwen3", "<tool_call>\n{not json}\n</tool_call>"),
         ("qwen3", '<tool_call>\n{"name": "calculator"}\n</tool_call>'),  # no arguments: not a call
-        ("templates/deepseek-ai-DeepSeek-V3.1", "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calculator<｜tool▁sep｜>1+2"),
-        ("gpt-oss", " to=functions.calculator<|channel|>commentary json<|message|>{\"expression\": "),
+        (
+            "templates/deepseek-ai-DeepSeek-V3.1",
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>calculator<｜tool▁sep｜>1+2",
+        ),
+        ("gpt-oss", ' to=functions.calculator<|channel|>commentary json<|message|>{"expression": '),
     ],
 )
 def test_what_is_not_a_call_is_counted_malformed(case, text):

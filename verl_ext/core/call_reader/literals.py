@@ -2,8 +2,9 @@
 
 A template renders ``<tool_call>\\n{...}\\n</tool_call>``; a model trained on it may write
 ``<tool_call>{...}</tool_call>`` or indent the object. The literal is cut into chunks (control markers and runs of
-other non-space text) and the pattern lets any whitespace, or none, sit between and around them. A number inside a literal that changes with the
-call's position (Kimi's ``functions.NAME:0``, ``:1``) is learned as a counter and matches any number.
+other non-space text) and the pattern lets any whitespace, or none, sit between and around them. A number inside a
+literal that changes with the call's position (Kimi's ``functions.NAME:0``, ``:1``) is learned as a counter and
+matches any number.
 """
 
 from __future__ import annotations

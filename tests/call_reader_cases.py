@@ -180,14 +180,14 @@ _SPACE_BY_MARKER = re.compile(r"\s+(?=" + MARKER.pattern + r")|(?<=[>\]])\s+")
 
 
 @st.composite
-def varied_text(draw: Any, text: str) -> str:
-    """``text`` as a model may write it (see the module's doc)."""
+def varied_text(draw: Any, text: str, spaces: bool = True) -> str:
+    """``text`` as a model may write it (see the module's doc); ``spaces`` false: JSON re-dumped only."""
     out, at = [], 0
     for start, end, value in json_spans(text):
-        out.append(_vary_spaces(draw, text[at:start]))
+        out.append(_vary_spaces(draw, text[at:start]) if spaces else text[at:start])
         out.append(_redump(draw, value))
         at = end
-    out.append(_vary_spaces(draw, text[at:]))
+    out.append(_vary_spaces(draw, text[at:]) if spaces else text[at:])
     return "".join(out)
 
 

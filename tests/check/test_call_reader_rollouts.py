@@ -88,7 +88,6 @@ def test_read_calls_check_clean(case):
     r = case_renderer(case)
     profile = probe_template(r)
     reader = learn_call_reader(r, profile).reader
-    parser = verl_parser_for(case)
     checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
 
     @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
@@ -99,7 +98,7 @@ def test_read_calls_check_clean(case):
         # the JSON as models vary it (key order, separators); whitespace moved between a form's markers is read
         # (test_call_reader_read) but the check still names it message_differs in XML-style calls (issue 29's)
         text = data.draw(st.one_of(st.just(text), varied_text(text, spaces=False)))
-        lr, rollout = _rollout(case, text, reader, parser)
+        lr, rollout = _rollout(case, text, reader, None)  # the derived reader alone: its calls are checked
         assert _read_calls(lr) == [(n, a) for n, a in drawn], text
         result = checker.check_rollout(rollout, template_view=True)
         assert not result.engine_failures, result.summary()
@@ -135,8 +134,11 @@ def test_verl_and_derived_readers_agree(case):
             parse_turn(None, ids, end_ids, r.decode, schemas, 0, None, generation_prompt=gen, call_reader=reader)
         )
         assert not by_verl.derived and by_derived.derived
-        assert [(c.name, json.loads(c.arguments)) for c in by_verl.calls] == drawn
         assert [(c.name, json.loads(c.arguments)) for c in by_derived.calls] == drawn
+        # verl's seed parser reads Seed-OSS's own true/None/{...} renders (Python spellings) as strings: the two
+        # agree on string and number arguments everywhere, the derived reader alone reads the others as written
+        if all(isinstance(v, str | int | float) and not isinstance(v, bool) for _, a in drawn for v in a.values()):
+            assert [(c.name, json.loads(c.arguments)) for c in by_verl.calls] == drawn
 
     holds()
 

@@ -1,11 +1,11 @@
 """Rollouts whose tool calls the derived reader read check clean, and a reading that changes a call is caught.
 
 For every template that renders tool calls (``call_reader_cases.LEARNED``), a rollout is built as the loop builds
-it (``loop_rollouts.build_loop_rollout``, ``parse_turn`` with verl's parser where one reads the template, else
-none, and the derived reader): a turn of drawn calls as the template renders them and with their JSON as models
-vary it (key order, separators), the tool replies, a closing text turn. Every call is read with its name and arguments and the check reports 0 defects.
-Where verl has a parser for the template, both readers read the same calls from every render of drawn calls. A
-reader that changes a call's arguments is caught by the check (the mutation test).
+it (``loop_rollouts.build_loop_rollout``, ``parse_turn`` with the derived reader): a turn of drawn calls as the
+template renders them and with their JSON as models vary it (key order, separators), the tool replies, a closing
+text turn. Every call is read with its name and arguments and the check reports 0 defects. Where verl has a parser
+for the template, both read the same calls with string and number arguments. A reader that changes a call's
+arguments is caught by the check (the mutation test).
 """
 
 from __future__ import annotations

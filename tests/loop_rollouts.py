@@ -100,12 +100,14 @@ def build_loop_rollout(
     user_after_text: bool = False,
     max_parallel_calls: int = 1,
     roles_after_text: Sequence[str] = ("user",),
+    call_reader: Any = None,
 ) -> tuple[LoopRollout, Rollout]:
     """Drive a trajectory through ``outputs`` (one engine output per turn) as the loop does; ``tool_texts`` answer
     the calls in order (a text, or content as a list of parts). With ``user_after_text``, a turn without a call is
     followed by a message per role of ``roles_after_text`` (by default one user message; their contents drawn from
     ``tool_texts`` too) instead of ending the rollout (a multi-turn chat). Returns the loop's state and the
-    ``Rollout`` the check reads."""
+    ``Rollout`` the check reads. ``call_reader``: the reader derived from the template, as the loop passes it to
+    ``parse_turn`` (``parser`` None: the derived reader alone)."""
     t = TokenTrajectory(renderer, profile)
     lr = LoopRollout(t)
     prompt_ids = t.start([dict(m) for m in prompt], tools)
@@ -128,7 +130,17 @@ def build_loop_rollout(
             break
         gen = profile.generation_prompt_ids
         parsed = asyncio.run(
-            parse_turn(parser, ids, end_ids, renderer.decode, schemas, turn, max_parallel_calls, generation_prompt=gen)
+            parse_turn(
+                parser,
+                ids,
+                end_ids,
+                renderer.decode,
+                schemas,
+                turn,
+                max_parallel_calls,
+                generation_prompt=gen,
+                call_reader=call_reader,
+            )
         )
         t.add_sampled(ids, lps, finish, message=parsed.message)
         if finish is FinishReason.LENGTH or turn == len(outputs) - 1:

@@ -79,11 +79,14 @@ _RENDERS = {
 
 
 def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str, parsers: ParserFit | None = None) -> str:
-    """The audit as ``verl-ext check-template`` prints it: verdict (and the verl tool parser that reads the
-    template's calls), stop ids, boundaries, conventions, then every reason."""
+    """The audit as ``verl-ext check-template`` prints it: verdict (the verl tool parser that reads the template's
+    calls, the reader that serves it, verl's or the one derived from the template, with a rendered call read back
+    as proof), stop ids, boundaries, conventions, then every reason."""
     lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}"]
     if parsers is not None:
         lines.append(f"verl tool parser: {parsers.summary()}")
+        lines.append(f"tool-call reader: {parsers.reader_line()}")
+        lines += [f"  {line}" for line in parsers.proof_lines()]
     lines.append("")
     lines.append("stop ids an engine may end a turn on:")
     aliases = p.alias_id_set

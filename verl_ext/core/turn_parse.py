@@ -3,7 +3,9 @@
 ``verl_ext_tool_agent`` and the gateway both call ``parse_turn``, so the same ids give the same message, the same
 calls and the same count of malformed calls in both. The tool parser is verl's ``ToolParser`` (hermes, gpt-oss,
 qwen3_coder, ...), used through its interface only (``extract_tool_calls``, ``tool_call_regex``): nothing here
-imports verl, so the gateway's core stays free of verl, Ray and torch.
+imports verl, so the gateway's core stays free of verl, Ray and torch. verl's parser is the default; the reader
+derived from the chat template (``verl_ext.core.call_reader``) reads the turn where there is no verl parser, or where
+verl's reads no call and the derived reader reads one (``ParsedTurn.derived``, counted ``tool/derived_reads``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,9 @@ import json
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from verl_ext.core.call_reader import CallReader, parameter_types
+from verl_ext.core.turn_end import message_body
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class ParsedTurn:
     calls: list[ParsedCall]
     dropped: list[ParsedCall]
     malformed: int
+    derived: bool = False  # the calls were read by the reader derived from the template, not by verl's parser
 
 
 def call_id(turn: int, index: int) -> str:
@@ -123,6 +129,7 @@ async def parse_turn(
     max_parallel_calls: int | None,
     *,
     generation_prompt: Sequence[int],
+    call_reader: CallReader | None = None,
 ) -> ParsedTurn:
     """One turn's output ids read by verl's ``tool_parser`` (the ids themselves stay as sampled). The parser reads
     the ids minus an end-of-turn stop, then the ids with it, then ``generation_prompt`` (the ids the template's
@@ -132,7 +139,43 @@ async def parse_turn(
     parameter to the end of its text, the stop included); and a turn with calls costs it one reading. ``decode``
     decodes ids to text (to count malformed calls); ``schemas`` are verl's tool schemas the parser may use; calls
     past ``max_parallel_calls`` are ``dropped`` (None: no limit, every call is in ``calls``).
+
+    ``call_reader`` (the reader derived from the template) reads the ids minus an end-of-turn stop where
+    ``tool_parser`` is None, or where verl's parser read no call: its reading is taken when it reads a call (or
+    when there is no verl parser), and the turn is marked ``derived``.
     """
+    if tool_parser is not None:
+        content, parsed, malformed = await _verl_reading(
+            tool_parser, ids, end_of_turn_ids, decode, schemas, turn, generation_prompt
+        )
+        if parsed or call_reader is None:
+            return _turn(content, parsed, malformed, max_parallel_calls)
+    if call_reader is None:
+        raise ValueError("parse_turn needs verl's tool parser or a call reader derived from the template")
+    read = call_reader.read(decode(message_body(ids, end_of_turn_ids)), parameter_types(schemas))
+    if not read.calls and tool_parser is not None:
+        return _turn(content, parsed, malformed, max_parallel_calls)
+    calls = [ParsedCall(c.name, c.arguments, c.call_id or call_id(turn, i)) for i, c in enumerate(read.calls)]
+    return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls))
+
+
+def _turn(
+    content: str, parsed: list[ParsedCall], malformed: int, max_parallel_calls: int | None, derived: bool = False
+) -> ParsedTurn:
+    limit = len(parsed) if max_parallel_calls is None else max(0, max_parallel_calls)
+    return ParsedTurn(assistant_message(content, parsed), parsed[:limit], parsed[limit:], malformed, derived)
+
+
+async def _verl_reading(
+    tool_parser: Any,
+    ids: Sequence[int],
+    end_of_turn_ids: frozenset[int],
+    decode: Callable[[Sequence[int]], str],
+    schemas: Sequence[Any],
+    turn: int,
+    generation_prompt: Sequence[int],
+) -> tuple[str, list[ParsedCall], int]:
+    """verl's parser over the readings (``parse_turn``): the content, the calls, the malformed count."""
     read: list[tuple[_Reading, str, list[Any]]] = []
     for reading in _readings(ids, end_of_turn_ids, generation_prompt, decode):
         content, found = await tool_parser.extract_tool_calls(reading.ids, list(schemas))
@@ -142,5 +185,4 @@ async def parse_turn(
     reading, content, found = read[-1] if read[-1][2] else read[0]
     parsed = [ParsedCall(c.name, c.arguments, c.tool_call_id or call_id(turn, i)) for i, c in enumerate(found)]
     malformed = malformed_count(tool_parser, decode(reading.ids), len(found))
-    limit = len(parsed) if max_parallel_calls is None else max(0, max_parallel_calls)
-    return ParsedTurn(assistant_message(_content(content, reading), parsed), parsed[:limit], parsed[limit:], malformed)
+    return _content(content, reading), parsed, malformed

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
+from verl_ext.core.call_reader import CallReader
 from verl_ext.core.turn_end import message_body
 from verl_ext.core.turn_parse import ParsedCall, ParsedTurn, assistant_message, parse_turn
 from verl_ext.gateway.history import tools_key
@@ -26,7 +27,7 @@ class ToolCallReader:
     """verl's ``ToolParser`` of a format (``hermes``, ``gpt-oss``, ``qwen3_coder``, ...), as ``verl_ext_tool_agent``
     uses it. verl is imported when a reader is built, not when this module is."""
 
-    def __init__(self, tokenizer: Any, parser_format: str = "hermes") -> None:
+    def __init__(self, tokenizer: Any, parser_format: str = "hermes", call_reader: CallReader | None = None) -> None:
         from verl.experimental.agent_loop.tool_parser import ToolParser
 
         try:
@@ -35,6 +36,8 @@ class ToolCallReader:
             known = sorted(ToolParser._registry)
             raise ValueError(f"unknown tool-call format {parser_format!r}; verl's parsers: {known}") from exc
         self.format = parser_format
+        # the reader derived from the template: reads a turn where verl's parser reads no call (the gateway sets it)
+        self.call_reader = call_reader
         self._schemas: dict[bytes, list[Any]] = {}  # tools key -> verl's schemas (validated once per tool list)
 
     @property
@@ -67,6 +70,7 @@ class ToolCallReader:
             turn,
             None,
             generation_prompt=generation_prompt,
+            call_reader=self.call_reader,
         )
 
     def schemas(self, tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:

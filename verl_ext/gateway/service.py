@@ -72,6 +72,8 @@ class Gateway:
         self.engine = engine
         self.runtime = runtime  # the rollout runtime every loop uses: template, check, records (verl_ext.runtime)
         self.reader = reader  # a ToolCallReader (verl_ext.gateway.parsing)
+        if getattr(reader, "call_reader", False) is None:  # the template's own reader, where verl's reads no call
+            reader.call_reader = runtime.call_reader
         self.config = config or GatewayConfig()
         self.markers = markers
         self.sessions: dict[str, Session] = {}
@@ -100,7 +102,8 @@ class Gateway:
     @property
     def counters(self) -> Counter[str]:
         """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
-        ``malformed_calls``, ``invalid_engine_output``, ``context_length_exceeded``, ``records/write_failures``."""
+        ``malformed_calls``, ``derived_reads`` (turns read by the reader derived from the template),
+        ``invalid_engine_output``, ``context_length_exceeded``, ``records/write_failures``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
@@ -227,6 +230,7 @@ class Gateway:
         session.register(branch)
         self.counters["turns"] += 1
         self.counters["malformed_calls"] += parsed.malformed
+        self.counters["derived_reads"] += int(parsed.derived)
         reason = (
             "length" if turn.finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
         )

@@ -287,7 +287,10 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             turn,
             self.max_parallel_calls,
             generation_prompt=self.rt.profile.generation_prompt_ids,
+            call_reader=self.rt.call_reader,
         )
+        if turned.derived:
+            counters["tool/derived_reads"] += 1
         if turned.malformed:
             counters[f"tool/{ToolStatus.MALFORMED.value}"] += turned.malformed
         if turned.dropped:

@@ -5,6 +5,11 @@ returns it (what follows the generation prompt, up to and including the id the t
 registered in the installed verl is run on those ids as verl's tool agent runs it. A parser reads the template's
 calls when it returns exactly the one call that was rendered (name and arguments). Each kind of assistant turn the
 engine can produce is tried (with reasoning, with an empty reasoning block, with none).
+
+Beside verl's parsers, the reader derived from the template (``verl_ext.core.call_reader``) is learned: verl's
+parser stays the default, and the derived reader reads the turns it reads no call from (all of them, where no
+verl parser reads the template). The fit names which reader serves the template, and the derived reader's proof:
+a render of calls read back.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_ext.core.call_reader import Learned, learn_call_reader
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import PROBE_TOOL_NAME, PROBE_TOOLS, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
@@ -42,6 +48,7 @@ class ParserFit:
     reads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # parser -> kinds of turn it reads
     kinds: tuple[str, ...] = ()  # the kinds of turn the template could render
     why_none: str = ""  # when no parser could be tried at all (the template writes no tool call)
+    derived: Learned | None = None  # the reader derived from the template (``derived.reader`` None: not learned)
 
     @property
     def readers(self) -> tuple[str, ...]:
@@ -58,11 +65,44 @@ class ParserFit:
                 named.append(f"multi_turn.format={name}{only}")
             return f"{' or '.join(named)} reads this template's tool calls"
         why = f" ({self.why_none})" if self.why_none else ""
+        tried = ", ".join(self.tried)
+        none = f"none of verl {self.verl_version}'s tool parsers ({tried}) reads this template's tool calls{why}"
+        if self.derived_reads:
+            return f"{none}; the reader derived from the template reads them (verl_ext's loop and gateway use it)"
         return (
-            f"none of verl {self.verl_version}'s tool parsers ({', '.join(self.tried)}) reads this template's tool "
-            f"calls{why}; verl's tool agent and verl_ext's loop need one: register a parser for this format "
+            f"{none}; verl's tool agent and verl_ext's loop need one: register a parser for this format "
             "(verl's ToolParser.register) and name it in multi_turn.format"
         )
+
+    @property
+    def derived_reads(self) -> bool:
+        """Whether the reader derived from the template reads its calls."""
+        return self.derived is not None and self.derived.reader is not None
+
+    def reader_line(self) -> str:
+        """Which reader serves the template: verl's (by name), the derived one, or none (with the derived one's
+        reason)."""
+        derived = self.derived
+        if self.readers:
+            also = (
+                "; the reader derived from the template reads turns it reads no call from"
+                if self.derived_reads
+                else f"; no reader could be derived from the template ({derived.why})"
+                if derived
+                else ""
+            )
+            return f"verl's {self.readers[0]} (multi_turn.format={self.readers[0]}){also}"
+        if self.derived_reads and derived is not None and derived.reader is not None:
+            return f"derived from the template ({derived.reader.form.describe()})"
+        why = derived.why if derived else ""
+        return f"none: no verl parser reads the template's calls, and none could be derived ({why})"
+
+    def proof_lines(self) -> list[str]:
+        """The derived reader's proof: a render of calls and the calls read back from it."""
+        if not self.derived_reads or self.derived is None:
+            return []
+        read = ", ".join(f"{name}({json.dumps(args)})" for name, args in self.derived.proof)
+        return [f"rendered calls: {self.derived.example!r}", f"read back as:   {read}"]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``readers`` (best first), ``reads`` per parser, ``tried``, ``verl_version``, ``summary``."""
@@ -72,6 +112,14 @@ class ParserFit:
             "tried": list(self.tried),
             "verl_version": self.verl_version,
             "summary": self.summary(),
+            "reader": self.reader_line(),
+            "derived_reader": {
+                "reads": self.derived_reads,
+                "form": self.derived.reader.form.describe() if self.derived and self.derived.reader else None,
+                "why_not": self.derived.why if self.derived else "",
+                "example": self.derived.example if self.derived else "",
+                "read_back": [list(c) for c in self.derived.proof] if self.derived else [],
+            },
         }
 
 
@@ -83,8 +131,10 @@ def tool_parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserF
 
     names = tuple(sorted(ToolParser._registry))
     fit = ParserFit(verl_version=str(verl.__version__), tried=names)
+    derived = learn_call_reader(renderer, profile)
     if profile.tool_call_shape.renders == RENDERS_NOTHING:
-        return ParserFit(fit.verl_version, names, why_none="the template writes no tool call, only the message text")
+        why = "the template writes no tool call, only the message text"
+        return ParserFit(fit.verl_version, names, why_none=why, derived=derived)
     turns = {kind: ids for kind, ids in ((k, _turn_ids(renderer, profile, r)) for k, r in _TURN_KINDS) if ids}
     schemas = [OpenAIFunctionToolSchema.model_validate(tool) for tool in PROBE_TOOLS]
     reads: dict[str, tuple[str, ...]] = {}
@@ -93,7 +143,7 @@ def tool_parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserF
         kinds = tuple(kind for kind, ids in turns.items() if _reads(parser, ids, schemas))
         if kinds:
             reads[name] = kinds
-    return ParserFit(fit.verl_version, names, reads, tuple(turns))
+    return ParserFit(fit.verl_version, names, reads, tuple(turns), derived=derived)
 
 
 def _reads(parser: Any, ids: Sequence[int], schemas: list[Any]) -> bool:

@@ -16,6 +16,7 @@ from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, EngineCalls
 from verl_ext.check.policy import CheckMode, CheckPolicy, Enforcer
 from verl_ext.check.record import Rollout, RolloutRecord
+from verl_ext.core.call_reader import CallReader, learn_call_reader
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
@@ -103,6 +104,12 @@ class RolloutRuntime:
     def end_of_turn_ids(self) -> frozenset[int]:
         """Stop ids that end a turn (``verl_ext.core.turn_end.end_of_turn_ids``): not message content."""
         return end_of_turn_ids(self.profile)
+
+    @functools.cached_property
+    def call_reader(self) -> CallReader | None:
+        """The tool-call reader derived from the template (None where its form cannot be learned): it reads a
+        turn where verl's parser reads no call (``parse_turn``), in every loop and the gateway."""
+        return learn_call_reader(self.renderer, self.profile).reader
 
     def output_problems(self, ids: Sequence[int], logprobs: Sequence[float] | None) -> tuple[OutputProblem, ...]:
         """What is invalid in one engine output (the same test the trajectory and the check apply)."""

@@ -1,0 +1,178 @@
+"""Rollouts whose tool calls the derived reader read check clean, and a reading that changes a call is caught.
+
+For every template that renders tool calls (``call_reader_cases.LEARNED``), a rollout is built as the loop builds
+it (``loop_rollouts.build_loop_rollout``, ``parse_turn`` with the derived reader): a turn of drawn calls as the
+template renders them and with their JSON as models vary it (key order, separators), the tool replies, a closing
+text turn. Every call is read with its name and arguments and the check reports 0 defects. Where verl has a parser
+for the template, both read the same calls with string and number arguments. A reader that changes a call's
+arguments is caught by the check (the mutation test).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from call_reader_cases import (
+    LEARNED,
+    PROMPT,
+    TOOLS,
+    assistant_message,
+    calls,
+    case_renderer,
+    rendered_turn,
+    varied_text,
+)
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from loop_rollouts import build_loop_rollout
+
+from verl_ext.check import ConsistencyChecker
+from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.call_reader import CallReader, ReadCall, ReadTurn, learn_call_reader
+from verl_ext.core.probe import probe_template
+from verl_ext.core.turn_parse import parse_turn
+
+_FITS: dict[str, Any] = {}
+
+
+def verl_parser_for(case: str) -> Any:
+    """verl's parser that reads the template's calls (``tool_parser_fit``), or None where none does."""
+    if case not in _FITS:
+        from verl.experimental.agent_loop.tool_parser import ToolParser
+
+        from verl_ext.plugin.tool_parser_fit import tool_parser_fit
+
+        r = case_renderer(case)
+        fit = tool_parser_fit(r, probe_template(r))
+        _FITS[case] = ToolParser.get_tool_parser(fit.readers[0], r.tokenizer) if fit.readers else None
+    return _FITS[case]
+
+
+def _close(profile: Any) -> int:
+    """The id the template closes a tool-call turn with (before a tool message)."""
+    return profile.boundary("tool").close_ids[0] if profile.boundary("tool").close_ids else min(profile.close_id_set)
+
+
+def _rollout(case: str, text: str, reader: Any, parser: Any) -> tuple[Any, Any]:
+    r = case_renderer(case)
+    profile = probe_template(r)
+    outputs = [[*r.encode(text), _close(profile)], r.encode("The answer is 3.")]
+    return build_loop_rollout(
+        r,
+        profile,
+        parser,
+        outputs,
+        ["3", "4", "5"],
+        tools=TOOLS,
+        prompt=PROMPT,
+        max_parallel_calls=8,
+        call_reader=reader,
+    )
+
+
+def _read_calls(lr: Any) -> list[tuple[str, Any]]:
+    first = next(m for m in lr.trajectory.messages if m["role"] == "assistant")
+    return [(c["function"]["name"], _as_object(c["function"]["arguments"])) for c in first.get("tool_calls") or []]
+
+
+def _as_object(arguments: Any) -> Any:
+    return json.loads(arguments) if isinstance(arguments, str) else arguments
+
+
+# Found by this test, not yet fixed: on DeepSeek-R1-Distill's template a turn of two calls read back in full still
+# gets 1 defect from the check beside prefill_dropped (the check's, not the reading's: the calls are read exactly).
+_CHECK_GAPS = {"templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "two-call turns: 1 defect beside prefill_dropped"}
+CHECKED = [
+    pytest.param(c, marks=pytest.mark.xfail(reason=_CHECK_GAPS[c], strict=False)) if c in _CHECK_GAPS else c
+    for c in sorted(LEARNED)
+]
+
+
+@pytest.mark.parametrize("case", CHECKED)
+def test_read_calls_check_clean(case):
+    r = case_renderer(case)
+    profile = probe_template(r)
+    reader = learn_call_reader(r, profile).reader
+    checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
+
+    @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def holds(data):
+        drawn = data.draw(calls(reader.form.several))
+        text = rendered_turn(r, profile, assistant_message(profile, drawn))
+        # the JSON as models vary it (key order, separators); whitespace moved between a form's markers is read
+        # (test_call_reader_read) but the check still names it message_differs in XML-style calls (issue 29's)
+        text = data.draw(st.one_of(st.just(text), varied_text(text, spaces=False)))
+        lr, rollout = _rollout(case, text, reader, None)  # the derived reader alone: its calls are checked
+        assert _read_calls(lr) == [(n, a) for n, a in drawn], text
+        result = checker.check_rollout(rollout, template_view=True)
+        assert not result.engine_failures, result.summary()
+        defects = [f for f in result.findings if not f.allowed]
+        assert not defects, f"{text!r}: {result.summary()}"
+
+    holds()
+
+
+@pytest.mark.parametrize("case", sorted(LEARNED))
+def test_verl_and_derived_readers_agree(case):
+    """Where verl has a parser for the template, it and the derived reader read the same calls from every render."""
+    parser = verl_parser_for(case)
+    if parser is None:
+        pytest.skip("verl has no parser for this template")
+    r = case_renderer(case)
+    profile = probe_template(r)
+    reader = learn_call_reader(r, profile).reader
+    from loop_rollouts import tool_schemas
+
+    schemas = tool_schemas(TOOLS)
+    end_ids = frozenset(s.id for s in profile.stop_ids if set(s.sources) - {"user"})
+
+    @settings(max_examples=5, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def holds(data):
+        drawn = data.draw(calls(reader.form.several))
+        text = rendered_turn(r, profile, assistant_message(profile, drawn))
+        ids = [*r.encode(text), _close(profile)]
+        gen = profile.generation_prompt_ids
+        by_verl = asyncio.run(parse_turn(parser, ids, end_ids, r.decode, schemas, 0, None, generation_prompt=gen))
+        by_derived = asyncio.run(
+            parse_turn(None, ids, end_ids, r.decode, schemas, 0, None, generation_prompt=gen, call_reader=reader)
+        )
+        assert not by_verl.derived and by_derived.derived
+        assert [(c.name, json.loads(c.arguments)) for c in by_derived.calls] == drawn
+        # verl's seed parser reads Seed-OSS's own true/None/{...} renders (Python spellings) as strings: the two
+        # agree on string and number arguments everywhere, the derived reader alone reads the others as written
+        if all(isinstance(v, str | int | float) and not isinstance(v, bool) for _, a in drawn for v in a.values()):
+            assert [(c.name, json.loads(c.arguments)) for c in by_verl.calls] == drawn
+
+    holds()
+
+
+class _ChangesArguments(CallReader):
+    """A reader that reads the calls, then changes the first call's arguments (the injected defect)."""
+
+    def read(self, text: str, types: Any = None) -> ReadTurn:
+        turn = super().read(text, types)
+        if not turn.calls:
+            return turn
+        first = turn.calls[0]
+        changed = {**json.loads(first.arguments), "expression": "changed by the reader"}
+        wrong = ReadCall(first.name, json.dumps(changed), first.call_id)
+        return dataclasses.replace(turn, calls=(wrong, *turn.calls[1:]))
+
+
+@pytest.mark.parametrize("case", sorted(LEARNED))
+def test_a_reading_that_changes_arguments_is_caught(case):
+    r = case_renderer(case)
+    profile = probe_template(r)
+    reader = _ChangesArguments(learn_call_reader(r, profile).reader.form)
+    drawn = [("calculator", {"expression": "1+2", "count": 3})]
+    text = rendered_turn(r, profile, assistant_message(profile, drawn))
+    lr, rollout = _rollout(case, text, reader, None)
+    assert _read_calls(lr)[0][1]["expression"] == "changed by the reader"
+    result = ConsistencyChecker(r, profile, CheckPolicy(mode="warn")).check_rollout(rollout, template_view=True)
+    assert [f for f in result.findings if not f.allowed], result.summary()

@@ -1,0 +1,264 @@
+"""A model's turn read back into tool calls with a learned ``CallForm``.
+
+Beyond the template's exact rendering, what a model plausibly writes is read too: any spacing between the form's
+chunks, JSON with any key order or spacing, chunks of the form's header before the lead's anchor missing or moved
+ahead of it (harmony's recipient in the header or in the channel), extra header words between a name and the
+arguments' anchor (harmony's ``<|constrain|>json`` present or not), a call id the model chose, and a turn cut before
+its trail or closer. A section whose anchor is there but whose call cannot be read is counted ``malformed`` and its
+text stays in the content (the message must still describe the sampled text).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, CallForm, Chunks, ReadCall, ReadTurn
+from verl_ext.core.call_reader.literals import MARKER, chunk_pattern
+
+_NAME = r"(?P<name>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)(?![\w\-])"
+_ID = r"(?P<id>[A-Za-z0-9_\-]+)"
+# Header words a model may add between a name and the arguments' anchor: control markers, or words after a space
+# or a marker (never glued to the name).
+_NOISE = r"(?:\s*<\|[^<>|\s]+\|>|\s+[A-Za-z_][\w\-]*|(?<=\|>)[A-Za-z_][\w\-]*)"
+_DECODER = json.JSONDecoder()
+_SPACE = re.compile(r"\s*")
+
+
+def _chunk(c: str) -> str:
+    return _ID if c == ID_SLOT else chunk_pattern(c)
+
+
+def _optional(chunks: Chunks) -> str:
+    return "".join(rf"(?:\s*{_chunk(c)})?" for c in chunks) + r"\s*"
+
+
+def _distinctive(chunk: str) -> bool:
+    return len(chunk) >= 3 or bool(MARKER.fullmatch(chunk))
+
+
+def anchored(chunks: Chunks) -> str | None:
+    """A regex for a header: chunks before its last distinctive one optional (a model may drop or move them),
+    from that one on required; None for a header with no distinctive chunk (nothing to find a call by)."""
+    last = max((i for i, c in enumerate(chunks) if _distinctive(c)), default=None)
+    if last is None:
+        return None
+    required = r"\s*".join(_chunk(c) for c in chunks[last:])
+    return _optional(chunks[:last]) + required + r"\s*"
+
+
+def _mid(chunks: Chunks) -> str:
+    """Between a name and its arguments: the last chunk required, the others optional, header noise allowed."""
+    if not chunks:
+        return r"\s*"
+    parts = [rf"(?:{_NOISE}|\s*{_chunk(c)})*?" for c in chunks[:-1]]
+    return "".join(parts) + rf"(?:{_NOISE})*?\s*{_chunk(chunks[-1])}\s*"
+
+
+class CallReader:
+    """Reads turns in one learned ``CallForm`` (patterns compiled once)."""
+
+    def __init__(self, form: CallForm) -> None:
+        self.form = form
+        lead = anchored(form.lead)
+        if lead is not None:  # each call has an anchor of its own (<tool_call>, to=functions., >>>)
+            section: str | None = _optional(form.opener) + lead
+        else:  # the section's opener anchors the first call (Mistral's [TOOL_CALLS] [), or nothing does (Llama)
+            section = anchored((*form.opener, *form.lead))
+            lead = _optional(form.lead)
+        self.section = re.compile(section) if section is not None else None
+        self.next_call = re.compile(_optional(form.trail) + _optional(form.sep) + lead)
+        self.trail = re.compile(_optional(form.trail) + _optional(form.closer))
+        self.name_mid = re.compile(r"\s*" + _NAME + _mid(form.mid))
+        self.pair = re.compile(
+            _optional(form.key_pre[:-1])
+            + (_chunk(form.key_pre[-1]) if form.key_pre else "")
+            + r"\s*(?P<key>[^\s<>=/\"']+)"
+            + r"\s*".join(["", *map(_chunk, form.key_value), ""])
+            + r"(?P<value>.*?)"
+            + r"\s*"
+            + r"\s*".join(_chunk(c) for c in form.value_post),
+            re.DOTALL,
+        )
+        self.header_chunks = frozenset((*form.opener, *form.lead, *form.mid)) - {ID_SLOT}
+        wrap = form.content_wrap
+        self.unwrap = (
+            re.compile(
+                r"\s*".join(["", *map(_chunk, wrap[0])]) + r"(?P<c>.*?)" + r"\s*".join(["", *map(_chunk, wrap[1]), ""]),
+                re.DOTALL,
+            )
+            if wrap
+            else None
+        )
+
+    def read(self, text: str, types: Mapping[str, Mapping[str, str]] | None = None) -> ReadTurn:
+        """Read a turn's text (as sampled, without the generation prompt; ``types``: parameter types per tool, used
+        to keep a string parameter a string in the keyed encoding)."""
+        full = self.form.generation_prompt + text
+        start = len(self.form.generation_prompt)
+        at = start
+        content: list[str] = []
+        calls: list[ReadCall] = []
+        malformed = 0
+        in_prompt = True  # the first anchor may sit in the generation prompt
+        while True:
+            found = self._find_section(full, at, start, in_prompt)
+            if found is None:
+                content.append(full[at:])
+                break
+            head, body_at = found
+            in_prompt = False
+            read, end = self._read_calls(full, body_at, types or {})
+            if not read and body_at <= start:  # an anchor the generation prompt wrote, with no call after it
+                continue
+            if not read:
+                malformed += 1
+                content.append(full[at:body_at])
+                at = body_at
+                continue
+            content.append(full[at : max(at, head)])
+            calls += read
+            at = end
+        return ReadTurn(self._content("".join(content)), tuple(calls), malformed)
+
+    def _find_section(self, text: str, at: int, start: int, in_prompt: bool) -> tuple[int, int] | None:
+        """Where the next call section starts (with the form's own chunks right before it) and where its first call
+        starts; None when there is none."""
+        if self.section is None:  # no anchor: calls sit right at the turn's start, as the template renders them
+            if not in_prompt:
+                return None
+            m = _SPACE.match(text, at)
+            return (at, m.end()) if m and m.end() < len(text) and text[m.end()] in "{[" else None
+        # the first section may start inside the generation prompt (Llama's header, functionary's ">>>"), never
+        # end there
+        m = self.section.search(text, 0 if in_prompt else at)
+        while m is not None and m.end() < start:
+            m = self.section.search(text, m.start() + 1)
+        if m is None:
+            return None
+        head = m.start()
+        while True:  # the form's header chunks right before the anchor belong to the call (harmony's channel)
+            before = text[at:head].rstrip()
+            moved = next((c for c in self.header_chunks if c and before.endswith(c)), None)
+            if moved is None:
+                break
+            head = at + len(before) - len(moved)
+        return head, m.end()
+
+    def _read_calls(self, text: str, at: int, types: Mapping[str, Mapping[str, str]]) -> tuple[list[ReadCall], int]:
+        """Calls from ``at`` (just after a section's first lead) on, and where the section ends."""
+        calls: list[ReadCall] = []
+        last = at
+        while True:
+            call, end = self._read_one(text, at, len(calls), types)
+            if call is None:
+                break
+            calls.append(call)
+            last = end
+            m = self.next_call.match(text, end)
+            if m is None:
+                break
+            at = m.end()
+        if not calls:
+            return calls, at
+        m = self.trail.match(text, last)
+        return calls, m.end() if m else last
+
+    def _read_one(
+        self, text: str, at: int, index: int, types: Mapping[str, Mapping[str, str]]
+    ) -> tuple[ReadCall | None, int]:
+        form = self.form
+        if form.encoding == JSON_CALL:
+            obj, end = _json_at(text, at)
+            return _json_call(form, obj), end
+        m = self.name_mid.match(text, at)
+        if m is None:
+            return None, at
+        name, call_id = m.group("name"), m.groupdict().get("id")
+        if form.encoding == NAME_JSON:
+            obj, end = _json_at(text, m.end())
+            if not isinstance(obj, dict):
+                return None, at
+            return ReadCall(name, text[m.end() : end].strip(), call_id), end
+        args: dict[str, Any] = {}
+        end = m.end()
+        while (p := self.pair.match(text, end)) is not None:
+            key = p.group("key")
+            args[key] = self._value(p.group("value"), (types.get(name) or {}).get(key))
+            end = p.end()
+        return ReadCall(name, json.dumps(args, ensure_ascii=False), call_id), end
+
+    def _value(self, raw: str, declared: str | None) -> Any:
+        """A keyed parameter's value: the text for a declared string; else the template's own literal for true,
+        false or null, JSON, a Python literal (templates that write values with ``|string``), or the text."""
+        if declared == "string":
+            return raw
+        if raw in self.form.literals:
+            return self.form.literals[raw]
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError:
+            pass
+        if raw[:1] in "[{(":
+            try:
+                value = ast.literal_eval(raw)
+                return value if isinstance(value, dict | list) else raw
+            except (ValueError, SyntaxError, MemoryError, RecursionError):
+                return raw
+        return raw
+
+    def _content(self, text: str) -> str:
+        if self.unwrap is not None and (m := self.unwrap.fullmatch(text)) is not None:
+            return m.group("c")
+        return text
+
+
+def _json_at(text: str, at: int) -> tuple[Any, int]:
+    """The JSON value starting at ``at`` after whitespace, and where it ends; (None, at) where none parses."""
+    begin = _SPACE.match(text, at).end()  # type: ignore[union-attr]  # \s* always matches
+    try:
+        value, end = _DECODER.raw_decode(text, begin)
+    except json.JSONDecodeError:
+        return None, at
+    return value, end
+
+
+_OTHER_KEY = {"arguments": "parameters", "parameters": "arguments"}  # the other key models write
+
+
+def _json_call(form: CallForm, obj: Any) -> ReadCall | None:
+    """A JSON_CALL object read: the name under ``name_key``, the arguments (an object, or JSON text of one) under
+    ``arguments_key`` (a model may write the other common key: ``arguments`` for ``parameters`` and back)."""
+    if not isinstance(obj, dict) or not isinstance(obj.get(form.name_key), str):
+        return None
+    key = form.arguments_key if form.arguments_key in obj else _OTHER_KEY.get(form.arguments_key)
+    if key is None or key not in obj:
+        return None
+    args = obj[key]
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return None
+    if not isinstance(args, dict):
+        return None
+    call_id = obj.get(form.id_key) if form.id_key else None
+    return ReadCall(
+        obj[form.name_key], json.dumps(args, ensure_ascii=False), call_id if isinstance(call_id, str) else None
+    )
+
+
+def parameter_types(schemas: Sequence[Any]) -> dict[str, dict[str, str]]:
+    """Parameter types per tool name from tool schemas (OpenAI dicts, or objects with ``model_dump``)."""
+    out: dict[str, dict[str, str]] = {}
+    for schema in schemas:
+        data = schema.model_dump() if hasattr(schema, "model_dump") else schema
+        function = data.get("function") if isinstance(data, Mapping) else None
+        if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
+            continue
+        props = (function.get("parameters") or {}).get("properties") or {}
+        out[function["name"]] = {k: v.get("type") for k, v in props.items() if isinstance(v, Mapping)}
+    return out

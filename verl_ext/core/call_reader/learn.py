@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, NAME_KEYED, CallForm, Chunks
 from verl_ext.core.call_reader.literals import chunks, counted
 from verl_ext.core.call_reader.read import CallReader
@@ -170,17 +171,17 @@ class _Learner:
         )
         return Learned(reader, "", example.text[len(self.gen) :], proof)
 
-    def form(
+    def around(
         self,
-        encoding: str,
         one: _Render,
         first: _Span,
         two: _Render | None,
         pair: tuple[_Span, _Span] | None,
         said: _Render | None,
         content: _Span | None,
-    ) -> CallForm | str:
-        """The form from where the calls sit in each render (a reason where the renders disagree)."""
+    ) -> tuple[Chunks, Chunks, Chunks, Chunks, Chunks, tuple[Chunks, Chunks] | None]:
+        """The text around the calls: lead (before each call), trail (after each), sep (between two), closer (after
+        the last), opener (before the first) and the content's wrap, from where the calls sit in each render."""
         g = len(self.gen)
         before_one = one.text[: first.start]  # the generation prompt included: a lead may start inside it
         heads = [before_one]
@@ -214,6 +215,20 @@ class _Learner:
             post = opener
             opener = ()
             wrap = (pre, post) if pre or post else None
+        return lead, trail, sep, closer, opener, wrap
+
+    def form(
+        self,
+        encoding: str,
+        one: _Render,
+        first: _Span,
+        two: _Render | None,
+        pair: tuple[_Span, _Span] | None,
+        said: _Render | None,
+        content: _Span | None,
+    ) -> CallForm | str:
+        """The form from where the calls sit in each render (a reason where the renders disagree)."""
+        lead, trail, sep, closer, opener, wrap = self.around(one, first, two, pair, said, content)
         spans = [first, *(pair or ())]
         mids = [s.mid.replace(f"call{n:05d}", ID_SLOT) for n, s in zip((1, 1, 2), spans, strict=False)]
         mid = counted(mids)
@@ -361,15 +376,18 @@ def _common_prefix(lists: Sequence[Sequence[str]]) -> Chunks:
     return tuple(out)
 
 
-_CACHE: dict[tuple[str, tuple[int, ...]], Learned] = {}
+# A worker serves one template in practice; 64 leaves room for audits and tests, never grows with steps.
+_CACHE: LruCache[tuple[str, tuple[int, ...]], Learned] = LruCache("derived call readers", 64)
 
 
 def learn_call_reader(renderer: Any, profile: Any) -> Learned:
     """The call reader derived from ``renderer``'s template (cached per template and generation prompt)."""
     key = (renderer.fingerprint, tuple(profile.generation_prompt_ids))
-    if key not in _CACHE:
+
+    def learn() -> Learned:
         try:
-            _CACHE[key] = _Learner(renderer, profile).learn()
+            return _Learner(renderer, profile).learn()
         except TemplateError as exc:
-            _CACHE[key] = Learned(None, f"the template's probe calls could not be rendered: {exc}")
-    return _CACHE[key]
+            return Learned(None, f"the template's probe calls could not be rendered: {exc}")
+
+    return _CACHE.get_or_make(key, learn)

@@ -20,6 +20,7 @@ class Cause(StrEnum):
 
     BPE_REMERGE = "bpe_remerge"  # same text, different token split: re-encoding would change the ids
     TOOL_CALL_RESERIALIZED = "tool_call_reserialized"  # the template re-serializes tool-call JSON
+    MALFORMED_TOOL_CALL = "malformed_tool_call"  # a call the parser could not read: not in the message, kept as sampled
     REASONING_STRIPPED = "reasoning_stripped"  # the template drops earlier turns' thinking
     REASONING_INSERTED = "reasoning_inserted"  # the template renders a (often empty) thinking block never sampled
     EOS_ALIAS = "eos_alias"  # the turn stopped on a stop id the template never renders (kept as sampled)
@@ -47,6 +48,7 @@ ALLOWED_BY_DESIGN: frozenset[Cause] = frozenset(
     {
         Cause.BPE_REMERGE,
         Cause.TOOL_CALL_RESERIALIZED,
+        Cause.MALFORMED_TOOL_CALL,
         Cause.REASONING_STRIPPED,
         Cause.REASONING_INSERTED,
         Cause.EOS_ALIAS,

@@ -12,6 +12,8 @@ SWITCH = "Switch the loop to verl_ext (actor_rollout_ref.rollout.agent.default_a
 CAUSE_FIXES: dict[str, str] = {
     "bpe_remerge": NOTHING + "the stream keeps the ids the model sampled; re-encoding the text would change them.",
     "tool_call_reserialized": NOTHING + "the tool-call JSON is trained as sampled; the template only re-serializes it.",
+    "malformed_tool_call": NOTHING + "a tool call the parser could not read is trained as sampled; the loop answered "
+    "it with an error (counted in tito/tool/malformed).",
     "reasoning_stripped": NOTHING + "the thinking is trained as sampled; the template drops it from later prompts.",
     "reasoning_inserted": NOTHING + "the template renders a thinking block the model never sampled; it is not trained.",
     "eos_alias": NOTHING + "the turn stopped on an alias of end-of-text, kept as sampled; its close is added, mask 0.",

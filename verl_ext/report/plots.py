@@ -21,6 +21,7 @@ _BY_DESIGN = {c.value for c in ALLOWED_BY_DESIGN}
 CAUSE_COLORS: dict[str, str] = {
     Cause.BPE_REMERGE: "#1f77b4",
     Cause.TOOL_CALL_RESERIALIZED: "#17becf",
+    Cause.MALFORMED_TOOL_CALL: "#9edae5",
     Cause.REASONING_STRIPPED: "#2ca02c",
     Cause.REASONING_INSERTED: "#9467bd",
     Cause.EOS_ALIAS: "#7f7f7f",

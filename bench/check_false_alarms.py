@@ -107,7 +107,10 @@ def false_alarms(family: str, kwargs: dict, rollouts: int, seed: int) -> dict:
             defective += 1
             if len(examples) < 3:
                 f = defects[0]
-                examples.append(f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}")
+                examples.append(
+                    f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}: "
+                    + f.detail[:300]
+                )
     label = family + ("" if not kwargs else " " + ",".join(f"{k}={v}" for k, v in kwargs.items()))
     return {
         "template": label,
@@ -172,7 +175,10 @@ def model_call_alarms(label: str, template: str, kwargs: dict, fmt: str, reasoni
             seen["defective"] += 1
             f = result.defects[0]
             if len(examples) < 3:
-                examples.append(f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}")
+                examples.append(
+                    f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}: "
+                    + f.detail[:300]
+                )
 
     one()
     return {"template": label, "per_1000": 1000 * seen["defective"] / max(seen["n"], 1), **seen, "examples": examples}

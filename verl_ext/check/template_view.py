@@ -376,10 +376,9 @@ class _Rules:
         if part.turn not in self._call_readings:
             calls = (self.assistants[part.turn].get("tool_calls") if part.turn < len(self.assistants) else None) or []
             sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+            # A template that cannot render two calls in a message has no markers known: its turns keep the verdict
+            # of ``sampled_text`` alone (GPT-OSS: one call per message, its name outside the texts around the call).
             markers = _call_markers(self.r, self.profile)
-            if markers is None and calls:  # a template that renders one call per message: its markers there
-                names = [str((c.get("function") or c).get("name", "")) for c in calls if isinstance(c, Mapping)]
-                markers = call_markers(rendered, names, self.r.control_pattern)
             self._call_readings[part.turn] = read_calls(sampled, rendered, calls, markers)
         return self._call_readings[part.turn]
 

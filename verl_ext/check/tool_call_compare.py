@@ -135,11 +135,11 @@ def call_markers(text: str, names: Sequence[str], structure: re.Pattern[str] | N
 
 
 def without_blocks(text: str, blocks: Sequence[Block]) -> str:
-    """``text`` with every complete block (and every block a call lies in) cut out, a space in each place."""
+    """``text`` with every complete block (and every block a call lies in) cut out, as a parser takes them out."""
     out, at = [], 0
     for b in blocks:
         if b.closed or b.call is not None:
-            out += [text[at : b.start], " "]
+            out.append(text[at : b.start])
             at = b.end
     return "".join([*out, text[at:]])
 
@@ -232,11 +232,18 @@ def _json_calls(block: str) -> list[dict[str, Any]]:
 
 
 def _arguments(value: Any) -> Any:
-    """Arguments written as a JSON string read as the object they encode."""
-    if isinstance(value, str):
-        with contextlib.suppress(json.JSONDecodeError):
+    """Arguments written as a JSON string read as the object they encode (a string encoded once more, as a loop keeps
+    arguments that are not an object, read through)."""
+    for _ in range(3):
+        if not isinstance(value, str):
+            break
+        try:
             parsed = json.loads(value)
-            return parsed if isinstance(parsed, dict) else value
+        except json.JSONDecodeError:
+            break
+        if not isinstance(parsed, dict | str):
+            break
+        value = parsed
     return value
 
 

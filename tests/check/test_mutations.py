@@ -59,11 +59,15 @@ class Clean:
     pieces: Pieces
     messages: list[dict[str, Any]]
 
+    engine: Pieces | None = None  # what the engine returned, where a mutation changes the trainer's stream only
+
     def copy(self) -> Clean:
         return Clean(self.r, self.profile, copy.deepcopy(self.pieces), copy.deepcopy(self.messages))
 
     def check(self) -> CheckResult:
         calls, sample = naive(self.r, self.pieces)
+        if self.engine is not None:
+            calls = naive(self.r, self.engine)[0]
         return ConsistencyChecker(self.r, self.profile).check(calls, sample, self.messages, TOOLS, template_view=True)
 
     def nth(self, kind: str, n: int = 0) -> int:
@@ -242,6 +246,7 @@ def second_arguments_differ(c: Clean) -> None:
 
 
 def malformed_text_removed(c: Clean) -> None:
+    c.engine = copy.deepcopy(c.pieces)
     k = c.nth("sampled", CALL_TURN)
     drop = len(c.r.encode(MALFORMED + "\n"))
     c.pieces[k] = ("sampled", c.pieces[k][1][drop:])  # the stream lacks the malformed call the engine sampled
@@ -296,7 +301,16 @@ def test_the_clean_rollout_is_clean(case, variant):
 
 # Misses the check has (each a strict xfail: it fails the suite once the check catches it; docs/check.md, "Not yet
 # there").
+_NO_MARKERS = (
+    "the template writes no control token once per call around its name (GPT-OSS: one call per message; Mistral: "
+    "one [TOOL_CALLS] list for all calls), so tool_call_compare cannot cut its calls into blocks and the text "
+    "verdict compares the calls as a set"
+)
 KNOWN_MISSES = {
+    ("gpt-oss", "a tool call dropped from the message"): _NO_MARKERS,
+    ("gpt-oss", "the second tool call's argument changed"): _NO_MARKERS,
+    ("mistral-7b-v0.3", "a tool call dropped from the message"): _NO_MARKERS,
+    ("mistral-7b-v0.3", "two tool calls swapped in the message"): _NO_MARKERS,
     ("mistral-7b-v0.3", "context message missing from the messages"): (
         "the template refuses messages whose roles do not alternate, and a refused render is allowed "
         "(template_refused): the template view cannot see a user message the loop's messages lost"

@@ -47,6 +47,17 @@ def test_the_markers_are_read_from_a_rendering_of_two_calls():
     assert call_markers(RENDERED, ["calc", "search"], STRUCTURE) == HERMES
     assert call_markers(RENDERED, ["calc", "search", "x"], STRUCTURE) is None  # no text written once per call
     assert call_markers(RENDERED, ["calc"], None) is None
+    assert call_markers(RENDERED, ["calc", "search"], STRUCTURE, ["k"]) == HERMES  # the arguments lie inside
+
+
+def test_a_closer_before_the_arguments_is_no_call_marker():
+    """Mistral Small 3.2 writes ``[TOOL_CALLS]name[CALL_ID]id[ARGS]{...}`` per call, no control text after the
+    arguments: ``[ARGS]`` as the closer cut every call off its arguments, so no call was ever held there (a hermes call
+    its parser read, after a call in the template's own format, was reported as ``message_differs``)."""
+    structure = re.compile(r"\[TOOL_CALLS\]|\[CALL_ID\]|\[ARGS\]")
+    rendered = '[TOOL_CALLS]calc[CALL_ID]c1[ARGS]{"k": 1}[TOOL_CALLS]search[CALL_ID]c2[ARGS]{"k": 1}</s>'
+    assert call_markers(rendered, ["calc", "search"], structure) == ("[TOOL_CALLS]", "[ARGS]")  # the name alone
+    assert call_markers(rendered, ["calc", "search"], structure, ["k"]) is None
 
 
 @pytest.mark.parametrize(

@@ -1059,9 +1059,9 @@ _CALL_MARKERS: dict[str, tuple[str, str] | None] = {}
 
 
 def _call_markers(r: ChatRenderer, profile: TemplateProfile) -> tuple[str, str] | None:
-    """The control texts the template writes once per tool call, around its name (``tool_call_compare``), read from
-    its rendering of an assistant message with two calls; rendered once per template (None where it cannot render
-    two calls in a message or writes no such texts)."""
+    """The control texts the template writes once per tool call, around its name and arguments
+    (``tool_call_compare``), read from its rendering of an assistant message with two calls; rendered once per
+    template (None where it cannot render two calls in a message or writes no such texts)."""
     if r.fingerprint not in _CALL_MARKERS:
         second = {**_PROBE_CALL, "id": "call00002", "function": {**_PROBE_CALL["function"], "name": "search"}}
         message = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL, second]}
@@ -1072,7 +1072,9 @@ def _call_markers(r: ChatRenderer, profile: TemplateProfile) -> tuple[str, str] 
         except Exception:  # noqa: BLE001 - a template that refuses two calls in a message
             full = head = ""
         body = full[len(os.path.commonprefix([head, full])) :]
-        _CALL_MARKERS[r.fingerprint] = call_markers(body, ["calculator", "search"], r.control_pattern) if body else None
+        keys = list(_PROBE_CALL["function"]["arguments"])
+        markers = call_markers(body, ["calculator", "search"], r.control_pattern, keys) if body else None
+        _CALL_MARKERS[r.fingerprint] = markers
     return _CALL_MARKERS[r.fingerprint]
 
 

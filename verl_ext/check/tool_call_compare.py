@@ -6,9 +6,10 @@ same call its own way (``<tool_call> {"arguments":{"k":1e2},"name":"calc"}``). T
 name and every argument value the message holds were sampled, in the call the template writes in that place.
 
 The comparison reads the text by the template's own call structure, never by model name: the control tokens the
-template writes once per call, an opener and a closer around the call's name (``<tool_call>`` and ``</tool_call>``,
-``<|tool_call_begin|>`` and ``<|tool_call_end|>``, ``<seed:tool_call>`` and ``</seed:tool_call>``), cut both texts
-into call blocks. Message call ``k`` must be held by a sampled block after the block that holds call ``k - 1``:
+template writes once per call, an opener and a closer around the call's name and arguments (``<tool_call>`` and
+``</tool_call>``, ``<|tool_call_begin|>`` and ``<|tool_call_end|>``, ``<seed:tool_call>`` and ``</seed:tool_call>``),
+cut both texts into call blocks. Message call ``k`` must be held by a sampled block after the block that holds call
+``k - 1``:
 
 - its name sampled there as a word (raw or JSON-escaped);
 - each argument's value sampled after its key there, equal by value: numbers by value (``1e2`` == ``100.0``,
@@ -114,10 +115,14 @@ def read_calls(
     return CallsReading(not detail, detail, tuple(ours), theirs)
 
 
-def call_markers(text: str, names: Sequence[str], structure: re.Pattern[str] | None) -> tuple[str, str] | None:
+def call_markers(
+    text: str, names: Sequence[str], structure: re.Pattern[str] | None, keys: Sequence[str] = ()
+) -> tuple[str, str] | None:
     """The control texts a template writes once per call in ``text`` (its rendering of a message calling ``names``,
-    in order): an opener, and the last closer after it before the next call, with the first call's name between
-    them; None where there are none."""
+    in order, the first with arguments named ``keys``): an opener, and the last closer after it before the next
+    call, with the first call's name and argument keys between them; None where there are none. A closer the
+    template writes before the arguments (Mistral Small 3.2's ``[ARGS]``, no control text after them) would cut
+    each call off its arguments: no markers then."""
     if structure is None or not names:
         return None
     found = [(m.start(), m.group()) for m in structure.finditer(text)]
@@ -128,7 +133,9 @@ def call_markers(text: str, names: Sequence[str], structure: re.Pattern[str] | N
         nxt = text.find(opener, a + len(opener))
         limit = nxt if nxt != -1 else len(text)
         ends = [(text.find(c, a + len(opener)), c) for c in once if c != opener]
-        ends = [(b, c) for b, c in ends if b != -1 and b < limit and _word_at(text[a:b], names[0])]
+        ends = [
+            (b, c) for b, c in ends if b != -1 and b < limit and all(_word_at(text[a:b], w) for w in (names[0], *keys))
+        ]
         if ends:
             return opener, max(ends)[1]
     return None

@@ -5,10 +5,13 @@ builds them from random engine output (``tests/loop_rollouts.py``: odd text, the
 random ids, stops, length cuts), each checked with the template view on. Printed per template: rollouts with a
 defect per 1,000 (the goal is 0: the stream is right by construction), engine-view failures, and the check's cost
 against one render of the final messages in the same run (``ChatRenderer.render``, the render the check holds).
+Then, per template and the verl parser for its format, rollouts whose turns are tool calls written as models write
+them (``tests/model_tool_calls.py``: other spacing, key order, number and string forms, one to three calls, calls the
+parser cannot read), with their defect rate per 1,000 (goal 0) and how often the two tool-call causes were named.
 Then the mutation suite (``tests/check/test_mutations.py``): every injected defect on every template (the same
 five), the share reported in its turn (the goal is 100%), and the mutations a template cannot take, with why.
 
-    PYTHONPATH=. .venv/bin/python bench/check_false_alarms.py [--rollouts 1000] [--seed 0]
+    PYTHONPATH=. .venv/bin/python bench/check_false_alarms.py [--rollouts 1000] [--tool-rollouts 300] [--seed 0]
 """
 
 from __future__ import annotations
@@ -104,7 +107,10 @@ def false_alarms(family: str, kwargs: dict, rollouts: int, seed: int) -> dict:
             defective += 1
             if len(examples) < 3:
                 f = defects[0]
-                examples.append(f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}")
+                examples.append(
+                    f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}: "
+                    + f.detail[:300]
+                )
     label = family + ("" if not kwargs else " " + ",".join(f"{k}={v}" for k, v in kwargs.items()))
     return {
         "template": label,
@@ -115,6 +121,67 @@ def false_alarms(family: str, kwargs: dict, rollouts: int, seed: int) -> dict:
         "render_ms": 1000 * render_s / rollouts,
         "examples": examples,
     }
+
+
+# Tool calls as models write them, per template and verl parser (tests/model_tool_calls.py): (label, template,
+# template kwargs, format, whether the model writes its own reasoning block).
+MODEL_CALL_CASES = [
+    ("qwen3 hermes", "qwen3", {}, "hermes", True),
+    ("qwen3 enable_thinking=False hermes", "qwen3", {"enable_thinking": False}, "hermes", False),
+    ("qwen2.5 hermes", "qwen2.5", {}, "hermes", False),
+    ("gpt-oss", "gpt-oss", {}, "gpt-oss", False),
+    ("qwen3-coder qwen3_coder", "qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf", {}, "qwen3_coder", False),
+    ("qwq-32b hermes", "qwen3/qwq-32b", {}, "hermes", True),
+    ("Kimi-K2 kimi", "templates/moonshotai-Kimi-K2", {}, "kimi", False),
+    ("Seed-OSS seed", "templates/ByteDance-Seed-OSS", {}, "seed", False),
+]
+
+
+def model_call_alarms(label: str, template: str, kwargs: dict, fmt: str, reasoning: bool, rollouts: int, seed: int):
+    """Rollouts with defects per 1,000 among ``rollouts`` built from tool-call turns written as models write them
+    (drawn by the property test's own strategy, ``hypothesis`` seeded), checked with the template view on."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+    from model_tool_calls import FORMATS
+    from test_loop_output_property import draw_model_call_rollout, model_call_renderer
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    from verl_ext.core.rendering import ChatRenderer
+
+    def renderer_for(name: str) -> ChatRenderer:
+        return ChatRenderer(AutoTokenizer.from_pretrained(str(shipped_tokenizers()[name])))
+
+    r = model_call_renderer(renderer_for, template, kwargs)
+    profile = probe_template(r)
+    parser = ToolParser.get_tool_parser(FORMATS[fmt], r.tokenizer)
+    checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
+    seen = {"n": 0, "defective": 0, "engine": 0, "malformed": 0, "reserialized": 0}
+    examples: list[str] = []
+
+    @hypothesis_seed(seed)
+    @settings(max_examples=rollouts, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def one(data):
+        rollout = draw_model_call_rollout(data, r, profile, parser, fmt, reasoning)
+        result = checker.check_rollout(rollout, template_view=True)
+        seen["n"] += 1
+        seen["engine"] += bool(result.engine_failures)
+        counts = result.cause_counts()
+        seen["malformed"] += counts.get("malformed_tool_call", 0)
+        seen["reserialized"] += counts.get("tool_call_reserialized", 0)
+        if result.defects:
+            seen["defective"] += 1
+            f = result.defects[0]
+            if len(examples) < 3:
+                examples.append(
+                    f"{f.cause.value} turn {f.turn}: {f.stream_text[:40]!r} vs {f.rendered_text[:40]!r}: "
+                    + f.detail[:300]
+                )
+
+    one()
+    return {"template": label, "per_1000": 1000 * seen["defective"] / max(seen["n"], 1), **seen, "examples": examples}
 
 
 def mutation_detection() -> tuple[int, int, list[str], list[str]]:
@@ -145,6 +212,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=1000, help="random-output rollouts per template")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tool-rollouts", type=int, default=300, help="tool-call rollouts per template")
     args = parser.parse_args()
     asyncio.set_event_loop(asyncio.new_event_loop())
     logging.getLogger("verl").setLevel(logging.CRITICAL)  # verl's parser logs every unreadable random tool call
@@ -164,6 +232,25 @@ def main() -> int:
             flush=True,
         )
     for row in rows:
+        for example in row["examples"]:
+            print(f"  {row['template']}: {example}")
+    print(
+        f"\ntool calls as models write them: up to {args.tool_rollouts} rollouts per template "
+        f"(hypothesis, seed {args.seed})\n"
+    )
+    print(
+        "| template, parser | rollouts | with a defect per 1,000 | engine-view failures | tool_call_reserialized "
+        "| malformed_tool_call |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for case in MODEL_CALL_CASES:
+        row = model_call_alarms(*case, args.tool_rollouts, args.seed)
+        rows.append(row)
+        print(
+            f"| {row['template']} | {row['n']} | {row['per_1000']:.1f} | {row['engine']} | {row['reserialized']} | "
+            f"{row['malformed']} |",
+            flush=True,
+        )
         for example in row["examples"]:
             print(f"  {row['template']}: {example}")
     caught, injected, missed, skipped = mutation_detection()

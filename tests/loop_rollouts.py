@@ -31,6 +31,7 @@ from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import judge_finish
+from verl_ext.plugin.agent_loop import _malformed_message
 from verl_ext.plugin.tool_calls import over_limit_message, parse_turn
 
 # What real models emit besides the template's own canonical text.
@@ -150,9 +151,7 @@ def build_loop_rollout(
             {"role": "tool", "content": next(texts), "tool_call_id": c.call_id, "name": c.name} for c in parsed.calls
         ]
         replies += [over_limit_message(c, max_parallel_calls) for c in parsed.dropped]
-        if not replies and parsed.malformed:
-            lr.ended = "malformed"
-            break
+        replies += [_malformed_message(turn, i) for i in range(parsed.malformed)]  # as the loop answers them
         if not replies:
             if not user_after_text:
                 lr.ended = "no call"

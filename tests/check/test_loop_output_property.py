@@ -145,3 +145,73 @@ def test_no_defect_on_any_engine_output_with_fixture_templates(template):
         assert not defects, [(f.cause.value, f.turn, f.stream_text, f.rendered_text, f.detail) for f in defects]
 
     holds()
+
+
+# Tool calls as models write them (tests/model_tool_calls.py), read by verl's parser for the template's own format:
+# (case id, template, template kwargs, format, whether the model writes its own reasoning block).
+MODEL_CALL_CASES = [
+    pytest.param("qwen3", {}, "hermes", True, id="qwen3-hermes"),
+    pytest.param("qwen3", {"enable_thinking": False}, "hermes", False, id="qwen3-no-thinking-hermes"),
+    pytest.param("qwen2.5", {}, "hermes", False, id="qwen2.5-hermes"),
+    pytest.param("gpt-oss", {}, "gpt-oss", False, id="gpt-oss"),
+    pytest.param("qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf", {}, "qwen3_coder", False, id="qwen3-coder"),
+    pytest.param("qwen3/qwq-32b", {}, "hermes", True, id="qwq-hermes"),
+    pytest.param("templates/moonshotai-Kimi-K2", {}, "kimi", False, id="kimi-k2"),
+    pytest.param("templates/ByteDance-Seed-OSS", {}, "seed", False, id="seed-oss"),
+]
+
+
+def model_call_renderer(renderer_for: Any, template: str, kwargs: dict[str, Any]) -> ChatRenderer:
+    """A shipped tokenizer's template, a Qwen3 extra template over Qwen3's tokenizer, or a fixture template."""
+    if template.startswith("templates/"):
+        return template_renderer(template.split("/", 1)[1])
+    if template.startswith("qwen3/"):
+        from verl_ext.demo.run import shipped_tokenizers
+
+        path = shipped_tokenizers()["qwen3"] / "extra_templates" / f"{template[6:]}.jinja"
+        return renderer_for("qwen3").with_chat_template(path.read_text(encoding="utf-8"))
+    return renderer_for(template).with_template_kwargs(kwargs)
+
+
+def draw_model_call_rollout(data: Any, r: ChatRenderer, profile: Any, parser: Any, fmt: str, reasoning: bool) -> Any:
+    """A rollout as the loop builds it from 1-3 turns of tool calls written as models write them (each ended by the
+    template's close, the format's own stop, or nothing), then an answer; tool results and a budget drawn."""
+    from model_tool_calls import turn_text
+
+    close = min(profile.close_id_set)
+    call_stop = r.tokenizer.convert_tokens_to_ids("<|call|>") if fmt == "gpt-oss" else close
+    outputs = []
+    for _ in range(data.draw(st.integers(1, 3))):
+        ids = r.encode(data.draw(turn_text(fmt, reasoning=reasoning)))
+        outputs.append([*ids, call_stop] if data.draw(st.integers(0, 4)) else ids)
+    outputs.append([*r.encode("The answer is 3."), close])
+    texts = data.draw(st.lists(st.sampled_from(["3", "", "x\ny", "café"]), max_size=4))
+    budget = data.draw(st.sampled_from([64, 2048]))
+    _, rollout = build_loop_rollout(r, profile, parser, outputs, texts, response_length=budget)
+    return rollout
+
+
+@pytest.mark.parametrize(("template", "kwargs", "fmt", "reasoning"), MODEL_CALL_CASES)
+def test_no_defect_on_tool_calls_as_models_write_them(renderer_for, template, kwargs, fmt, reasoning):
+    """Calls with other spacing, key order, separators, number and string forms than the template writes, one to
+    three per turn, text or reasoning before them, and calls verl's parser cannot read: the template's
+    re-serialization of a call the parser read is ``tool_call_reserialized``, a call it could not read is
+    ``malformed_tool_call``; never a defect."""
+    from model_tool_calls import FORMATS
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    r = model_call_renderer(renderer_for, template, kwargs)
+    profile = probe_template(r)
+    parser = ToolParser.get_tool_parser(FORMATS[fmt], r.tokenizer)
+    checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
+
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def holds(data):
+        rollout = draw_model_call_rollout(data, r, profile, parser, fmt, reasoning)
+        result = checker.check_rollout(rollout, template_view=True)
+        assert not result.engine_failures, result.summary()
+        defects = [f for f in result.findings if not f.allowed]
+        assert not defects, [(f.cause.value, f.turn, f.stream_text, f.rendered_text, f.detail) for f in defects]
+
+    holds()

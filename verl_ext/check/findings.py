@@ -61,6 +61,14 @@ class Cause(StrEnum):
         "the template re-serializes tool-call JSON",
         _NOTHING + "the tool-call JSON is trained as sampled; the template only re-serializes it.",
     )
+    MALFORMED_TOOL_CALL = (
+        "malformed_tool_call",
+        _ALLOWED,
+        "#9edae5",
+        "a call the parser could not read: not in the message, kept as sampled",
+        _NOTHING + "a tool call the parser could not read is trained as sampled; the loop answered it with an error "
+        "(counted in tito/tool/malformed).",
+    )
     REASONING_STRIPPED = (
         "reasoning_stripped",
         _ALLOWED,

@@ -24,6 +24,7 @@ from verl_ext.check.locate import Locator
 from verl_ext.check.message_shape import SLOT, message_shape
 from verl_ext.check.sampled_text import TurnVerdict, frame_runs, json_and_text, message_holds_sampled
 from verl_ext.check.segments import Segment, segment_opcodes, segments
+from verl_ext.check.tool_call_compare import CallsReading, call_markers, read_calls, without_blocks
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, TemplateProfile
@@ -178,6 +179,7 @@ class _Rules:
         # the alignment, segment by segment: computed once, read by every rule
         self.opcodes, self.owners = segment_opcodes(stream, rendered, self.parts, deadline)
         self._verdicts: dict[int, TurnVerdict] = {}
+        self._call_readings: dict[int, CallsReading | None] = {}
         self._texts: dict[tuple[bool, int, int], str] = {}
 
     def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
@@ -295,6 +297,9 @@ class _Rules:
         reading stands, and so do the turn-end defects (a close or trailer the stream lacks); anything else is the
         template writing the same message its own way when the message holds what was sampled (``verdict``), and
         ``MESSAGE_DIFFERS`` when it does not."""
+        named = self._call_cause(d, part, cause)
+        if named is not None:
+            return named
         if (
             cause in ALLOWED_BY_DESIGN
             or cause is Cause.STOP_TEXT_IN_MESSAGE
@@ -345,9 +350,17 @@ class _Rules:
         return not gen or tuple(self.stream[max(start - len(gen), 0) : start]) == gen
 
     def verdict(self, part: Segment) -> TurnVerdict:
-        """Whether the turn's message holds what the engine sampled (``sampled_text``), once per turn."""
+        """Whether the turn's message holds what the engine sampled, once per turn: its tool calls by meaning, block
+        by block (``tool_call_compare``), where the template writes per-call markers; the rest of the text (or all of
+        it, without such markers) by ``sampled_text``."""
         if part.turn not in self._verdicts:
             sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+            reading = self.call_reading(part)
+            if reading is not None and not reading.holds:
+                self._verdicts[part.turn] = TurnVerdict(False, reading.detail)
+                return self._verdicts[part.turn]
+            if reading is not None:
+                sampled, rendered = without_blocks(sampled, reading.sampled), without_blocks(rendered, reading.rendered)
             frame, shapes = self._frame, ()
             if part.turn < len(self.assistants):
                 runs = message_shape(self.r, self.profile, self.assistants[part.turn])
@@ -357,6 +370,50 @@ class _Rules:
                 sampled, rendered, self.r.control_pattern, frame, self._normalized, shapes, self._reasoning_closes
             )
         return self._verdicts[part.turn]
+
+    def call_reading(self, part: Segment) -> CallsReading | None:
+        """The turn's tool calls read against its sampled and rendered text (``tool_call_compare``), once per turn;
+        None where its message has no calls or the template writes no per-call markers."""
+        if part.turn not in self._call_readings:
+            calls = (self.assistants[part.turn].get("tool_calls") if part.turn < len(self.assistants) else None) or []
+            sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+            # A template that cannot render two calls in a message has no markers known: its turns keep the verdict
+            # of ``sampled_text`` alone (GPT-OSS: one call per message, its name outside the texts around the call).
+            markers = _call_markers(self.r, self.profile)
+            self._call_readings[part.turn] = read_calls(sampled, rendered, calls, markers)
+        return self._call_readings[part.turn]
+
+    def _call_cause(self, d: Divergence, part: Segment, cause: Cause) -> tuple[Cause, str] | None:
+        """A divergence inside the turn's call blocks, and nothing but whitespace outside them, on a turn whose message
+        holds its calls: the template re-serializing a call the parser read (``TOOL_CALL_RESERIALIZED``), or the text
+        of a call it could not read, kept as sampled (``MALFORMED_TOOL_CALL``). A rule's reading of the same text in
+        other ids, and a turn-end defect, stand."""
+        if cause in _SAME_TEXT or (cause in _TURN_END_DEFECTS and d.at_end):
+            return None
+        reading = self.call_reading(part)
+        if reading is None or not self.verdict(part).holds:
+            return None
+        sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+        start = self.loc.calls[part.turn].output_start
+        # the generation prompt's pre-fill before the output (an empty think block) is the prompt's, not the message's
+        first = start if d.i1 < start and self._in_prefill(d, start) else d.i1
+        a, b = (len(self.r.decode(self.stream[part.i1 : i])) for i in (max(first, part.i1), max(d.i2, part.i1)))
+        ra, rb = (len(self.r.decode(self.rendered[part.j1 : j])) for j in (max(d.j1, part.j1), max(d.j2, part.j1)))
+        hit = [x for x in reading.sampled if x.start <= b and a <= x.end and (x.closed or x.call is not None)]
+        outside = _only_blocks(sampled, a, b, reading.sampled) and _only_blocks(rendered, ra, rb, reading.rendered)
+        if not hit or not outside:
+            return None
+        malformed = [blk for blk in hit if blk.malformed]
+        if malformed:
+            text = sampled[malformed[0].start : malformed[0].end]
+            return Cause.MALFORMED_TOOL_CALL, (
+                f"a tool call the parser could not read, {text[:80]!r}, is not in the message; the stream keeps it as "
+                "sampled (the loop answers it with an error tool message)"
+            )
+        return Cause.TOOL_CALL_RESERIALIZED, (
+            f"the template re-serializes a tool call the message holds as sampled (same name and values): it writes "
+            f"{d.dr[:80]!r} where the engine sampled {d.ds[:80]!r}"
+        )
 
     @functools.cached_property
     def _frame(self) -> frozenset[str]:
@@ -875,6 +932,19 @@ _CONTEXT_END_TOKENS = 8  # tokens of the context after the last turn compared wi
 _TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED})
 # per template (fingerprint): a process checks one template, or a few
 _FRAMES: LruCache[str, tuple[frozenset[str], tuple[str, ...], tuple[str, ...]]] = LruCache("message frames", 64)
+# Causes that read the same text in other ids: more specific than a call block's name, and kept inside one.
+_SAME_TEXT = frozenset({Cause.BPE_REMERGE, Cause.SPECIAL_TOKEN_ESCAPED, Cause.SPECIAL_TOKEN_INJECTED, Cause.EOS_ALIAS})
+
+
+def _only_blocks(text: str, a: int, b: int, blocks: Sequence[Any]) -> bool:
+    """``text[a:b]`` outside the call blocks is whitespace only."""
+    inside = [(max(a, blk.start), min(b, blk.end)) for blk in blocks if blk.start < b and a < blk.end]
+    at, rest = a, []
+    for x, y in sorted(inside):
+        rest.append(text[at:x])
+        at = max(at, y)
+    rest.append(text[at:b])
+    return not "".join(rest).strip()
 
 
 def _escaped_spots(
@@ -990,6 +1060,28 @@ def _prompt_tail(r: ChatRenderer, profile: TemplateProfile, role: str, calls: bo
 
 
 _NAME_EDGE = " .:=\"'"  # what a template writes around a tool name ("functions.NAME to=")
+# Per template fingerprint; a worker checks one template in practice.
+_CALL_MARKERS: LruCache[str, tuple[str, str] | None] = LruCache("tool-call markers", 64)
+
+
+def _call_markers(r: ChatRenderer, profile: TemplateProfile) -> tuple[str, str] | None:
+    """The control texts the template writes once per tool call, around its name and arguments
+    (``tool_call_compare``), read from its rendering of an assistant message with two calls; rendered once per
+    template (None where it cannot render two calls in a message or writes no such texts)."""
+    if r.fingerprint not in _CALL_MARKERS:
+        second = {**_PROBE_CALL, "id": "call00002", "function": {**_PROBE_CALL["function"], "name": "search"}}
+        message = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL, second]}
+        user = {"role": "user", "content": "QXUSER"}
+        try:
+            head = r.render_text([user], None, add_generation_prompt=True)
+            full = r.render_text(profile.tool_call_shape.conform([user, message]), None)
+        except Exception:  # noqa: BLE001 - a template that refuses two calls in a message
+            full = head = ""
+        body = full[len(os.path.commonprefix([head, full])) :]
+        keys = list(_PROBE_CALL["function"]["arguments"])
+        markers = call_markers(body, ["calculator", "search"], r.control_pattern, keys) if body else None
+        _CALL_MARKERS[r.fingerprint] = markers
+    return _CALL_MARKERS[r.fingerprint]
 
 
 def _unicode_forms_only(normalizer: Any) -> bool:

@@ -1,0 +1,303 @@
+"""Does a turn's message hold the tool calls the engine sampled? Calls compared by meaning, block by block.
+
+A template re-serializes every call a parser read: its own whitespace around and inside the call, its own key
+order and separators, numbers and strings as its JSON encoder (or Python's ``str``) writes them. A model writes the
+same call its own way (``<tool_call> {"arguments":{"k":1e2},"name":"calc"}``). The two are the same call when the
+name and every argument value the message holds were sampled, in the call the template writes in that place.
+
+The comparison reads the text by the template's own call structure, never by model name: the control tokens the
+template writes once per call, an opener and a closer around the call's name and arguments (``<tool_call>`` and
+``</tool_call>``, ``<|tool_call_begin|>`` and ``<|tool_call_end|>``, ``<seed:tool_call>`` and ``</seed:tool_call>``),
+cut both texts into call blocks. Message call ``k`` must be held by a sampled block after the block that holds call
+``k - 1``:
+
+- its name sampled there as a word (raw or JSON-escaped);
+- each argument's value sampled after its key there, equal by value: numbers by value (``1e2`` == ``100.0``,
+  ``2.50`` == ``2.5``), strings by their decoded text (``"caf\\u00e9"`` == ``café``), objects whatever their key
+  order, booleans and null only as themselves; where a parameter's value is raw text (XML formats), the text with
+  the template's newlines around it, or the JSON or number it reads as.
+
+A sampled block no call lies in is a call the parser could not read (``malformed``: a JSON call without
+``arguments``, broken JSON, an XML call without its function header), kept in the stream as sampled, or a call the
+message dropped (``dropped``: it reads as a call). Two calls swapped leave the first block unmatched and readable:
+dropped. Without such markers (a template whose calls carry no control token) nothing is read here: the turn's
+verdict (``sampled_text``) compares the JSON objects as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_ext.check.sampled_text import json_and_text
+
+_WORD = re.compile(r"\w", re.UNICODE)
+# What may stand between a key and its value: the key's closing quote, then ':' (JSON), '=' or '>' (XML forms).
+_KEY_END = '"'
+_KEY_SEPARATORS = ":=>"
+
+
+@dataclass(frozen=True)
+class Block:
+    """One call block of a text: ``[start, end)`` in characters, whether its closer is there (``closed``), and the
+    message call it holds (``call``; None when none)."""
+
+    start: int
+    end: int
+    closed: bool
+    call: int | None = None
+    readable: bool = False
+
+    @property
+    def malformed(self) -> bool:
+        """A complete block that holds no call the message has and reads as none: what a parser could not read."""
+        return self.closed and self.call is None and not self.readable
+
+    @property
+    def dropped(self) -> bool:
+        """A complete block that reads as a call the message does not hold."""
+        return self.closed and self.call is None and self.readable
+
+
+@dataclass(frozen=True)
+class CallsReading:
+    """The message's calls against the sampled text: ``holds`` (every call held in order, no call dropped), the
+    first problem (``detail``), and each text's blocks."""
+
+    holds: bool
+    detail: str
+    sampled: tuple[Block, ...]
+    rendered: tuple[Block, ...]
+
+    def malformed(self) -> tuple[Block, ...]:
+        return tuple(b for b in self.sampled if b.malformed)
+
+
+def read_calls(
+    sampled: str, rendered: str, calls: Sequence[Mapping[str, Any]], markers: tuple[str, str] | None
+) -> CallsReading | None:
+    """The message's ``calls`` (its ``tool_calls``) read against the turn's ``sampled`` and ``rendered`` texts, cut
+    into blocks by ``markers`` (``call_markers``); None without markers, or where neither the message nor the
+    sampled text holds a call block."""
+    if markers is None:
+        return None
+    opener, closer = markers
+    wanted = [_call_parts(c) for c in calls]
+    theirs = tuple(_blocks(rendered, opener, closer))
+    ours = list(_blocks(sampled, opener, closer))
+    if not ours or (not wanted and not any(b.closed for b in ours)):
+        return None  # the model wrote no call in the template's format (hermes on a template of another): not read
+    prefix = _name_prefix(rendered[theirs[0].start : theirs[0].end], opener, wanted[0][0]) if theirs and wanted else ""
+    at = 0
+    detail = ""
+    for k, (name, args) in enumerate(wanted):
+        hit = next(
+            (b for b in range(at, len(ours)) if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix)), None
+        )
+        if hit is None:
+            shown = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, sort_keys=True, default=str)
+            detail = detail or f"the message holds tool call {k + 1} {shown[:160]} that the engine did not sample there"
+            continue
+        ours[hit] = _with(ours[hit], call=k)
+        at = hit + 1
+    for b, block in enumerate(ours):
+        if block.call is None and block.closed:
+            ours[b] = _with(block, readable=_readable(sampled[block.start : block.end], prefix, bool(wanted)))
+    dropped = next((b for b in ours if b.dropped), None)
+    if dropped is not None and not detail:
+        text = sampled[dropped.start : dropped.end]
+        detail = f"the engine sampled a tool call the message does not hold in its place: {text[:160]!r}"
+    return CallsReading(not detail, detail, tuple(ours), theirs)
+
+
+def call_markers(
+    text: str, names: Sequence[str], structure: re.Pattern[str] | None, keys: Sequence[str] = ()
+) -> tuple[str, str] | None:
+    """The control texts a template writes once per call in ``text`` (its rendering of a message calling ``names``,
+    in order, the first with arguments named ``keys``): an opener, and the last closer after it before the next
+    call, with the first call's name and argument keys between them; None where there are none. A closer the
+    template writes before the arguments (Mistral Small 3.2's ``[ARGS]``, no control text after them) would cut
+    each call off its arguments: no markers then."""
+    if structure is None or not names:
+        return None
+    found = [(m.start(), m.group()) for m in structure.finditer(text)]
+    counts = Counter(t for _, t in found)
+    once = [t for t in dict.fromkeys(t for _, t in found) if counts[t] == len(names)]
+    for opener in once:
+        a = text.find(opener)
+        nxt = text.find(opener, a + len(opener))
+        limit = nxt if nxt != -1 else len(text)
+        ends = [(text.find(c, a + len(opener)), c) for c in once if c != opener]
+        ends = [
+            (b, c) for b, c in ends if b != -1 and b < limit and all(_word_at(text[a:b], w) for w in (names[0], *keys))
+        ]
+        if ends:
+            return opener, max(ends)[1]
+    return None
+
+
+def without_blocks(text: str, blocks: Sequence[Block]) -> str:
+    """``text`` with every complete block (and every block a call lies in) cut out, as a parser takes them out."""
+    out, at = [], 0
+    for b in blocks:
+        if b.closed or b.call is not None:
+            out.append(text[at : b.start])
+            at = b.end
+    return "".join([*out, text[at:]])
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """Equal by meaning: numbers by value (booleans only as booleans), strings as text, objects key by key whatever
+    their order, lists item by item."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        return a.keys() == b.keys() and all(same_value(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    return type(a) is type(b) and a == b
+
+
+def _call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
+    """A message call's name and arguments (a JSON string read as its object)."""
+    function = call.get("function") if isinstance(call.get("function"), Mapping) else call
+    return str(function.get("name", "")), _arguments(function.get("arguments"))
+
+
+def _blocks(text: str, opener: str, closer: str) -> list[Block]:
+    """The call blocks of ``text``: from each opener to the closer after it (closed), or to the next opener or the
+    end (not closed)."""
+    out: list[Block] = []
+    a = text.find(opener)
+    while a != -1:
+        nxt = text.find(opener, a + len(opener))
+        b = text.find(closer, a + len(opener))
+        if b != -1 and (nxt == -1 or b < nxt):
+            out.append(Block(a, b + len(closer), True))
+            a = text.find(opener, b + len(closer))
+        else:
+            out.append(Block(a, nxt if nxt != -1 else len(text), False))
+            a = nxt
+    return out
+
+
+def _with(block: Block, **changes: Any) -> Block:
+    return Block(**{**block.__dict__, **changes})
+
+
+def _forms(text: str) -> tuple[str, ...]:
+    """``text`` as a model may write it: as is, and JSON-escaped with and without ``ensure_ascii``."""
+    return tuple(dict.fromkeys((text, json.dumps(text)[1:-1], json.dumps(text, ensure_ascii=False)[1:-1])))
+
+
+def _word_at(text: str, word: str) -> list[int]:
+    """Where ``word`` (any of its forms) ends in ``text`` as a whole word (no word character on either side)."""
+    ends = []
+    for form in _forms(word):
+        if not form:
+            continue
+        i = text.find(form)
+        while i != -1:
+            j = i + len(form)
+            left = i == 0 or not _WORD.match(text[i - 1]) or not _WORD.match(form[0])
+            right = j == len(text) or not _WORD.match(text[j]) or not _WORD.match(form[-1])
+            if left and right:
+                ends.append(j)
+            i = text.find(form, i + 1)
+    return ends
+
+
+def _holds(block: str, name: str, args: Any, prefix: str) -> bool:
+    """The block holds a call of ``name`` with ``args``: where it holds a JSON call object (``name`` and
+    ``arguments``), that object, by value; else, where the template writes the name outside JSON (``prefix``), the
+    name as a word and each value after its key."""
+    objects = _json_calls(block)
+    if objects:
+        return any(obj["name"] == name and same_value(_arguments(obj["arguments"]), args) for obj in objects)
+    if not prefix or not _word_at(block, name):
+        return False
+    if not isinstance(args, Mapping):
+        text = "" if args is None else str(args)
+        return "".join(text.split()) in "".join(block.split())
+    if not args and "{" in block and "{}" not in "".join(block.split()):
+        return False  # arguments a parser could not read, replaced by {} (verl's Kimi parser): not what was sampled
+    return all(any(_value_after(block, end, value) for end in _word_at(block, str(key))) for key, value in args.items())
+
+
+def _json_calls(block: str) -> list[dict[str, Any]]:
+    """The JSON call objects of ``block``: a string ``name`` and ``arguments`` as an object or a JSON string."""
+    return [
+        value
+        for kind, value in json_and_text(block)
+        if kind == "json" and isinstance(value.get("name"), str) and isinstance(value.get("arguments"), dict | str)
+    ]
+
+
+def _arguments(value: Any) -> Any:
+    """Arguments written as a JSON string read as the object they encode (a string encoded once more, as a loop keeps
+    arguments that are not an object, read through)."""
+    for _ in range(3):
+        if not isinstance(value, str):
+            break
+        try:
+            parsed = json.loads(value)
+        except json.JSONDecodeError:
+            break
+        if not isinstance(parsed, dict | str):
+            break
+        value = parsed
+    return value
+
+
+def _value_after(block: str, end: int, value: Any) -> bool:
+    """A value equal to ``value`` is sampled right after a key that ends at ``end``."""
+    i = end + (block[end : end + 1] == _KEY_END)
+    while i < len(block) and block[i] in " \t":
+        i += 1
+    if i >= len(block) or block[i] not in _KEY_SEPARATORS:
+        return False
+    return any(same_value(value, reading) for reading in _readings(block, i + 1))
+
+
+def _readings(block: str, i: int) -> list[Any]:
+    """What the value starting at ``i`` may be read as: a JSON value, or raw text up to the next tag (as is, without
+    the newline on each side the template writes, stripped) and the JSON or number that text reads as."""
+    out: list[Any] = []
+    rest = block[i:]
+    stripped = rest.lstrip()
+    with contextlib.suppress(json.JSONDecodeError):
+        out.append(json.JSONDecoder().raw_decode(stripped)[0])
+    raw = rest.split("<", 1)[0]
+    inner = raw[1:] if raw.startswith("\n") else raw
+    inner = inner[:-1] if inner.endswith("\n") else inner
+    out += [raw, inner, raw.strip()]
+    with contextlib.suppress(json.JSONDecodeError):
+        out.append(json.loads(raw.strip()))
+    return out
+
+
+def _name_prefix(block: str, opener: str, name: str) -> str:
+    """The text the template writes right before a call's name in its block (``<function=``, ``functions.``); empty
+    where it writes the name inside a JSON object (``{"name": ...}``: a call then reads only as JSON)."""
+    if any(kind == "json" and value.get("name") == name for kind, value in json_and_text(block)):
+        return ""
+    ends = _word_at(block, name)
+    if not ends:
+        return ""
+    head = block[len(opener) : ends[0] - len(name)].split()
+    return head[-1] if head else ""
+
+
+def _readable(block: str, prefix: str, named: bool) -> bool:
+    """The block reads as a call: a JSON object with a string ``name`` and ``arguments``; or, where the message has
+    calls to learn it from (``named``), a name after the text the template writes before one (``prefix``)."""
+    if _json_calls(block):
+        return True
+    return named and bool(prefix) and re.search(re.escape(prefix) + r"\s*\w", block) is not None

@@ -84,8 +84,8 @@ def forks_report(gateway_records: Path, renderer_for: Callable[[str], Any]) -> A
 
 def test_the_summary_counts_forks_and_gateway_sessions(forks_report: Any) -> None:
     line, html = forks_report
-    assert line.startswith("4 rollouts at step 1, 0 engine-view failures"), line  # not "over 1 steps"
-    assert '<div class="k">training step (step 1)</div>' in html  # not "1 training steps (1–1)"
+    assert line.startswith("4 rollouts at step 0, 0 engine-view failures"), line  # not "over 1 steps"
+    assert '<div class="k">training step (step 0)</div>' in html  # not "1 training steps (0–0)"
     assert line.endswith("2 forks in 1 of 2 gateway sessions"), line
     assert "2forks in 1 of 2 gateway sessions (4 branches)" in text_of(section(html, "summary"))  # value, label
     assert '<a href="#forks">Forks</a>' in html

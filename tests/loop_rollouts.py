@@ -102,13 +102,15 @@ def build_loop_rollout(
     max_parallel_calls: int = 1,
     roles_after_text: Sequence[str] = ("user",),
     call_reader: Any = None,
+    answer_malformed: bool = True,
 ) -> tuple[LoopRollout, Rollout]:
     """Drive a trajectory through ``outputs`` (one engine output per turn) as the loop does; ``tool_texts`` answer
     the calls in order (a text, or content as a list of parts). With ``user_after_text``, a turn without a call is
     followed by a message per role of ``roles_after_text`` (by default one user message; their contents drawn from
     ``tool_texts`` too) instead of ending the rollout (a multi-turn chat). Returns the loop's state and the
     ``Rollout`` the check reads. ``call_reader``: the reader derived from the template, as the loop passes it to
-    ``parse_turn`` (``parser`` None: the derived reader alone)."""
+    ``parse_turn`` (``parser`` None: the derived reader alone). ``answer_malformed``: each call the parser could not
+    read is answered with the loop's error message (the gateway leaves that to the harness: False)."""
     t = TokenTrajectory(renderer, profile)
     lr = LoopRollout(t)
     prompt_ids = t.start([dict(m) for m in prompt], tools)
@@ -151,7 +153,8 @@ def build_loop_rollout(
             {"role": "tool", "content": next(texts), "tool_call_id": c.call_id, "name": c.name} for c in parsed.calls
         ]
         replies += [over_limit_message(c, max_parallel_calls) for c in parsed.dropped]
-        replies += [_malformed_message(turn, i) for i in range(parsed.malformed)]  # as the loop answers them
+        if answer_malformed:  # as the loop answers them
+            replies += [_malformed_message(turn, i) for i in range(parsed.malformed)]
         if not replies:
             if not user_after_text:
                 lr.ended = "no call"

@@ -138,7 +138,8 @@ def test_tool_choice_none_keeps_the_text_whole(readers: dict[str, Any], gateway_
 def test_a_conversation_keeps_the_loops_token_stream(make_gateway: Any, gateway_parts: Any) -> None:
     """Two calls and a malformed block, then an answer: the gateway's branch holds the token stream, messages and
     engine ids the loop builds from the same sampled ids (the harness answers both calls, as the loop does with
-    ``max_parallel_calls`` 2); the client gets both calls and the malformed count."""
+    ``max_parallel_calls`` 2; the malformed block is the harness's to answer, the client gets its count, so the loop
+    here does not answer it either); the client gets both calls and the malformed count."""
     first = THINK + CALL % "6*7" + "\n" + MALFORMED + "\n" + CALL % "1+1" + END
     second = "<think>\nBoth are known.\n</think>\n\n42 and 2." + END
     gateway = make_gateway([first, second])
@@ -174,6 +175,7 @@ def test_a_conversation_keeps_the_loops_token_stream(make_gateway: Any, gateway_
         tools=TOOLS,
         prompt=prompt,
         max_parallel_calls=2,
+        answer_malformed=False,
     )
     assert loop.ended == "last"
     assert branch.trajectory.input_ids == loop.trajectory.input_ids

@@ -284,15 +284,16 @@ def _readings(block: str, i: int) -> list[Any]:
 
 
 def _name_prefix(block: str, opener: str, name: str) -> str:
-    """The text the template writes right before a call's name in its block (``<function=``, ``functions.``); empty
-    where it writes the name inside a JSON object (``{"name": ...}``: a call then reads only as JSON)."""
+    """The text the template writes right before a call's name in its block (``<function=``, ``functions.``, the
+    opener itself where the name follows it); empty where it writes the name inside a JSON object
+    (``{"name": ...}``: a call then reads only as JSON)."""
     if any(kind == "json" and value.get("name") == name for kind, value in json_and_text(block)):
         return ""
     ends = _word_at(block, name)
     if not ends:
         return ""
     head = block[len(opener) : ends[0] - len(name)].split()
-    return head[-1] if head else ""
+    return head[-1] if head else opener  # the name right after the opener (DeepSeek V3.1): the opener leads it
 
 
 def _readable(block: str, prefix: str, named: bool) -> bool:

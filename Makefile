@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.stamp
 PIP := $(BIN)/pip install -c constraints.txt
-PYTEST_ARGS ?=
+PYTEST_ARGS ?= --durations=25
 # Two pytest-xdist workers (CI has two cores); the modules that start Ray run one after another on one of them
 # (tests/conftest.py). PYTEST_WORKERS=0 runs the suite in one process.
 PYTEST_WORKERS ?= 2

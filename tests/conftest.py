@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,24 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Moves the Ray group's tests first: the group is the longest unit of work, so it starts at once on one worker
     while the other takes everything else."""
     items.sort(key=lambda item: not any(m.args[:1] == ("ray",) for m in item.iter_markers("xdist_group")))  # stable
+
+
+# Seconds each xdist worker spent in tests (setup + call + teardown), the Ray group's apart: printed at the end so a
+# CI log shows which worker is the critical path of the 30-minute budget.
+_BUSY: defaultdict[tuple[str, bool], float] = defaultdict(float)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)
+    worker = getattr(getattr(node, "gateway", None), "id", "main")
+    _BUSY[worker, "@ray" in report.nodeid] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    workers = sorted({w for w, _ in _BUSY})
+    for w in workers:
+        total, ray = _BUSY[w, False] + _BUSY[w, True], _BUSY[w, True]
+        terminalreporter.write_line(f"worker {w}: {total:.0f} s in tests, of which the Ray group {ray:.0f} s")
 
 
 @pytest.fixture(scope="session")

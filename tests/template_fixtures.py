@@ -111,11 +111,17 @@ def tokenizer_with(base_dir: Path, special: Sequence[str], plain: Sequence[str] 
         os.environ["HF_HUB_OFFLINE"] = "1"
         _LOADED[base_dir] = AutoTokenizer.from_pretrained(str(base_dir))
     tok = copy.deepcopy(_LOADED[base_dir])
-    new = [s for s in dict.fromkeys(special) if s not in tok.get_vocab()]
+    vocab = tok.get_vocab()  # a second each on a 150k vocabulary: read once, not per token
+    new = [s for s in dict.fromkeys(special) if s not in vocab]
     tok.add_tokens([AddedToken(s, special=True, normalized=False) for s in new], special_tokens=True)
     if plain:
         tok.add_tokens([AddedToken(s, special=False, normalized=False) for s in plain])
     return tok
+
+
+# One built tokenizer per fixture template and token set, per process: building one copies a 150k-vocabulary tokenizer
+# (seconds), and the renderers only read it (ChatRenderer takes the template as its own argument).
+_TEMPLATE_TOKENIZERS: dict[tuple[str, str, tuple[str, ...], tuple[str, ...]], Any] = {}
 
 
 def template_renderer(
@@ -133,9 +139,13 @@ def template_renderer(
     text = path.read_text(encoding="utf-8")
     default_base, bos, eos = BASES.get(path.stem, (BASE_TOKENIZER, None, None))
     base = base or default_base
-    tok = tokenizer_with(_base_dir(base), [*markers(text), *extra_special], plain)
-    if bos is not None and eos is not None:
-        tok.add_special_tokens({"bos_token": bos, "eos_token": eos})
-    tok.name_or_path = f"{base}+{path.stem}"
+    key = (base, path.stem, tuple(extra_special), tuple(plain))
+    tok = _TEMPLATE_TOKENIZERS.get(key)
+    if tok is None:
+        tok = tokenizer_with(_base_dir(base), [*markers(text), *extra_special], plain)
+        if bos is not None and eos is not None:
+            tok.add_special_tokens({"bos_token": bos, "eos_token": eos})
+        tok.name_or_path = f"{base}+{path.stem}"
+        _TEMPLATE_TOKENIZERS[key] = tok
     kwargs = TEMPLATE_KWARGS.get(path.stem, {}) if template_kwargs is None else template_kwargs
     return ChatRenderer(tok, chat_template=text, template_kwargs=kwargs)

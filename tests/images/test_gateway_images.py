@@ -104,13 +104,17 @@ def end(server: ServerThread, session: str) -> dict[str, Any]:
 
 def _records(gateway: Any, session: str) -> list[dict[str, Any]]:
     lines = [json.loads(line) for line in Path(gateway.writer.path).read_text().splitlines()]
-    return [line for line in lines if line.get("type") == "rollout" and line.get("index") == session]
+    return [
+        line
+        for line in lines
+        if line.get("type") == "rollout" and line.get("index") == session and line["gateway"]["branch"] == 0
+    ]
 
 
 def _assert_images_served(gateway: Any, session: str, images: list[Any]) -> None:
     """One branch, checked clean, whose stream holds each image expanded to its grid's count, in order, and whose
     record holds their digests."""
-    (result,) = gateway.results
+    (result,) = [r for r in gateway.results if r.session == session and r.branch == 0]
     assert result.result.engine_ok, result.result.engine.failures
     spans = result.rollout.extra["images"]["engine"]
     assert [s["digest"] for s in spans] == [image_digest(i) for i in images]
@@ -127,7 +131,9 @@ def _assert_images_served(gateway: Any, session: str, images: list[Any]) -> None
     assert [p["digest"] for p in parts if p["type"] == "image"] == [image_digest(i) for i in images]
 
 
-def test_openai_image_url_in_prompt_and_tool_result(serve_vl: Any) -> None:
+def test_openai_image_url_in_prompt_and_tool_result(
+    serve_vl: Any, tiny_vl_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     gateway, server = serve_vl([SHOT, DONE])
     sdk = openai.OpenAI(base_url=f"{server.url}/sessions/a/v1", api_key="x", max_retries=0)
     first, shot = make_image(100, 100, 1), make_image(56, 112, 2)
@@ -157,8 +163,54 @@ def test_openai_image_url_in_prompt_and_tool_result(serve_vl: Any) -> None:
     answer = sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=48)
     assert answer.choices[0].message.content == "The screen is grey."
     assert gateway.counters["forks"] == 0  # the images sent back matched by digest
+    # the same history with another first image departs from the session there: a fork naming the content
+    other = [
+        {
+            **messages[0],
+            "content": [
+                messages[0]["content"][0],
+                {"type": "image_url", "image_url": {"url": data_url(make_image(100, 100, 9))}},
+            ],
+        }
+    ]
+    forked = sdk.chat.completions.create(model="m", messages=other, tools=TOOLS, max_tokens=48)
+    assert gateway.counters["forks"] == 1 and forked.choices[0].message.tool_calls
+    assert gateway.sessions["a"].branches[1].fork.divergence.field == "content"
     end(server, "a")
     _assert_images_served(gateway, "a", [first, shot])
+
+    # the report marks where each image's placeholder run starts (records hold digests, not pixels: no thumbnail)
+    from verl_ext.check.record import RolloutRecord
+    from verl_ext.report.tokens import Marker, token_view
+
+    (line,) = _records(gateway, "a")
+    items = token_view(RolloutRecord.from_json(line, "a"), gateway.renderer.decode)
+    marks = [m for m in items if isinstance(m, Marker) and m.image]
+    assert [m.number for m in marks] == ["I0", "I1"] and str(image_digest(shot)) in marks[1].title
+
+    # replay: the record's image blocks at its counts (no pixels held); without the counts, said, never "differs"
+    from verl_ext.cli.main import main
+
+    path = Path(gateway.writer.path)
+    assert main(["replay", str(path), "--tokenizer", str(tiny_vl_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "images: 2 image(s) replayed at the placeholder counts the record holds" in out and "DIFFERS" not in out
+    stripped = tmp_path / "no-counts.jsonl"
+    stripped.write_text(
+        "\n".join(json.dumps(_without_counts(json.loads(line))) for line in path.read_text().splitlines()) + "\n"
+    )
+    assert main(["replay", str(stripped), "--tokenizer", str(tiny_vl_dir)]) == 0
+    out = capsys.readouterr().out
+    assert "2 of 2 image part(s) give no placeholder count" in out and "recorded stream: not compared" in out
+    assert "DIFFERS" not in out
+
+
+def _without_counts(line: dict[str, Any]) -> dict[str, Any]:
+    """A record line whose image parts lack their placeholder counts (a record written by hand)."""
+    for message in line.get("messages", ()):
+        for part in message["content"] if isinstance(message["content"], list) else ():
+            part.pop("tokens", None)
+    return line
 
 
 def test_anthropic_and_responses_images(serve_vl: Any) -> None:
@@ -266,3 +318,26 @@ def test_gateway_vision_names_why_images_are_refused(
     text_renderer = type(vl_renderer)(vl_renderer.tokenizer, chat_template=text_only)
     why = gateway_vision(tiny_vl_dir, text_renderer, ImageEngine(), vl_processor)[1]
     assert why.startswith("the model's processor and chat template cannot serve images") and "text-only" in why
+
+
+def test_check_template_audits_the_vl_processor(
+    tiny_vl_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from verl_ext.cli.main import main
+
+    assert main(["check-template", str(tiny_vl_dir), "--json"]) == 0
+    vision = json.loads(capsys.readouterr().out)["vision"]
+    assert vision["verdict"] == "supported" and vision["profile"]["placeholder_id"] == 151655
+    assert vision["profile"]["before_ids"] == [151652] and vision["profile"]["after_ids"] == [151653]
+    assert vision["profile"]["grid_key"] == "image_grid_thw" and vision["profile"]["divisor"] == 4
+    assert {"size": [224, 224], "grid": [1, 16, 16], "placeholders": 64} in vision["examples"]
+    # the same processor with a template that writes nothing for an image block: refused, exit code 1
+    text_only = tmp_path / "text_only.jinja"
+    text_only.write_text(
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}"
+        "{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    assert main(["check-template", str(tiny_vl_dir), "--chat-template", str(text_only)]) == 1
+    out = capsys.readouterr().out
+    assert "images: unsupported" in out and "it is a text-only template" in out

@@ -17,7 +17,7 @@ from verl_ext.gateway.engine import Engine
 from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
 from verl_ext.gateway.service import Gateway, GatewayConfig
 from verl_ext.runtime import RolloutRuntime
-from verl_ext.runtime.images import vision_for
+from verl_ext.runtime.images import load_processor, vision_for
 
 
 def local_gateway(
@@ -55,8 +55,8 @@ def gateway_vision(
     model_dir: str | os.PathLike[str], renderer: ChatRenderer, engine: Engine, processor: Any = None
 ) -> tuple[ImageTokens | None, str]:
     """The probed image side of the served model (``verl_ext.runtime.images.vision_for``), or None and why images
-    are refused: a text-only model, an engine that takes no images, a processor transformers cannot build here
-    (``AutoProcessor`` needs torchvision for Qwen2.5-VL), a template the probe cannot serve."""
+    are refused: a text-only model, an engine that takes no images, a processor that cannot be built
+    (``load_processor``), a template the probe cannot serve."""
     has_processor = (Path(model_dir) / "preprocessor_config.json").is_file()
     if processor is None and not has_processor:
         return None, f"the served model is text-only (no preprocessor_config.json in {model_dir})"
@@ -64,14 +64,9 @@ def gateway_vision(
         return None, f"the gateway's engine ({type(engine).__name__}) takes no images"
     if processor is None:
         try:
-            from transformers import AutoProcessor
-
-            processor = AutoProcessor.from_pretrained(str(model_dir))
-        except Exception as exc:  # transformers raises anything from ImportError to AttributeError here
-            return None, (
-                f"transformers could not build the model's processor from {model_dir} ({type(exc).__name__}: {exc}; "
-                "Qwen2.5-VL's needs torchvision), so its images cannot be expanded"
-            )
+            processor = load_processor(model_dir).processor
+        except OptionsError as exc:
+            return None, f"its images cannot be expanded: {exc}"
     try:
         vision = vision_for(processor, renderer)
     except TemplateError as exc:

@@ -311,7 +311,7 @@ def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
             served = "text parts" if role == "assistant" else "text and image_url parts"
             raise bad_request(
                 f"{where}.content[{k}]",
-                f"{where}: content part {k} is {kind!r}; a {role} message's {served} are served",
+                f"{where}: content part {k} is {kind!r}; in a {role!r} message only {served} are served",
                 "unsupported" if kind in ("image_url", "image", "input_audio", "file") else "invalid_value",
             )
     if all(p["type"] == "text" for p in parts):

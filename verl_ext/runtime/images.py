@@ -5,13 +5,24 @@
 - ``image_sample``: the trainer sample cut so that no image's placeholder run is cut in two, with the images the
   trainer gets (``multi_modal_data``: every image whose run it holds, in placeholder order), the record's
   evidence for the image view, and the messages as the record holds them (images as digests).
-``verl_ext_tool_agent`` (``verl_ext.plugin.image_loop``) and the gateway (``verl_ext.gateway.conclude``) use both.
+- ``load_processor``: a model folder's VL processor for the tools that build one themselves (the gateway,
+  ``verl-ext check-template``): transformers' ``AutoProcessor``, or, where it fails for want of torchvision (which
+  cannot be installed beside torch 2.13 CPU), the processor class the folder names built from its tokenizer and
+  image processor with transformers' own base video processor standing in (images never touch it; the
+  integration refuses videos). verl's worker builds its processor itself (``hf_processor``).
+``verl_ext_tool_agent`` (``verl_ext.plugin.image_loop``) and the gateway (``verl_ext.gateway.conclude``) use the
+first two.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
+import os
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from verl_ext.check.image_view import image_evidence, messages_for_record
@@ -26,7 +37,7 @@ from verl_ext.core.rendering import ChatRenderer
 _VISION: LruCache[tuple[int, str], tuple[Any, ImageTokens]] = LruCache("image profiles", 16)
 
 
-def _blank_image(width: int, height: int) -> Any:
+def blank_image(width: int, height: int) -> Any:
     from PIL import Image
 
     return Image.new("RGB", (width, height), (127, 127, 127))
@@ -40,7 +51,7 @@ def vision_for(processor: Any, renderer: ChatRenderer) -> ImageTokens | None:
     key = (id(processor), renderer.fingerprint)
 
     def make() -> tuple[Any, ImageTokens]:
-        return processor, ImageTokens(probe_vision(renderer, processor, _blank_image), processor)
+        return processor, ImageTokens(probe_vision(renderer, processor, blank_image), processor)
 
     held, tokens = _VISION.get_or_make(key, make)
     if held is not processor:  # another object under a reused id: probe this one
@@ -88,3 +99,69 @@ def image_sample(t: ImageTrajectory, response_length: int | None) -> ImageSample
         evidence.to_json(),
         messages_for_record(t.messages, t.image_spans),
     )
+
+
+@contextlib.contextmanager
+def video_processor_stand_in() -> Iterator[Any]:
+    """transformers' real ``BaseVideoProcessor`` class in the two places a processor's type check reads it, for one
+    constructor call (the public name is a placeholder class when torchvision is missing); restored afterwards."""
+    import transformers
+    import transformers.processing_utils as pu
+    import transformers.video_processing_utils as vpu
+
+    real = vpu.BaseVideoProcessor
+    saved = transformers.BaseVideoProcessor, pu.transformers_module.BaseVideoProcessor
+    transformers.BaseVideoProcessor = pu.transformers_module.BaseVideoProcessor = real
+    try:
+        yield real
+    finally:
+        transformers.BaseVideoProcessor, pu.transformers_module.BaseVideoProcessor = saved
+
+
+@dataclass(frozen=True)
+class LoadedProcessor:
+    """A folder's processor and how it was built (``how``: said in the audit and the gateway's log)."""
+
+    processor: Any
+    how: str
+
+
+def load_processor(folder: str | os.PathLike[str]) -> LoadedProcessor:
+    """The VL processor of ``folder`` (which holds ``preprocessor_config.json``); raises ``OptionsError`` naming the
+    cause when neither way builds it."""
+    from verl_ext.core.errors import OptionsError
+
+    try:
+        from transformers import AutoProcessor
+
+        return LoadedProcessor(AutoProcessor.from_pretrained(str(folder)), "AutoProcessor")
+    except Exception as exc:  # transformers raises anything from ImportError to AttributeError here
+        auto_error = f"{type(exc).__name__}: {exc}"
+    try:
+        import transformers
+
+        settings = json.loads((Path(folder) / "preprocessor_config.json").read_text())
+        name = str(settings.get("image_processor_type", ""))
+        image_cls = getattr(transformers, name, None) or getattr(transformers, name + "Pil", None)
+        processor_cls = getattr(transformers, str(settings.get("processor_class", "")), None)
+        if image_cls is None or processor_cls is None:
+            raise OptionsError(f"transformers has no {name!r} or {settings.get('processor_class')!r}")
+        image_processor = image_cls.from_pretrained(str(folder))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+        with video_processor_stand_in() as video_cls:
+            processor = processor_cls(
+                image_processor=image_processor,
+                tokenizer=tokenizer,
+                video_processor=video_cls(),
+                chat_template=tokenizer.chat_template,
+            )
+    except Exception as exc:
+        raise OptionsError(
+            f"the processor of {folder} cannot be built: AutoProcessor failed ({auto_error}), and so did its "
+            f"classes from preprocessor_config.json ({type(exc).__name__}: {exc})"
+        ) from None
+    how = (
+        f"{processor_cls.__name__} built from its tokenizer and {type(image_processor).__name__}, a video processor "
+        f"standing in (AutoProcessor: {auto_error[:80]})"
+    )
+    return LoadedProcessor(processor, how)

@@ -21,7 +21,7 @@ from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import GatewayError, bad_request
-from verl_ext.gateway.images import decode_image, image_part
+from verl_ext.gateway.images import decode_image, image_part, joined
 from verl_ext.gateway.request import ChatRequest, number_in, top_k
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
@@ -156,7 +156,7 @@ def _user(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
         else:
             raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_USER_BLOCKS}")
     if parts or not out:
-        out.append({"role": "user", "content": _joined(parts)})
+        out.append({"role": "user", "content": joined(parts)})
     return out
 
 
@@ -179,14 +179,7 @@ def _result_content(content: Any, where: str) -> str | list[dict[str, Any]]:
             raise bad_request(
                 f"{where}[{k}]", f"{where}[{k}] is a {kind!r} block; only text and image blocks are served"
             )
-    return _joined(parts)
-
-
-def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Text parts as one string; with an image, the parts as they are."""
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    return joined(parts)
 
 
 def _image(block: Mapping[str, Any], at: str) -> dict[str, Any]:

@@ -107,6 +107,13 @@ def decode_image(media_type: Any, data: Any, where: str) -> Any:
     return image
 
 
+def joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
+    """A message's content from its parts: text parts as one string; with an image, the parts as they are."""
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
 def content_key(content: Any) -> str:
     """The text a message's content is matched by: its text, each image as its digest (never its pixels)."""
     if not isinstance(content, list):

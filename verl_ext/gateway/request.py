@@ -19,7 +19,7 @@ from typing import Any, overload
 from verl_ext.core.messages import json_type, message_problem
 from verl_ext.core.turn_parse import call_id
 from verl_ext.gateway.errors import GatewayError, bad_request
-from verl_ext.gateway.images import image_from_url, image_part, is_decoded_image_part
+from verl_ext.gateway.images import image_from_url, image_part, is_decoded_image_part, joined
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -314,9 +314,7 @@ def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
                 f"{where}: content part {k} is {kind!r}; in a {role!r} message only {served} are served",
                 "unsupported" if kind in ("image_url", "image", "input_audio", "file") else "invalid_value",
             )
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    return joined(parts)
 
 
 def _tool_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import bad_request
-from verl_ext.gateway.images import image_from_url, image_part
+from verl_ext.gateway.images import image_from_url, image_part, joined
 from verl_ext.gateway.request import SEED_RANGE, ChatRequest, MessageList, integer_in, number_in, top_k
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
@@ -210,14 +210,7 @@ def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
             raise bad_request(f"{at}.text", f"{at}.text must be a string, got {json_type(part.get('text'))}")
         else:
             parts.append({"type": "text", "text": part["text"]})
-    return {"role": _ROLES[role], "content": _joined(parts)}
-
-
-def _joined(parts: list[dict[str, Any]]) -> str | list[dict[str, Any]]:
-    """Text parts as one string; with an image, the parts as they are (the chat message's content parts)."""
-    if all(p["type"] == "text" for p in parts):
-        return "".join(p["text"] for p in parts)
-    return parts
+    return {"role": _ROLES[role], "content": joined(parts)}
 
 
 def _input_image(part: Mapping[str, Any], at: str) -> dict[str, Any]:
@@ -276,7 +269,7 @@ def _function_output(item: Mapping[str, Any], where: str) -> dict[str, Any]:
                     f"{where}.output[{k}]: only text and input_image parts are served",
                     "unsupported",
                 )
-        output = _joined(parts)
+        output = joined(parts)
     if not isinstance(output, str | list):
         raise bad_request(f"{where}.output", f"{where}.output must be a string, got {json_type(output)}")
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}

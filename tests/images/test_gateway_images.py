@@ -341,3 +341,19 @@ def test_check_template_audits_the_vl_processor(
     assert main(["check-template", str(tiny_vl_dir), "--chat-template", str(text_only)]) == 1
     out = capsys.readouterr().out
     assert "images: unsupported" in out and "it is a text-only template" in out
+
+
+def test_history_keys_images_by_their_pixels() -> None:
+    """The same picture sent twice (decoded anew each time) is the same message; another picture is not, and the
+    divergence names the content."""
+    from verl_ext.gateway.history import divergence, message_key
+    from verl_ext.gateway.request import parse_chat_request
+
+    def message(image: Any) -> dict[str, Any]:
+        parts = [{"type": "text", "text": "Look."}, {"type": "image_url", "image_url": {"url": data_url(image)}}]
+        return parse_chat_request({"messages": [{"role": "user", "content": parts}]}).messages[0]
+
+    a, again, other = message(make_image(56, 56, 1)), message(make_image(56, 56, 1)), message(make_image(56, 56, 2))
+    assert a["content"][1]["image"] is not again["content"][1]["image"]
+    assert message_key(a) == message_key(again) != message_key(other)
+    assert divergence([other], [a], 0).field == "content"

@@ -188,13 +188,11 @@ def test_openai_image_url_in_prompt_and_tool_result(
     marks = [m for m in items if isinstance(m, Marker) and m.image]
     assert [m.number for m in marks] == ["I0", "I1"] and str(image_digest(shot)) in marks[1].title
 
-    # replay: the record's image blocks at its counts (no pixels held); without the counts, said, never "differs"
+    # replay (the fixture replays every record at teardown: the image blocks at the record's counts reproduce the
+    # stream); a record without the counts is replayed as the template writes the blocks: said, never "differs"
     from verl_ext.cli.main import main
 
     path = Path(gateway.writer.path)
-    assert main(["replay", str(path), "--tokenizer", str(tiny_vl_dir)]) == 0
-    out = capsys.readouterr().out
-    assert "images: 2 image(s) replayed at the placeholder counts the record holds" in out and "DIFFERS" not in out
     stripped = tmp_path / "no-counts.jsonl"
     stripped.write_text(
         "\n".join(json.dumps(_without_counts(json.loads(line))) for line in path.read_text().splitlines()) + "\n"
@@ -321,7 +319,7 @@ def test_gateway_vision_names_why_images_are_refused(
 
 
 def test_check_template_audits_the_vl_processor(
-    tiny_vl_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tiny_vl_dir: Path, vl_renderer: Any, vl_processor: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from verl_ext.cli.main import main
 
@@ -331,16 +329,13 @@ def test_check_template_audits_the_vl_processor(
     assert vision["profile"]["before_ids"] == [151652] and vision["profile"]["after_ids"] == [151653]
     assert vision["profile"]["grid_key"] == "image_grid_thw" and vision["profile"]["divisor"] == 4
     assert {"size": [224, 224], "grid": [1, 16, 16], "placeholders": 64} in vision["examples"]
-    # the same processor with a template that writes nothing for an image block: refused, exit code 1
-    text_only = tmp_path / "text_only.jinja"
-    text_only.write_text(
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.content is string %}{{ m.content }}{% else %}"
-        "{% for p in m.content %}{{ p.text }}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    assert main(["check-template", str(tiny_vl_dir), "--chat-template", str(text_only)]) == 1
-    out = capsys.readouterr().out
-    assert "images: unsupported" in out and "it is a text-only template" in out
+    # the same processor with a template that writes nothing for an image block: refused, with the cause
+    from verl_ext.cli.vision_audit import audit_vision
+
+    text_only = "{% for m in messages %}{% for p in m['content'] %}{{ p.text }}{% endfor %}{% endfor %}"
+    refused = audit_vision(type(vl_renderer)(vl_renderer.tokenizer, chat_template=text_only), tiny_vl_dir, vl_processor)
+    assert refused is not None and refused.verdict == "unsupported" and "it is a text-only template" in refused.refused
+    assert "images: unsupported" in refused.lines(vl_renderer)[0]
 
 
 def test_history_keys_images_by_their_pixels() -> None:

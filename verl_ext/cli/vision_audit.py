@@ -61,16 +61,16 @@ class VisionAudit:
         return out
 
 
-def audit_vision(renderer: ChatRenderer, folder: str | os.PathLike[str], make_image: Any = None) -> VisionAudit | None:
-    """The image audit of ``folder`` with ``renderer``'s template; None when the folder holds no processor config
-    (a text-only model: nothing to audit)."""
+def audit_vision(renderer: ChatRenderer, folder: str | os.PathLike[str], processor: Any = None) -> VisionAudit | None:
+    """The image audit of ``folder`` with ``renderer``'s template (``processor``: one built already, else the
+    folder's is loaded); None when the folder holds no processor config (a text-only model: nothing to audit)."""
     if not (Path(folder) / "preprocessor_config.json").is_file():
         return None
-    from verl_ext.runtime.images import blank_image, load_processor
+    from verl_ext.runtime.images import LoadedProcessor, blank_image, load_processor
 
-    make = make_image or blank_image
+    make = blank_image
     try:
-        loaded = load_processor(folder)
+        loaded = load_processor(folder) if processor is None else LoadedProcessor(processor, "given")
     except OptionsError as exc:
         return VisionAudit("", refused=str(exc))
     try:

@@ -186,7 +186,7 @@ def test_errors_are_anthropic_shaped(serve: Any) -> None:
     sdk = client(server, "s")
     image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
     cases = [
-        ({"messages": [{"role": "user", "content": [image]}]}, "messages[0].content[0] is a 'image' block"),
+        ({"messages": [{"role": "user", "content": [image]}]}, "content[0].source: the bytes cannot be decoded"),
         ({"tool_choice": {"type": "any"}, "tools": [CALC]}, "tool_choice"),
         ({"extra_body": {"top_k": 0.5}}, "'top_k' must be an integer"),  # top_k is honoured (the SDK dropped it)
         ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking'"),

@@ -277,3 +277,52 @@ def messages_for_record(messages: Sequence[Mapping[str, Any]], spans: Sequence[I
             message = {**message, "content": parts}
         out.append(dict(message))
     return out
+
+
+@dataclass(frozen=True)
+class ImageReplay:
+    """How a record's images replay without their pixels (records hold digests, never image bytes): ``count``
+    image parts in its messages; ``expanded`` when every part holds the placeholder count the processor gave it
+    and the record holds the image view's evidence, so each image block replays at that count (the recorded
+    stream is reproduced); otherwise the template's own text for each block is replayed and the stream cannot be
+    compared at the images. ``note`` says which, in words."""
+
+    count: int
+    expanded: bool
+    note: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"count": self.count, "expanded": self.expanded, "note": self.note}
+
+
+def image_replay(messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> ImageReplay | None:
+    """What replay can do with the images of a record's ``messages`` (``extra``: the record's extras); None for a
+    record without image parts."""
+    lengths = [p.get("tokens") for m in messages for p in _parts(m) if _image_part(p)]
+    if not lengths:
+        return None
+    n = len(lengths)
+    if extra.get("images") is not None and all(isinstance(k, int) and k > 0 for k in lengths):
+        return ImageReplay(
+            n,
+            True,
+            f"{n} image(s) replayed at the placeholder counts the record holds ({', '.join(map(str, lengths))}); the "
+            "record holds digests, not pixels, so no image was re-expanded by the processor",
+        )
+    missing = sum(1 for k in lengths if not isinstance(k, int) or k <= 0)
+    why = (
+        f"{missing} of {n} image part(s) give no placeholder count"
+        if missing
+        else "the record holds no image evidence ('images')"
+    )
+    return ImageReplay(
+        n,
+        False,
+        f"{why}, and the record holds no pixels: each image block is replayed as the template writes it, not as the "
+        "processor expanded it, so the replayed stream is not compared with the recorded one",
+    )
+
+
+def replay_renderer(renderer: ChatRenderer, images: ImageReplay | None, extra: Mapping[str, Any]) -> ChatRenderer:
+    """The renderer replay uses: image blocks expanded to the record's counts where ``images`` says it can."""
+    return expanding_images(renderer, extra) if images is not None and images.expanded else renderer

@@ -1,4 +1,6 @@
-"""``verl-ext check-template``: the probe's findings in words, and a verdict."""
+"""``verl-ext check-template``: the probe's findings in words, and a verdict; for a folder with a processor config
+(a vision-language model), the image audit too (``verl_ext.cli.vision_audit``): exit code 1 when either is
+unsupported."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from verl_ext.cli.options import check_output_file, renderer_from_args, stop_ids_from_args
+from verl_ext.cli.vision_audit import audit_vision
 from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.tool_call_shape import RENDERS_ARGUMENTS, RENDERS_NAME, RENDERS_NOTHING
@@ -24,13 +27,18 @@ def run_check_template(args: argparse.Namespace) -> int:
     renderer = renderer_from_args(args.tokenizer_dir, args)
     profile = probe_template(renderer, stop_ids_from_args(renderer, args.stop))
     parsers = parser_fit(renderer, profile)
+    vision = audit_vision(renderer, args.tokenizer_dir)  # None: no processor config in the folder
     if args.json:
         data = profile.to_dict()
         if parsers is not None:
             data["verl_tool_parsers"] = parsers.to_dict()
+        if vision is not None:
+            data["vision"] = vision.to_dict()
         print(json.dumps(data, indent=2, default=str))
     else:
         print(format_profile(renderer, profile, source=args.chat_template or args.tokenizer_dir, parsers=parsers))
+        if vision is not None:
+            print("\n" + "\n".join(vision.lines(renderer)))
     if args.html:
         from verl_ext.check.record import HeaderProfile
         from verl_ext.report.audit import audit_view
@@ -43,7 +51,8 @@ def run_check_template(args: argparse.Namespace) -> int:
         out = write_html(args.html, render("audit_page.html.j2", audit=audit, tool_parsers=parser_line))
         # stderr, so that --json output on stdout stays one JSON object
         print(f"wrote {out}", file=sys.stderr)
-    return 1 if profile.verdict is Verdict.UNSUPPORTED else 0
+    unsupported = profile.verdict is Verdict.UNSUPPORTED or (vision is not None and vision.refused is not None)
+    return 1 if unsupported else 0
 
 
 def parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserFit | None:

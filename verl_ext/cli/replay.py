@@ -9,6 +9,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_ext.check.image_view import ImageReplay, image_replay, replay_renderer
 from verl_ext.check.record import RecordedFailure, RecordHeader, RolloutRecord
 from verl_ext.check.replay_diff import fingerprint_difference, stream_difference
 from verl_ext.check.revalidate import revalidated
@@ -69,6 +70,7 @@ class _Replayed:
     report: InvariantReport
     differences: list[str] = field(default_factory=list)  # replay vs record: what was trained is not reproduced
     engine_failures: tuple[RecordedFailure, ...] = ()  # the stored verdict's and those re-validating finds
+    images: ImageReplay | None = None  # how the record's images were replayed (None: it holds none)
 
     @property
     def ok(self) -> bool:
@@ -111,11 +113,14 @@ def _replay_one(
     if n_sampled >= LARGE_RECORD_IDS:  # seconds of work: say so, on stderr (stdout stays the result)
         print(f"replaying {where}: {len(item.record.messages)} messages, {n_sampled} sampled ids ...", file=sys.stderr)
         sys.stderr.flush()
-    t = replay(renderer, item.record, stops)
-    done = _Replayed(item, t, check_invariants(t))
+    extra = item.recorded.extra if item.recorded is not None else {}
+    images = image_replay(item.record.messages, extra)
+    t = replay(replay_renderer(renderer, images, extra), item.record, stops)
+    done = _Replayed(item, t, check_invariants(t), images=images)
     if item.recorded is not None:
+        # images replayed as the template writes them cannot reproduce the stream: said, never a false "differs"
         diff = stream_difference(item.recorded, t.input_ids, t.loss_mask, renderer)
-        if diff:
+        if diff and (images is None or images.expanded):
             done.differences.append(diff)
         vocab_size = renderer.vocab_size if same_tokenizer else None
         stop_ids = probe_template(renderer, stops).stop_id_set if same_tokenizer else frozenset()
@@ -193,9 +198,12 @@ def _json_result(r: _Replayed, headers: list[str], path: str) -> dict[str, Any]:
     where = f"{path}:{r.item.line}"
     out: dict[str, Any] = {"file": path, "line": r.item.line, **r.trajectory.to_dict(), "ok": r.ok and not headers}
     out["failures"] = list(r.report.failures)
+    if r.images is not None:
+        out["images"] = r.images.to_json()
     if r.item.recorded is not None:
+        compared = r.images is None or r.images.expanded
         out["recorded"] = {
-            "same": not r.differences and not headers,
+            "same": (not r.differences and not headers) if compared else None,
             "differences": headers + [f"{where}: {d}" for d in r.differences],
             "engine_failures": [
                 {"kind": f.kind, "turn": f.turn, "position": f.position, "detail": f.detail} for f in r.engine_failures
@@ -222,8 +230,12 @@ def _print_text(
             print("engine output: REJECTED (these tokens are not trained)")
             for turn, problem in t.output_problems:
                 print(f"  - turn {turn} [{problem.kind.value}]: {problem.detail}")
+        if r.images is not None:
+            print(f"images: {r.images.note}")
         if r.item.recorded is not None:
             same = f"the same {len(r.item.recorded.input_ids)} tokens and loss mask"
+            if r.images is not None and not r.images.expanded:
+                same = "not compared (the images could not be replayed as expanded: see 'images')"
             print(f"recorded stream: {'DIFFERS (see the first lines)' if r.differences else same}")
             if r.engine_failures:
                 print(f"engine view (stored and re-validated): {len(r.engine_failures)} failures")

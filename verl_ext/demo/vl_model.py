@@ -8,17 +8,18 @@ Test/demo-side only: transformers' ``Qwen2_5_VLProcessor`` insists on a video pr
 ``transformers.BaseVideoProcessor``, and without torchvision (which cannot be installed beside torch 2.13 CPU) that
 public name is a placeholder class and the real video processor refuses to build. ``build_vl_processor`` therefore
 hands it transformers' own base video processor class, read from its module, for the length of one constructor
-call (``_video_processor_stand_in``); images never touch it, and a video would be refused by the loop anyway.
+call (``verl_ext.runtime.images.video_processor_stand_in``); images never touch it, and a video would be refused
+by the loop anyway.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import types
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+from verl_ext.runtime.images import video_processor_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 VL_FIXTURE = REPO / "tests" / "fixtures" / "vl" / "qwen2.5-vl"
@@ -32,23 +33,6 @@ def vl_fixture_files(fixture_dir: str | Path = VL_FIXTURE) -> dict[str, Path]:
         "preprocessor": folder / "preprocessor_config.json",
         "model_config": folder / "model_config.json",
     }
-
-
-@contextlib.contextmanager
-def _video_processor_stand_in() -> Iterator[Any]:
-    """transformers' real ``BaseVideoProcessor`` class in the two places the processor's type check reads it, for
-    one constructor call (the public name is a placeholder when torchvision is missing); restored afterwards."""
-    import transformers
-    import transformers.processing_utils as pu
-    import transformers.video_processing_utils as vpu
-
-    real = vpu.BaseVideoProcessor
-    saved = transformers.BaseVideoProcessor, pu.transformers_module.BaseVideoProcessor
-    transformers.BaseVideoProcessor = pu.transformers_module.BaseVideoProcessor = real
-    try:
-        yield real
-    finally:
-        transformers.BaseVideoProcessor, pu.transformers_module.BaseVideoProcessor = saved
 
 
 def build_vl_processor(tokenizer_dir: str | Path, fixture_dir: str | Path = VL_FIXTURE) -> Any:
@@ -66,7 +50,7 @@ def build_vl_processor(tokenizer_dir: str | Path, fixture_dir: str | Path = VL_F
     )
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     template = files["chat_template"].read_text()
-    with _video_processor_stand_in() as video_cls:
+    with video_processor_stand_in() as video_cls:
         processor = Qwen2_5_VLProcessor(
             image_processor=image_processor, tokenizer=tokenizer, video_processor=video_cls(), chat_template=template
         )

@@ -6,8 +6,10 @@ The mapping, block by block: ``system`` (text or text blocks) is the first messa
 as a user message; an assistant message's text blocks are its content, its ``tool_use`` blocks its tool calls
 (``input`` as the arguments) and its ``thinking`` block its ``reasoning_content``; a tool's ``input_schema`` is its
 function's parameters. Prompt-caching hints (``cache_control``) change no token and are accepted; ``is_error`` on
-a tool result is accepted too (the chat template renders a tool result as its text). Anything the engine cannot
-honour (images and documents, server tools, a forced ``tool_choice``, ``top_k``, extended-thinking budgets,
+a tool result is accepted too (the chat template renders a tool result as its text). An ``image`` block (a base64
+``source``) in a user message or a tool result is an image part of that message, in block order
+(``verl_ext.gateway.images``; a ``url`` or ``file`` source is refused: the gateway fetches nothing). Anything the
+engine cannot honour (documents, server tools, a forced ``tool_choice``, ``top_k``, extended-thinking budgets,
 prefill) is a 400 naming the field and the fix; nothing is dropped silently.
 """
 
@@ -19,6 +21,7 @@ from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import GatewayError, bad_request
+from verl_ext.gateway.images import decode_image, image_part, joined
 from verl_ext.gateway.request import ChatRequest, number_in, top_k
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
@@ -28,6 +31,7 @@ _REFUSED = {
     "container": "containers (server-side code execution) are not served; leave 'container' out",
 }
 _TEXT_ONLY = "only text, tool_use, tool_result and thinking blocks are served"
+_USER_BLOCKS = "only text, image and tool_result blocks are served"
 
 
 def parse_messages_request(body: Any) -> ChatRequest:
@@ -131,27 +135,66 @@ def _message(message: Any, index: int) -> list[dict[str, Any]]:
 
 def _user(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
-    texts: list[str] = []
+    parts: list[dict[str, Any]] = []
     for k, block in enumerate(blocks):
         at = f"{where}.content[{k}]"
         kind = block["type"]
         if kind == "tool_result":
-            if texts:
+            if parts:
                 raise bad_request(
                     at, f"{at}: tool_result blocks must come before any text in a user message (the API's rule)"
                 )
             if not isinstance(block.get("tool_use_id"), str) or not block["tool_use_id"]:
                 raise bad_request(f"{at}.tool_use_id", f"{at}: a tool_result needs the 'tool_use_id' it answers")
             content = block.get("content")
-            text = "" if content is None else _text(content, f"{at}.content")
-            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": text})
+            result = "" if content is None else _result_content(content, f"{at}.content")
+            out.append({"role": "tool", "tool_call_id": block["tool_use_id"], "content": result})
         elif kind == "text":
-            texts.append(_block_text(block, at))
+            parts.append({"type": "text", "text": _block_text(block, at)})
+        elif kind == "image":
+            parts.append(_image(block, at))
         else:
-            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_TEXT_ONLY}")
-    if texts or not out:
-        out.append({"role": "user", "content": "".join(texts)})
+            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_USER_BLOCKS}")
+    if parts or not out:
+        out.append({"role": "user", "content": joined(parts)})
     return out
+
+
+def _result_content(content: Any, where: str) -> str | list[dict[str, Any]]:
+    """A tool_result's content: a string, or text and image blocks (an image part each, in order)."""
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list):
+        raise bad_request(
+            where, f"{where} must be a string or a list of text and image blocks, got {json_type(content)}"
+        )
+    parts: list[dict[str, Any]] = []
+    for k, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, Mapping) else json_type(block)
+        if kind == "text":
+            parts.append({"type": "text", "text": _block_text(block, f"{where}[{k}]")})
+        elif kind == "image":
+            parts.append(_image(block, f"{where}[{k}]"))
+        else:
+            raise bad_request(
+                f"{where}[{k}]", f"{where}[{k}] is a {kind!r} block; only text and image blocks are served"
+            )
+    return joined(parts)
+
+
+def _image(block: Mapping[str, Any], at: str) -> dict[str, Any]:
+    """An image block's decoded image part (base64 sources only: the gateway fetches nothing)."""
+    source = block.get("source")
+    if not isinstance(source, Mapping):
+        raise bad_request(f"{at}.source", f"{at}: an image block needs a 'source' object")
+    if source.get("type") != "base64":
+        raise bad_request(
+            f"{at}.source.type",
+            f"{at}: an image source of type {source.get('type')!r} is not served: the gateway fetches no images (no "
+            'network policy); send {"type": "base64", "media_type": "image/png", "data": ...}',
+            "unsupported",
+        )
+    return image_part(decode_image(source.get("media_type"), source.get("data"), f"{at}.source"))
 
 
 def _assistant(blocks: list[Mapping[str, Any]], where: str) -> dict[str, Any]:

@@ -4,8 +4,10 @@ A branch is one rollout, judged by the same rollout runtime as the built-in agen
 (``RolloutRuntime.judge``: the engine view always and the template view at the policy's rate, nothing when the check
 is off; a record that cannot be written is counted, never raised), so ``verl-ext report`` reads its record. The
 record's ``extra["gateway"]`` names the session, the branch, why the session ended and, for a fork, its parent
-and cause (which message, which field); where a trainer takes the branch (the agent loop passes its
-``BranchTraining``), ``trains`` says which of its engine turns are trained in it (verl_ext.gateway.training).
+and cause (which message, which field); a branch with images holds them as digests in its messages and the image
+view's evidence in ``extra["images"]``, as the built-in loop's records do; where a trainer takes the branch (the
+agent loop passes its ``BranchTraining``), ``trains`` says which of its engine turns are trained in it
+(verl_ext.gateway.training).
 """
 
 from __future__ import annotations
@@ -18,10 +20,12 @@ from typing import Any
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
+from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.branch import Branch
 from verl_ext.gateway.training import BranchTraining, trained_mask
 from verl_ext.runtime import RolloutRuntime
+from verl_ext.runtime.images import image_sample
 from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
 
 
@@ -63,6 +67,11 @@ def branch_rollout(
     if not branch.calls:
         return None
     sample = trainer_sample_from_trajectory(t, response_length)
+    messages: Any = t.messages
+    images: dict[str, Any] = {}
+    if isinstance(t, ImageTrajectory):  # no image cut in two; the record holds digests, the image view's evidence
+        cut = image_sample(t, response_length)
+        sample, messages, images = cut.sample, cut.record_messages, {"images": cut.record_images}
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
@@ -71,7 +80,7 @@ def branch_rollout(
     return Rollout.of(
         branch.calls,
         sample,
-        t.messages,
+        messages,
         branch.tools,
         prompt_messages=len(branch.first_messages),
         response_length=response_length,
@@ -79,7 +88,7 @@ def branch_rollout(
         kinds=[k.value for k in t.kinds[: len(sample.stream)]],
         repairs=Counter(e.kind.value for e in t.edits),
         repair_log=t.repair_log(),
-        extra={"data_source": "gateway", "index": session_id, "gateway": gateway},
+        extra={"data_source": "gateway", "index": session_id, "gateway": gateway, **images},
     )
 
 

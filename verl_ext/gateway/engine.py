@@ -40,5 +40,7 @@ class Engine(Protocol):
     max_context: int | None
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampled:
-        """Sample one assistant turn after ``prompt_ids``."""
+        """Sample one assistant turn after ``prompt_ids``. An engine that serves a vision-language model also
+        takes ``images=[...]`` (every image of the prompt, in placeholder order), and says so with
+        ``takes_images = True``; the gateway passes the keyword only for a prompt that holds images."""
         ...

@@ -15,6 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.gateway.images import content_key
+
 ROOT = b"\x00" * 16  # the digest of no messages
 
 
@@ -38,7 +40,7 @@ def _field(text: str | None) -> str:
 def message_key(message: Mapping[str, Any]) -> bytes:
     """The bytes a message is matched by (a normalized message: ``verl_ext.gateway.request``); no reasoning.
     Length-prefixed fields rather than JSON: a key is built for every message of every request."""
-    parts = [_field(message["role"]), _field(message.get("content") or "")]
+    parts = [_field(message["role"]), _field(content_key(message.get("content")))]
     for call in message.get("tool_calls") or ():
         function = call["function"]
         parts += [
@@ -86,9 +88,11 @@ def divergence(request: Sequence[Mapping[str, Any]], held: Sequence[Mapping[str,
     if index >= len(held):
         return Divergence(index, "extra", f"messages[{index}] is a {request[index]['role']} message after the branch")
     new, old = request[index], held[index]
-    for name in ("role", "content"):
-        if (new.get(name) or "") != (old.get(name) or ""):
-            return Divergence(index, name, f"{name}: {_short(old.get(name))} -> {_short(new.get(name))}")
+    if new["role"] != old["role"]:
+        return Divergence(index, "role", f"role: {_short(old['role'])} -> {_short(new['role'])}")
+    new_content, old_content = content_key(new.get("content")), content_key(old.get("content"))
+    if new_content != old_content:  # images by their digests
+        return Divergence(index, "content", f"content: {_short(old_content)} -> {_short(new_content)}")
     new_calls, old_calls = new.get("tool_calls") or [], old.get("tool_calls") or []
     if len(new_calls) != len(old_calls):
         return Divergence(index, "tool_calls", f"{len(old_calls)} tool calls -> {len(new_calls)}")

@@ -1,7 +1,9 @@
 """A chat-completions request body, checked field by field: every problem is a 400 naming the field.
 
 What the gateway serves is the OpenAI chat-completions shape with one choice (``n`` = 1). Messages come out
-normalized: ``content`` is text (text parts joined; null is ""), ``developer`` is ``system``, an assistant's
+normalized: ``content`` is text (text parts joined; null is ""), or, where it holds images (``image_url`` parts
+with data URLs, in any message but an assistant's), its parts in order with each image decoded
+(``verl_ext.gateway.images``); ``developer`` is ``system``, an assistant's
 ``reasoning`` is ``reasoning_content``. Nothing a request asks for is silently ignored: a field the engine cannot
 honour (``n`` > 1, ``logprobs``, penalties, a forced ``tool_choice``, ``parallel_tool_calls: false``) is refused
 with the reason.
@@ -17,6 +19,7 @@ from typing import Any, overload
 from verl_ext.core.messages import json_type, message_problem
 from verl_ext.core.turn_parse import call_id
 from verl_ext.gateway.errors import GatewayError, bad_request
+from verl_ext.gateway.images import image_from_url, image_part, is_decoded_image_part, joined
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -265,7 +268,7 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     role = _ROLE_ALIASES.get(message["role"], message["role"])
     if role not in ROLES:
         raise bad_request(f"{where}.role", f"{where}: unknown role {message['role']!r}; use one of {list(ROLES)}")
-    out: dict[str, Any] = {"role": role, "content": _text(message.get("content"), where)}
+    out: dict[str, Any] = {"role": role, "content": _content(message.get("content"), where, role)}
     if role == "assistant":
         reasoning = message.get("reasoning_content", message.get("reasoning"))
         if reasoning is not None:
@@ -283,18 +286,35 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     return out
 
 
-def _text(content: Any, where: str) -> str:
+def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
+    """The message's text (text parts joined); with images, its parts in order: text parts and each image decoded
+    (``verl_ext.gateway.images``). An assistant message holds text only: the engine wrote it."""
     if content is None or isinstance(content, str):
         return content or ""
-    parts = []
+    parts: list[dict[str, Any]] = []
     for k, part in enumerate(content):  # message_problem checked each part is an object with a string type
-        if part.get("type") != "text":
+        kind = part.get("type")
+        if kind == "text":
+            parts.append({"type": "text", "text": part["text"]})
+        elif kind == "image_url" and role != "assistant":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, Mapping) else url
+            if url is None:
+                raise bad_request(
+                    f"{where}.content[{k}]",
+                    f"{where}: content part {k} is an image_url part without 'image_url': {{'url': <a data URL>}}",
+                )
+            parts.append(image_part(image_from_url(url, f"{where}.content[{k}].image_url.url")))
+        elif is_decoded_image_part(part) and role != "assistant":  # read by the Responses or Anthropic reader
+            parts.append(dict(part))
+        else:
+            served = "text parts" if role == "assistant" else "text and image_url parts"
             raise bad_request(
                 f"{where}.content[{k}]",
-                f"{where}: content part {k} is {part.get('type')!r}; only text parts are served",
+                f"{where}: content part {k} is {kind!r}; in a {role!r} message only {served} are served",
+                "unsupported" if kind in ("image_url", "image", "input_audio", "file") else "invalid_value",
             )
-        parts.append(part["text"])
-    return "".join(parts)
+    return joined(parts)
 
 
 def _tool_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -8,8 +8,10 @@ are its text); consecutive ``reasoning``, assistant ``message`` and ``function_c
 answers a turn; a ``function_call_output`` is the tool message answering its ``call_id``. A function tool is
 ``{"type": "function", "name", "description", "parameters"}``. The API's server-side state (``previous_response_id``,
 ``conversation``, item references, stored prompts) is not kept: a harness sends the whole input, as with
-``store: false``. Anything the engine cannot honour (hosted tools, a forced ``tool_choice``, structured output,
-images and files, background runs) is a 400 naming the field; nothing is dropped silently.
+``store: false``. An ``input_image`` part (a data URL in ``image_url``) in a message or a ``function_call_output``
+is an image part of that message, in order (``verl_ext.gateway.images``; a URL to fetch or a ``file_id`` is
+refused). Anything the engine cannot honour (hosted tools, a forced ``tool_choice``, structured output, files,
+background runs) is a 400 naming the field; nothing is dropped silently.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import bad_request
+from verl_ext.gateway.images import image_from_url, image_part, joined
 from verl_ext.gateway.request import SEED_RANGE, ChatRequest, MessageList, integer_in, number_in, top_k
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
@@ -190,24 +193,37 @@ def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(f"{where}.role", f"{where}.role must be one of {sorted(_ROLES)}, got {role!r}")
     content = item.get("content")
     if isinstance(content, str):
-        text = content
-    elif isinstance(content, list):
-        parts = []
-        for k, part in enumerate(content):
-            at = f"{where}.content[{k}]"
-            kind = part.get("type") if isinstance(part, Mapping) else None
-            if kind == "refusal" and isinstance(part.get("refusal"), str):
-                parts.append(part["refusal"])
-                continue
-            if kind not in _TEXT_PARTS:
-                raise bad_request(at, f"{at} is a {kind!r} part; only text parts are served", "unsupported")
-            if not isinstance(part.get("text"), str):
-                raise bad_request(f"{at}.text", f"{at}.text must be a string, got {json_type(part.get('text'))}")
-            parts.append(part["text"])
-        text = "".join(parts)
-    else:
+        return {"role": _ROLES[role], "content": content}
+    if not isinstance(content, list):
         raise bad_request(f"{where}.content", f"{where}.content must be a string or a list of parts")
-    return {"role": _ROLES[role], "content": text}
+    parts = []
+    for k, part in enumerate(content):
+        at = f"{where}.content[{k}]"
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind == "refusal" and isinstance(part.get("refusal"), str):
+            parts.append({"type": "text", "text": part["refusal"]})
+        elif kind == "input_image" and role != "assistant":
+            parts.append(_input_image(part, at))
+        elif kind not in _TEXT_PARTS:
+            raise bad_request(at, f"{at} is a {kind!r} part; only text and input_image parts are served", "unsupported")
+        elif not isinstance(part.get("text"), str):
+            raise bad_request(f"{at}.text", f"{at}.text must be a string, got {json_type(part.get('text'))}")
+        else:
+            parts.append({"type": "text", "text": part["text"]})
+    return {"role": _ROLES[role], "content": joined(parts)}
+
+
+def _input_image(part: Mapping[str, Any], at: str) -> dict[str, Any]:
+    """An ``input_image`` part's decoded image part (a data URL only: the gateway fetches nothing)."""
+    if part.get("file_id") is not None:
+        raise bad_request(
+            f"{at}.file_id",
+            f"{at}: file ids are not served (no file store); send image_url as a data URL",
+            "unsupported",
+        )
+    if part.get("image_url") is None:
+        raise bad_request(at, f"{at}: an input_image part needs 'image_url' (a data URL)")
+    return image_part(image_from_url(part.get("image_url"), f"{at}.image_url"))
 
 
 def _reasoning(item: Mapping[str, Any], where: str) -> str:
@@ -240,19 +256,21 @@ def _function_output(item: Mapping[str, Any], where: str) -> dict[str, Any]:
         raise bad_request(f"{where}.call_id", f"{where}: a function_call_output needs the 'call_id' it answers")
     output = item.get("output")
     if isinstance(output, list):
-        texts = []
+        parts = []
         for k, part in enumerate(output):
-            if (
-                not isinstance(part, Mapping)
-                or part.get("type") not in _TEXT_PARTS
-                or not isinstance(part.get("text"), str)
-            ):
+            kind = part.get("type") if isinstance(part, Mapping) else None
+            if kind == "input_image":
+                parts.append(_input_image(part, f"{where}.output[{k}]"))
+            elif kind in _TEXT_PARTS and isinstance(part.get("text"), str):
+                parts.append({"type": "text", "text": part["text"]})
+            else:
                 raise bad_request(
-                    f"{where}.output[{k}]", f"{where}.output[{k}]: only text parts are served", "unsupported"
+                    f"{where}.output[{k}]",
+                    f"{where}.output[{k}]: only text and input_image parts are served",
+                    "unsupported",
                 )
-            texts.append(part["text"])
-        output = "".join(texts)
-    if not isinstance(output, str):
+        output = joined(parts)
+    if not isinstance(output, str | list):
         raise bad_request(f"{where}.output", f"{where}.output must be a string, got {json_type(output)}")
     return {"role": "tool", "tool_call_id": item["call_id"], "content": output}
 

@@ -1,7 +1,10 @@
 """The gateway: sessions on one engine, each request matched, generated, parsed and kept by the token core.
 
 ``Gateway.complete`` serves one chat-completions request of a session; ``Gateway.end`` ends a session, checks
-every branch and writes its records. The HTTP layer (``verl_ext.gateway.server``) only translates.
+every branch and writes its records. The HTTP layer (``verl_ext.gateway.server``) only translates. With ``vision``
+(the probed image side of a VL model's processor) a branch is an ``ImageTrajectory``: each image the client sends
+is expanded as the processor expands it and handed to the engine with every prompt that holds it; without, a
+message holding an image is a 400 naming ``no_images``.
 """
 
 from __future__ import annotations
@@ -14,6 +17,8 @@ from typing import Any
 
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.core.errors import OptionsError
+from verl_ext.core.image_trajectory import ImageTrajectory
+from verl_ext.core.images import ImageTokens
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
@@ -23,6 +28,7 @@ from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
 from verl_ext.gateway.engine import SAMPLING_DEFAULTS, Engine, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
+from verl_ext.gateway.images import TextOnlyTrajectory
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Prepared, Session
@@ -68,8 +74,12 @@ class Gateway:
         config: GatewayConfig | None = None,
         *,
         markers: ReasoningMarkers | None = None,
+        vision: ImageTokens | None = None,
+        no_images: str = "the served model takes no images (a text-only model)",
     ) -> None:
         self.engine = engine
+        self.vision = vision  # the probed image side of the model's processor (None: images are refused)
+        self.no_images = no_images  # why images are refused, when they are
         self.runtime = runtime  # the rollout runtime every loop uses: template, check, records (verl_ext.runtime)
         self.reader = reader  # a ToolCallReader (verl_ext.gateway.parsing)
         if getattr(reader, "call_reader", False) is None:  # the template's own reader, where verl's reads no call
@@ -199,8 +209,10 @@ class Gateway:
         )
         parse = bool(request.tools) and request.tool_choice != "none"
 
+        images = getattr(branch.trajectory, "images", None)  # every image of the prompt, in placeholder order
+
         async def generate(budget: int) -> Any:
-            return await self._generate(session, prompt, sampling)
+            return await self._generate(session, prompt, sampling, images)
 
         async def read(ids: Sequence[int]) -> ParsedTurn:
             return await self.reader.read(
@@ -262,9 +274,14 @@ class Gateway:
                     "unsupported",
                 )
 
-    async def _generate(self, session: Session, prompt: Sequence[int], sampling: Sampling) -> Any:
-        """The engine's turn for ``prompt``; an engine that fails ends the session (its record says why) with a 503."""
+    async def _generate(
+        self, session: Session, prompt: Sequence[int], sampling: Sampling, images: Sequence[Any] | None = None
+    ) -> Any:
+        """The engine's turn for ``prompt`` (with its images, when it holds any); an engine that fails ends the
+        session (its record says why) with a 503."""
         try:
+            if images:
+                return await self.engine.generate(prompt, sampling, images=list(images))
             return await self.engine.generate(prompt, sampling)
         except Exception as exc:
             session.ended = f"the engine failed: {type(exc).__name__}: {exc}"
@@ -315,7 +332,9 @@ class Gateway:
         return out
 
     def _new_trajectory(self) -> TokenTrajectory:
-        return self.runtime.new_trajectory()
+        if self.vision is None:
+            return TextOnlyTrajectory(self.renderer, self.profile, self.no_images)
+        return ImageTrajectory(self.renderer, self.profile, image_tokens=self.vision)
 
     def _stop_ids(self, stops: Sequence[str]) -> list[int]:
         try:

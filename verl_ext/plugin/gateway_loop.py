@@ -296,7 +296,12 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         )
         reader = ToolCallReader(self.tokenizer, self.config.actor_rollout_ref.rollout.multi_turn.format or "hermes")
         gateway = _SessionGateway(
-            engine, self.rt.with_writer(records), reader, config, markers=reasoning_markers(self.tokenizer)
+            engine,
+            self.rt.with_writer(records),
+            reader,
+            config,
+            markers=reasoning_markers(self.tokenizer),
+            no_images=f"{AGENT_NAME} does not hand images to verl's engine and trainer yet (verl_ext_tool_agent does)",
         )
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))

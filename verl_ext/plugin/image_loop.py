@@ -13,45 +13,14 @@ verl's worker computes ``multi_modal_inputs`` (pixels, grids) and the mrope ``po
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from verl_ext.check.image_view import image_evidence, messages_for_record
-from verl_ext.check.inputs import TrainerSample, trainer_sample_from_trajectory
-from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
-from verl_ext.core.image_trajectory import ImageTrajectory
-from verl_ext.core.images import ImageTokens, has_images, probe_vision
-from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.images import has_images
+from verl_ext.runtime.images import ImageSample, image_sample, vision_for
 
-# One entry per processor object and template, for the worker's life; the processor is kept with its entry so that
-# an id reused after garbage collection is not taken for it.
-_VISION: LruCache[tuple[int, str], tuple[Any, ImageTokens]] = LruCache("image profiles", 16)
-
-
-def _blank_image(width: int, height: int) -> Any:
-    from PIL import Image
-
-    return Image.new("RGB", (width, height), (127, 127, 127))
-
-
-def vision_for(processor: Any, renderer: ChatRenderer) -> ImageTokens | None:
-    """The image side of the loop: None when verl gives no processor with an image processor (a text-only
-    model); else the probed profile with the processor, built once per processor and template."""
-    if processor is None or getattr(processor, "image_processor", None) is None:
-        return None
-    key = (id(processor), renderer.fingerprint)
-
-    def make() -> tuple[Any, ImageTokens]:
-        return processor, ImageTokens(probe_vision(renderer, processor, _blank_image), processor)
-
-    held, tokens = _VISION.get_or_make(key, make)
-    if held is not processor:  # another object under a reused id: probe this one
-        _VISION.pop(key, None)
-        held, tokens = _VISION.get_or_make(key, make)
-    return tokens
+__all__ = ["ImageSample", "image_sample", "refuse_images_without_vision", "tool_message", "vision_for"]
 
 
 def refuse_images_without_vision(messages: Sequence[Mapping[str, Any]], where: str) -> None:
@@ -73,42 +42,3 @@ def tool_message(message: Mapping[str, Any], images: Sequence[Any] | None) -> di
     return {**message, "content": [*parts, {"type": "text", "text": str(text)}]}
 
 
-@dataclass(frozen=True)
-class ImageSample:
-    """What the loop hands on for a rollout with images."""
-
-    sample: TrainerSample
-    multi_modal_data: dict[str, list[Any]] | None
-    record_images: dict[str, Any]
-    record_messages: list[dict[str, Any]]
-
-
-def image_sample(t: ImageTrajectory, response_length: int | None) -> ImageSample:
-    """The trainer sample of ``t`` cut at ``response_length`` and, where that cut falls inside an image's block,
-    before the block: an image is trained on whole or not at all (verl pairs runs and images one to one). Only the
-    context appended after the last engine call can cross the cut (each turn asks for what is left), so the
-    engine saw every image the sample keeps."""
-    sample = trainer_sample_from_trajectory(t, response_length)
-    end = len(sample.stream)
-    before = len(t.image_tokens.profile.before_ids)
-    kept = [s for s in t.image_spans if s.position + s.length <= end]
-    cut = next((s for s in t.image_spans if s.position < end < s.position + s.length), None)
-    if cut is not None:
-        end = max(len(sample.prompt_ids), cut.position - before)
-        n = end - len(sample.prompt_ids)
-        sample = dataclasses.replace(
-            sample,
-            response_ids=sample.response_ids[:n],
-            response_mask=sample.response_mask[:n],
-            response_logprobs=None if sample.response_logprobs is None else sample.response_logprobs[:n],
-        )
-        kept = [s for s in kept if s.position + s.length <= end]
-    images = [t.images[s.index] for s in kept]
-    evidence = image_evidence(t, images)
-    evidence = dataclasses.replace(evidence, engine=tuple(kept))
-    return ImageSample(
-        sample,
-        {"images": images} if images else None,
-        evidence.to_json(),
-        messages_for_record(t.messages, t.image_spans),
-    )

@@ -8,7 +8,7 @@ named), so a 200k-token turn costs the page a few lines, not tens of megabytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from verl_ext.check.record import RolloutRecord
@@ -62,6 +62,7 @@ class Marker:
     missing: tuple[Piece, ...] | None
     title: str
     failure: bool = False
+    image: bool = False  # where an image's placeholder run starts (not a finding: its digest, grid and length)
 
 
 @dataclass
@@ -98,10 +99,11 @@ def token_view(record: RolloutRecord, decode: Decode) -> list[Item]:
     logprobs = record.sampled_logprobs
     owner, markers = _finding_markers(record, n)
     failed = _failure_markers(record, n, markers)
+    images = _image_markers(record, n, markers)
 
     # Tokens near where a finding starts or ends, or where the engine view failed, are always shown; runs of
     # other tokens (inside a long finding too) are folded. Tokens are built only where shown.
-    loud = set(markers) | set(failed)
+    loud = set(markers) | set(failed) | images
     for f in record.check.findings:
         for edge in f.stream:
             loud.update(range(max(0, edge - FOLD_EDGE), min(n, edge + FOLD_EDGE)))
@@ -151,6 +153,27 @@ def _failure_markers(record: RolloutRecord, n: int, markers: dict[int, list[Mark
         marker = Marker(f"E{k}", f"engine: {e.kind}", True, None, title, failure=True)
         markers.setdefault(min(e.position, n), []).append(marker)
     return failed
+
+
+def _image_markers(record: RolloutRecord, n: int, markers: dict[int, list[Marker]]) -> set[int]:
+    """Adds a marker where each image's placeholder run starts (a record with images: its ``images`` evidence),
+    naming the image, its length, grid and digest; returns those positions (always shown). Records hold digests,
+    not pixels: the page shows no thumbnail."""
+    evidence = record.extra.get("images") if isinstance(record.extra, Mapping) else None
+    spans = evidence.get("engine", ()) if isinstance(evidence, Mapping) else ()
+    out: set[int] = set()
+    for span in spans:
+        try:
+            k, at, length = int(span["index"]), int(span["position"]), int(span["length"])
+            grid, digest, turn = list(span["grid"]), str(span["digest"]), int(span["turn"])
+        except (KeyError, TypeError, ValueError):
+            continue  # a malformed span: the check's image view names it
+        if 0 <= at < n:
+            title = f"image {k} (before engine call {turn}): {length} placeholder tokens, grid {grid}, digest {digest}"
+            marker = Marker(f"I{k}", f"image, {length} tokens", False, None, title, image=True)
+            markers.setdefault(at, []).append(marker)
+            out.add(at)
+    return out
 
 
 def _folded(

@@ -1,0 +1,167 @@
+"""Images in any loop: the probed image side of a processor, and the trainer sample of a trajectory with images.
+
+- ``vision_for``: the probed image profile of a processor + the loop's template, once per process (None for a
+  text-only model; a VL processor the probe cannot serve is refused with the cause);
+- ``image_sample``: the trainer sample cut so that no image's placeholder run is cut in two, with the images the
+  trainer gets (``multi_modal_data``: every image whose run it holds, in placeholder order), the record's
+  evidence for the image view, and the messages as the record holds them (images as digests).
+- ``load_processor``: a model folder's VL processor for the tools that build one themselves (the gateway,
+  ``verl-ext check-template``): transformers' ``AutoProcessor``, or, where it fails for want of torchvision (which
+  cannot be installed beside torch 2.13 CPU), the processor class the folder names built from its tokenizer and
+  image processor with transformers' own base video processor standing in (images never touch it; the
+  integration refuses videos). verl's worker builds its processor itself (``hf_processor``).
+``verl_ext_tool_agent`` (``verl_ext.plugin.image_loop``) and the gateway (``verl_ext.gateway.conclude``) use the
+first two.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from verl_ext.check.image_view import image_evidence, messages_for_record
+from verl_ext.check.inputs import TrainerSample, trainer_sample_from_trajectory
+from verl_ext.core.bounded_cache import LruCache
+from verl_ext.core.image_trajectory import ImageTrajectory
+from verl_ext.core.images import ImageTokens, probe_vision
+from verl_ext.core.rendering import ChatRenderer
+
+# One entry per processor object and template, for the worker's life; the processor is kept with its entry so that
+# an id reused after garbage collection is not taken for it.
+_VISION: LruCache[tuple[int, str], tuple[Any, ImageTokens]] = LruCache("image profiles", 16)
+
+
+def blank_image(width: int, height: int) -> Any:
+    from PIL import Image
+
+    return Image.new("RGB", (width, height), (127, 127, 127))
+
+
+def vision_for(processor: Any, renderer: ChatRenderer) -> ImageTokens | None:
+    """The image side of the loop: None when verl gives no processor with an image processor (a text-only
+    model); else the probed profile with the processor, built once per processor and template."""
+    if processor is None or getattr(processor, "image_processor", None) is None:
+        return None
+    key = (id(processor), renderer.fingerprint)
+
+    def make() -> tuple[Any, ImageTokens]:
+        return processor, ImageTokens(probe_vision(renderer, processor, blank_image), processor)
+
+    held, tokens = _VISION.get_or_make(key, make)
+    if held is not processor:  # another object under a reused id: probe this one
+        _VISION.pop(key, None)
+        held, tokens = _VISION.get_or_make(key, make)
+    return tokens
+
+
+@dataclass(frozen=True)
+class ImageSample:
+    """What the loop hands on for a rollout with images."""
+
+    sample: TrainerSample
+    multi_modal_data: dict[str, list[Any]] | None
+    record_images: dict[str, Any]
+    record_messages: list[dict[str, Any]]
+
+
+def image_sample(t: ImageTrajectory, response_length: int | None) -> ImageSample:
+    """The trainer sample of ``t`` cut at ``response_length`` and, where that cut falls inside an image's block,
+    before the block: an image is trained on whole or not at all (verl pairs runs and images one to one). Only the
+    context appended after the last engine call can cross the cut (each turn asks for what is left), so the
+    engine saw every image the sample keeps."""
+    sample = trainer_sample_from_trajectory(t, response_length)
+    end = len(sample.stream)
+    before = len(t.image_tokens.profile.before_ids)
+    kept = [s for s in t.image_spans if s.position + s.length <= end]
+    cut = next((s for s in t.image_spans if s.position < end < s.position + s.length), None)
+    if cut is not None:
+        end = max(len(sample.prompt_ids), cut.position - before)
+        n = end - len(sample.prompt_ids)
+        sample = dataclasses.replace(
+            sample,
+            response_ids=sample.response_ids[:n],
+            response_mask=sample.response_mask[:n],
+            response_logprobs=None if sample.response_logprobs is None else sample.response_logprobs[:n],
+        )
+        kept = [s for s in kept if s.position + s.length <= end]
+    images = [t.images[s.index] for s in kept]
+    evidence = image_evidence(t, images)
+    evidence = dataclasses.replace(evidence, engine=tuple(kept))
+    return ImageSample(
+        sample,
+        {"images": images} if images else None,
+        evidence.to_json(),
+        messages_for_record(t.messages, t.image_spans),
+    )
+
+
+@contextlib.contextmanager
+def video_processor_stand_in() -> Iterator[Any]:
+    """transformers' real ``BaseVideoProcessor`` class in the two places a processor's type check reads it, for one
+    constructor call (the public name is a placeholder class when torchvision is missing); restored afterwards."""
+    import transformers
+    import transformers.processing_utils as pu
+    import transformers.video_processing_utils as vpu
+
+    real = vpu.BaseVideoProcessor
+    saved = transformers.BaseVideoProcessor, pu.transformers_module.BaseVideoProcessor
+    transformers.BaseVideoProcessor = pu.transformers_module.BaseVideoProcessor = real
+    try:
+        yield real
+    finally:
+        transformers.BaseVideoProcessor, pu.transformers_module.BaseVideoProcessor = saved
+
+
+@dataclass(frozen=True)
+class LoadedProcessor:
+    """A folder's processor and how it was built (``how``: said in the audit and the gateway's log)."""
+
+    processor: Any
+    how: str
+
+
+def load_processor(folder: str | os.PathLike[str]) -> LoadedProcessor:
+    """The VL processor of ``folder`` (which holds ``preprocessor_config.json``); raises ``OptionsError`` naming the
+    cause when neither way builds it."""
+    from verl_ext.core.errors import OptionsError
+
+    try:
+        from transformers import AutoProcessor
+
+        return LoadedProcessor(AutoProcessor.from_pretrained(str(folder)), "AutoProcessor")
+    except Exception as exc:  # transformers raises anything from ImportError to AttributeError here
+        auto_error = f"{type(exc).__name__}: {exc}"
+    try:
+        import transformers
+
+        settings = json.loads((Path(folder) / "preprocessor_config.json").read_text())
+        name = str(settings.get("image_processor_type", ""))
+        image_cls = getattr(transformers, name, None) or getattr(transformers, name + "Pil", None)
+        processor_cls = getattr(transformers, str(settings.get("processor_class", "")), None)
+        if image_cls is None or processor_cls is None:
+            raise OptionsError(f"transformers has no {name!r} or {settings.get('processor_class')!r}")
+        image_processor = image_cls.from_pretrained(str(folder))
+        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+        with video_processor_stand_in() as video_cls:
+            processor = processor_cls(
+                image_processor=image_processor,
+                tokenizer=tokenizer,
+                video_processor=video_cls(),
+                chat_template=tokenizer.chat_template,
+            )
+    except Exception as exc:
+        raise OptionsError(
+            f"the processor of {folder} cannot be built: AutoProcessor failed ({auto_error}), and so did its "
+            f"classes from preprocessor_config.json ({type(exc).__name__}: {exc})"
+        ) from None
+    how = (
+        f"{processor_cls.__name__} built from its tokenizer and {type(image_processor).__name__}, a video processor "
+        f"standing in (AutoProcessor: {auto_error[:80]})"
+    )
+    return LoadedProcessor(processor, how)

@@ -172,3 +172,39 @@ def test_a_reading_that_changes_arguments_is_caught(case):
     assert _read_calls(lr)[0][1]["expression"] == "changed by the reader"
     result = ConsistencyChecker(r, profile, CheckPolicy(mode="warn")).check_rollout(rollout, template_view=True)
     assert [f for f in result.findings if not f.allowed], result.summary()
+
+
+BUILTIN_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "A built-in tool.",
+            "parameters": {"type": "object", "properties": {"query": {"type": "string"}}},
+        },
+    }
+    for name in ("brave_search", "wolfram_alpha")
+]
+
+
+@pytest.mark.parametrize("changed", [False, True])
+def test_python_calls_of_builtin_tools_check_clean_and_a_changed_reading_is_caught(changed):
+    """Llama 3.3 with ``builtin_tools``: a call in the template's Python form is read by the derived reader and the
+    rollout checks clean; a reader that changes its arguments is caught (the mutation)."""
+    r = case_renderer("templates/meta-llama-Llama-3.3-70B-Instruct").with_template_kwargs(
+        {"builtin_tools": ["brave_search", "wolfram_alpha"]}
+    )
+    profile = probe_template(r)
+    reader = learn_call_reader(r, profile).reader
+    if changed:
+        reader = _ChangesArguments(reader.form)
+    text = '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>'
+    outputs = [r.encode(text), r.encode("The answer is 3.")]
+    lr, rollout = build_loop_rollout(
+        r, profile, None, outputs, ["sunny"], tools=[*TOOLS, *BUILTIN_TOOLS], prompt=PROMPT, call_reader=reader
+    )
+    want = {"query": "weather in Paris", **({"expression": "changed by the reader"} if changed else {})}
+    assert _read_calls(lr) == [("brave_search", want)]
+    result = ConsistencyChecker(r, profile, CheckPolicy(mode="warn")).check_rollout(rollout, template_view=True)
+    defects = [f for f in result.findings if not f.allowed]
+    assert bool(defects) is changed, result.summary()

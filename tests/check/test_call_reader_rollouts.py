@@ -113,6 +113,9 @@ def test_read_calls_check_clean(case):
     holds()
 
 
+SEED_OSS = "templates/ByteDance-Seed-OSS"
+
+
 @pytest.mark.parametrize("case", sorted(LEARNED))
 def test_verl_and_derived_readers_agree(case):
     """Where verl has a parser for the template, it and the derived reader read the same calls from every render."""
@@ -140,12 +143,42 @@ def test_verl_and_derived_readers_agree(case):
         )
         assert not by_verl.derived and by_derived.derived
         assert [(c.name, json.loads(c.arguments)) for c in by_derived.calls] == drawn
-        # verl's seed parser reads Seed-OSS's own true/None/{...} renders (Python spellings) as strings: the two
-        # agree on string and number arguments everywhere, the derived reader alone reads the others as written
-        if all(isinstance(v, str | int | float) and not isinstance(v, bool) for _, a in drawn for v in a.values()):
+        # verl's seed parser reads Seed-OSS's own True/None/{...} renders (Python spellings) as strings (pinned in
+        # the next test): there the two agree on string and number arguments, elsewhere on every argument
+        plain = all(isinstance(v, str | int | float) and not isinstance(v, bool) for _, a in drawn for v in a.values())
+        if case != SEED_OSS or plain:
             assert [(c.name, json.loads(c.arguments)) for c in by_verl.calls] == drawn
 
     holds()
+
+
+def test_seed_oss_true_none_and_objects_are_read_as_values_where_verl_reads_strings():
+    """Seed-OSS renders arguments with Python's spelling (``True``, ``None``, ``{'a': 1}``): the derived reader reads
+    them back as the values the call held (the template's own literals, learned from its render, and Python
+    literals); verl 0.9.1's seed parser reads them as strings (docs/check-template.md). Pinned: a verl that reads them
+    as values fails this test, and the agreement test may then compare every argument."""
+    case = SEED_OSS
+    r = case_renderer(case)
+    profile = probe_template(r)
+    reader = learn_call_reader(r, profile).reader
+    from loop_rollouts import tool_schemas
+
+    drawn = [("calculator", {"exact": True, "note": None, "filters": {"a": 1}, "tags": [1, "x"], "count": 3})]
+    text = rendered_turn(r, profile, assistant_message(profile, drawn))
+    assert "<parameter=exact>True</parameter>" in text and "<parameter=note>None</parameter>" in text
+    ids = [*r.encode(text), _close(profile)]
+    end_ids = frozenset(s.id for s in profile.stop_ids if set(s.sources) - {"user"})
+    gen, schemas = profile.generation_prompt_ids, tool_schemas(TOOLS)
+    by_derived = asyncio.run(
+        parse_turn(None, ids, end_ids, r.decode, schemas, 0, None, generation_prompt=gen, call_reader=reader)
+    )
+    assert [(c.name, json.loads(c.arguments)) for c in by_derived.calls] == drawn
+    by_verl = asyncio.run(
+        parse_turn(verl_parser_for(case), ids, end_ids, r.decode, schemas, 0, None, generation_prompt=gen)
+    )
+    assert [json.loads(c.arguments) for c in by_verl.calls] == [
+        {"exact": "True", "note": "None", "filters": "{'a': 1}", "tags": "[1, 'x']", "count": 3}
+    ]
 
 
 class _ChangesArguments(CallReader):

@@ -132,3 +132,80 @@ def test_text_without_calls_is_content_only(case):
     turn = reader.read("The answer is 3. I used {x} and <b>tags</b>.")
     assert turn.calls == () and turn.malformed == 0
     assert turn.content == "The answer is 3. I used {x} and <b>tags</b>."
+
+
+# Llama 3.1-3.3 call the tools named by the template's ``builtin_tools`` variable in Python after <|python_tag|>.
+LLAMA = "templates/meta-llama-Llama-3.3-70B-Instruct"
+BUILTIN = ("brave_search", "wolfram_alpha")
+# The template writes k="v" with the value as is: values a Python string literal in double quotes holds unescaped.
+_PY_WORDS = st.sampled_from(["Paris", "a b", "x=1, y=2", "中文", "🙂", "(a", "a)b", "3", "true", "{x}", "it's"])
+
+
+def test_python_calls_are_learned_only_where_the_template_renders_them():
+    assert learn_call_reader(case_renderer(LLAMA), probe_template(case_renderer(LLAMA))).reader.form.python_lead == (
+        "<|python_tag|>",
+    )
+    sibling = case_renderer("templates/meta-llama-Llama-3.2-3B-Instruct")  # no builtin_tools variable
+    assert learn_call_reader(sibling, probe_template(sibling)).reader.form.python_lead == ()
+
+
+def test_python_calls_of_builtin_tools_are_read_back():
+    base = case_renderer(LLAMA)
+    profile = probe_template(base)
+    reader = learn_call_reader(base, profile).reader
+    r = base.with_template_kwargs({"builtin_tools": list(BUILTIN)})
+
+    @settings(max_examples=20, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @given(st.data())
+    def holds(data):
+        name = data.draw(st.sampled_from(BUILTIN))
+        args = data.draw(st.dictionaries(st.sampled_from(["query", "q", "lang"]), _PY_WORDS, min_size=1, max_size=3))
+        text = rendered_turn(r, profile, assistant_message(profile, [(name, args)]))
+        assert text is not None and f"<|python_tag|>{name}.call(" in text
+        text = text.removesuffix("<|eom_id|>")  # the turn's stop (the template's close after a built-in call)
+        # as models vary it: spacing around the tag, '=' and ','; single quotes where the value holds none
+        sep = data.draw(st.sampled_from(["=", " = "]))
+        comma = data.draw(st.sampled_from([", ", ",", " , "]))
+        quote = data.draw(st.sampled_from(['"', "'"]))
+        written = comma.join(
+            f"{k}{sep}{quote if quote not in v else chr(34)}{v}{quote if quote not in v else chr(34)}"
+            for k, v in args.items()
+        )
+        varied = data.draw(st.sampled_from(["", " ", "\n"])) + f"<|python_tag|>{name}.call({written})"
+        for t in (text, varied):
+            turn = reader.read(t)
+            assert [(c.name, json.loads(c.arguments)) for c in turn.calls] == [(name, args)], t
+            assert turn.malformed == 0 and not turn.content.strip(), turn
+
+    holds()
+
+
+def test_python_calls_with_other_literals_are_read():
+    reader = learn_call_reader(case_renderer(LLAMA), probe_template(case_renderer(LLAMA))).reader
+    turn = reader.read("<|python_tag|>wolfram_alpha.call(query='2+2', n=3, r=0.5, exact=True, note=None, l=[1, 'a'])")
+    assert [(c.name, json.loads(c.arguments)) for c in turn.calls] == [
+        ("wolfram_alpha", {"query": "2+2", "n": 3, "r": 0.5, "exact": True, "note": None, "l": [1, "a"]})
+    ]
+    # a custom tool's JSON after the tag (Llama 3.1 models write it so) reads in the template's JSON form
+    turn = reader.read('<|python_tag|>{"name": "calculator", "parameters": {"expression": "1+2"}}')
+    assert [(c.name, json.loads(c.arguments)) for c in turn.calls] == [("calculator", {"expression": "1+2"})]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<|python_tag|>print(1)",  # code for the interpreter: no call of a tool
+        "import os\n<|python_tag|>os.system('ls')",
+        '<|python_tag|>brave_search.call("Paris")',  # a positional argument
+        "<|python_tag|>brave_search.call(query=city)",  # a variable
+        '<|python_tag|>brave_search.call(query="Paris"',  # unclosed
+        "<|python_tag|>brave_search.call(**{'query': 'Paris'})",
+        "<|python_tag|>brave_search.call(query={1, 2})",  # a set: no JSON value
+        '<|python_tag|>brave_search.lookup(query="Paris")',
+    ],
+)
+def test_what_is_not_a_python_call_is_counted_malformed(text):
+    reader = learn_call_reader(case_renderer(LLAMA), probe_template(case_renderer(LLAMA))).reader
+    turn = reader.read(text)
+    assert turn.calls == () and turn.malformed == 1
+    assert "<|python_tag|>" in turn.content  # the text stays: the message describes what was sampled

@@ -77,8 +77,9 @@ def render_context_delta(
     assistant = _synthetic_assistant(messages, previous_assistant)
     refuse_beyond_template_limit(profile, assistant, messages)
     per_call = _results_per_call(profile, messages, assistant)
+    together = _delta(renderer, profile, messages, tools, assistant, with_system, add_generation_prompt=True)
     if per_call is None:
-        return _delta(renderer, profile, messages, tools, assistant, with_system, add_generation_prompt=True)
+        return together
     # Each result rendered after an assistant turn holding only its own call, so a template that labels results
     # with "the last call's" name (GPT-OSS: <|start|>functions.NAME) labels each with its own; then joined.
     pieces = [
@@ -90,7 +91,20 @@ def render_context_delta(
     )
     divergence = "; ".join(p.escape_divergence for p in pieces if p.escape_divergence)
     context = tuple(i for p in pieces for i in p.context_ids)
+    names = [_call_name(call_turn["tool_calls"][0]) for call_turn, _ in per_call]
+    if not _only_labels_differ(renderer.decode(list(together.context_ids)), renderer.decode(list(context)), names):
+        # The pieces differ from the template's own render beyond the labels: it writes its results as one block
+        # (DeepSeek R1: one outputs block, "\n" between results) or writes a generation prompt after each piece
+        # (firefunction writes it whatever add_generation_prompt says). The template's render is what it writes.
+        return together
     return ContextDelta(pieces[0].close_ids, pieces[0].trailer_ids, context, escapes, divergence)
+
+
+def _only_labels_differ(together: str, joined: str, names: Sequence[str]) -> bool:
+    """The results rendered together and one call at a time differ at most in which call's name labels a result."""
+    for name in sorted({n for n in names if n}, key=len, reverse=True):
+        together, joined = together.replace(name, "\x00"), joined.replace(name, "\x00")
+    return together == joined
 
 
 def _delta(
@@ -188,7 +202,8 @@ def _delta_after_unclosed_call(
 
 
 def renders_per_call(profile: TemplateProfile, messages: Sequence[Message], assistant: Message) -> bool:
-    """Whether ``render_context_delta`` renders these tool results one call at a time (see ``_results_per_call``).
+    """Whether ``render_context_delta`` may render these tool results one call at a time (see ``_results_per_call``;
+    it does where that differs from the template's own render only in the labels).
     ``assistant`` is the synthetic turn they follow (``synthetic_history(messages, previous, ...)[1]``), built once
     by the caller, which also needs it for ``refuse_beyond_template_limit``."""
     return _results_per_call(profile, messages, assistant) is not None

@@ -181,9 +181,12 @@ class LearnedDeltas:
             if self.renderer.escapes_text(str(m.get("role")), content):
                 return ""  # rendered for its escapes, which the edit log records one by one (escaped_special)
         if renders_per_call(self.profile, messages, assistant):
-            # Results of calls to several tools are rendered one call at a time (each labelled with its own call,
-            # GPT-OSS), which one learned render of the whole list would not reproduce.
-            return f"results of {len(messages)} calls to several tools are rendered one call at a time: rendered"
+            # Results of calls to several tools are rendered one call at a time where the template labels them
+            # (each with its own call, GPT-OSS), which one learned render of the whole list would not reproduce.
+            return (
+                f"results of {len(messages)} calls to several tools, labelled one call at a time where the template "
+                "labels them: rendered"
+            )
         return None
 
     def _shape_for(

@@ -15,6 +15,9 @@ from typing import Any
 JSON_CALL = "json object"  # {"name": ..., "arguments"|"parameters": {...}} (Hermes, Llama, Mistral, firefunction)
 NAME_JSON = "name then json"  # NAME <mid> {...} (DeepSeek, Kimi, harmony, functionary, Mistral Small)
 NAME_KEYED = "name then keyed parameters"  # <function=NAME><parameter=K>V</parameter> (Qwen3-Coder, Seed-OSS)
+# Beside the encoding above, for the tools a template calls in Python (Llama 3.1-3.3's built-in tools, named by the
+# ``builtin_tools`` template variable): <|python_tag|>NAME.call(k="v", ...)
+PYTHON_CALL = "python call"
 
 ID_SLOT = "\x01"  # where a literal holds the call's id (Mistral Small's [CALL_ID]id[ARGS])
 
@@ -42,6 +45,7 @@ class CallForm:
     literals: Mapping[str, Any] = field(default_factory=dict)  # NAME_KEYED: rendered text of true/false/null
     content_wrap: tuple[Chunks, Chunks] | None = None  # text around the content before the calls (harmony)
     several: bool = True  # the template renders several calls in one turn
+    python_lead: Chunks = ()  # before a PYTHON_CALL (<|python_tag|>); empty: the template renders none
 
     def describe(self) -> str:
         """One line naming the form: the encoding and the literals around a call."""
@@ -53,6 +57,7 @@ class CallForm:
         return (
             f"{self.encoding}{keys}: section {lit(self.opener)}, each call {lit(self.lead)} ... {lit(self.trail)}"
             + (f", between name and arguments {lit(self.mid)}" if self.mid else "")
+            + (f"; built-in tools as {PYTHON_CALL}s: {lit(self.python_lead)}NAME.call(...)" if self.python_lead else "")
         )
 
 

@@ -4,12 +4,14 @@ Assistant turns with calls of unique marker names and arguments are rendered: on
 content, one call with arguments of every JSON type. In each render the call is found (a JSON object holding the
 name and the arguments; or the name followed by the arguments as JSON; or by keyed parameters), and the text around
 it is compared across the renders: what precedes every call (``lead``), follows every call (``trail``), stands
-between two calls, opens and closes the section, wraps the content. The learned form must then read every probe
-render back into its own calls, or nothing is learned: a reason says why.
+between two calls, opens and closes the section, wraps the content. Where the template has a ``builtin_tools``
+variable, a call of a tool declared built-in is rendered too: what precedes its Python call (``python_lead``). The
+learned form must then read every probe render back into its own calls, or nothing is learned: a reason says why.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
@@ -19,8 +21,9 @@ from typing import Any
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, NAME_KEYED, CallForm, Chunks
 from verl_ext.core.call_reader.literals import chunks, counted
-from verl_ext.core.call_reader.read import CallReader
+from verl_ext.core.call_reader.read import CallReader, anchored
 from verl_ext.core.errors import TemplateError
+from verl_ext.core.tokenizer_files import template_variables
 
 NAME_A, NAME_B = "qxtoola", "qxtoolb"
 ARGS_A: dict[str, Any] = {"qxka": "QXVA1"}
@@ -166,10 +169,38 @@ class _Learner:
                     f"the learned form ({form.describe()}) does not read the template's own render back: "
                     f"{render.text[len(self.gen) :][:160]!r} read as {got}",
                 )
+        python = self.python_lead()
+        if python is not None:
+            lead, render = python
+            reader = CallReader(dataclasses.replace(form, python_lead=lead))
+            turn = reader.read(render.text[len(self.gen) :], types)
+            got = [(c.name, json.loads(c.arguments)) for c in turn.calls]
+            if got != [(NAME_A, ARGS_A)]:
+                return Learned(
+                    None,
+                    f"the template's Python call of a built-in tool is not read back: "
+                    f"{render.text[len(self.gen) :][:160]!r} read as {got}",
+                )
         proof = tuple(
             (c.name, json.loads(c.arguments)) for c in reader.read(example.text[len(self.gen) :], types).calls
         )
         return Learned(reader, "", example.text[len(self.gen) :], proof)
+
+    def python_lead(self) -> tuple[Chunks, _Render] | None:
+        """What the template writes before a call of a built-in tool in Python (``<|python_tag|>``), and its render:
+        the probe's tools declared built-in through the template's ``builtin_tools`` variable (Llama 3.1-3.3); None
+        where the template reads no such variable or writes no Python call for them."""
+        if "builtin_tools" not in template_variables(self.r.chat_template or ""):
+            return None
+        builtin = self.r.with_template_kwargs({**self.r.template_kwargs, "builtin_tools": [NAME_A, NAME_B]})
+        render = _Learner(builtin, self.profile).render([(NAME_A, ARGS_A)])
+        if render is None:
+            return None
+        at = render.text.find(f"{NAME_A}.call(", len(self.gen))
+        if at < 0:
+            return None
+        lead = tuple(chunks(render.text[len(self.gen) : at])) or tuple(chunks(render.text[:at]))[-1:]
+        return (lead, render) if anchored(lead) is not None else None
 
     def around(
         self,

@@ -5,7 +5,9 @@ chunks, JSON with any key order or spacing, chunks of the form's header before t
 ahead of it (harmony's recipient in the header or in the channel), extra header words between a name and the
 arguments' anchor (harmony's ``<|constrain|>json`` present or not), a call id the model chose, and a turn cut before
 its trail or closer. A section whose anchor is there but whose call cannot be read is counted ``malformed`` and its
-text stays in the content (the message must still describe the sampled text).
+text stays in the content (the message must still describe the sampled text). Where the template calls built-in
+tools in Python (``python_lead``: ``<|python_tag|>NAME.call(k="v")``), each such call is read too
+(``python_call``), or, after the tag, a call in the form's JSON encoding; anything else after the tag is malformed.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, CallForm, Chunks, ReadCall, ReadTurn
 from verl_ext.core.call_reader.literals import MARKER, chunk_pattern
+from verl_ext.core.call_reader.python_call import read_python_call
 
 _NAME = r"(?P<name>[A-Za-z_][\w\-]*(?:\.[\w\-]+)*)(?![\w\-])"
 _ID = r"(?P<id>[A-Za-z0-9_\-]+)"
@@ -84,6 +87,8 @@ class CallReader:
             re.DOTALL,
         )
         self.header_chunks = frozenset((*form.opener, *form.lead, *form.mid)) - {ID_SLOT}
+        python = anchored(form.python_lead) if form.python_lead else None
+        self.python = re.compile(python) if python is not None else None
         wrap = form.content_wrap
         self.unwrap = (
             re.compile(
@@ -97,6 +102,29 @@ class CallReader:
     def read(self, text: str, types: Mapping[str, Mapping[str, str]] | None = None) -> ReadTurn:
         """Read a turn's text (as sampled, without the generation prompt; ``types``: parameter types per tool, used
         to keep a string parameter a string in the keyed encoding)."""
+        m = self.python.search(text) if self.python is not None else None
+        if m is None:
+            return self._read(text, types)
+        before = self._read(text[: m.start()], types)  # what precedes the first tag, in the form's own encoding
+        content, calls, malformed = [before.content], list(before.calls), before.malformed
+        while m is not None:
+            call, end = read_python_call(text, m.end())
+            if call is None and self.form.encoding == JSON_CALL:  # <|python_tag|>{"name": ..., "parameters": ...}
+                obj, end = _json_at(text, m.end())
+                call = _json_call(self.form, obj)
+            nxt = self.python.search(text, end if call is not None else m.end())
+            stop = nxt.start() if nxt is not None else len(text)
+            if call is None:
+                malformed += 1
+                content.append(text[m.start() : stop])  # kept as sampled: the message describes the text
+            else:
+                calls.append(call)
+                content.append(text[end:stop])
+            m = nxt
+        return ReadTurn("".join(content), tuple(calls), malformed)
+
+    def _read(self, text: str, types: Mapping[str, Mapping[str, str]] | None) -> ReadTurn:
+        """``read`` in the form's own encoding."""
         full = self.form.generation_prompt + text
         start = len(self.form.generation_prompt)
         at = start

@@ -1,19 +1,22 @@
 """Gateway overhead per turn, held to its goal: within 1.5x of the built-in loop's bookkeeping plus one local HTTP
-round trip, at 1, 16 and 64 concurrent sessions, and flat in turns to 256.
+round trip, at 1, 16 and 64 concurrent sessions, flat in turns to 1,000, and a session's memory linear in its stream.
 
 Each conversation is a harness calling a tool turn after turn on the real Qwen3 tokenizer: the engine writes a short
 reasoning block and a tool call, the harness sends the whole history back (reasoning dropped, arguments
 re-serialized, as the OpenAI SDK's agents do) with the tool's result. The engine is excluded: a replay stand-in
 answers every call with the same ids at once. Measured in one run, on the same conversations:
 
-- ``loop`` (a): ``verl_ext_tool_agent``'s bookkeeping per turn: the engine call's record, the output check, the
-  finish reason, ``parse_turn`` with verl's hermes parser, ``add_sampled``, the tool message, ``append_messages``;
+- ``loop`` (a): ``verl_ext_tool_agent``'s bookkeeping per turn: the engine call recorded in the rollout's
+  ``EngineCalls`` log (what its prompt adds), the output check, the finish reason, ``parse_turn`` with verl's hermes
+  parser, ``add_sampled``, the tool message, ``append_messages``;
 - ``bare`` (b): one local HTTP round trip of the same stack (httpx client, uvicorn with the gateway's config,
   FastAPI) to a trivial endpoint that reads the same request body as JSON and answers a body of the gateway's
   answer's size: what any JSON endpoint costs, reading the whole history included;
 - ``gateway`` (c): the gateway's round trip on the same bodies, at 1, 16 and 64 concurrent sessions;
 - ``in-process``: ``parse_chat_request`` + ``Gateway.complete`` on the body already read as JSON: the gateway's
-  own work, per turn.
+  own work, per turn;
+- memory: one session's requests served in process under tracemalloc; what the session holds (its branch's
+  trajectory, messages, matching state, engine-call log) per stream token at a tenth, half and all of its turns.
 
 Costs are this process's CPU time (client, server and parser threads: on a shared machine, what other processes do
 counts against no method), with wall time printed beside them. In the single-session run the four methods take turns
@@ -21,14 +24,17 @@ at every turn (their order rotating), so that each turn's four figures are taken
 run is repeated ``--reps`` times and each turn's figure is its fastest repetition. At 1, 16 and 64 sessions, turn by
 turn, the loop advances as many rollouts (as an agent-loop worker interleaves them) and each server gets every
 session's request of that turn at once, the three taking turns; each figure is the cost of the fastest of
-``--reps`` runs divided by its turns (the cost of a turn under that load). Goals, checked on CPU time at the end
-(``--check``: exit 1 when one fails):
+``--reps`` runs divided by its turns (the cost of a turn under that load). Goals, checked at the end (``--check``:
+exit 1 when one fails):
 
-- ``gateway / (loop + bare) <= 1.5`` at each concurrency, and in each turn bucket of the long single-session run;
-- flat: that ratio in turns 193-256 at most 1.25x its value in turns 9-32. A request carries the whole history, so
-  reading it grows with the turns for any JSON endpoint (it is in ``bare``, whose body is the same), and the loop's
-  record of each engine call holds the whole prompt (in ``loop``): a flat ratio means the gateway adds no work that
-  grows faster than reading the request.
+- ``gateway / (loop + bare) <= 1.5`` (CPU time) at each concurrency, and in each turn bucket of the long
+  single-session run;
+- flat: that ratio in the last 10% of the turns (901-1,000 at ``--turns 1000``) at most 1.25x its value in turns
+  9-32. A request carries the whole history, so reading it grows with the turns for any JSON endpoint (it is in
+  ``bare``, whose body is the same): a flat ratio means the gateway adds no work that grows faster than reading the
+  request;
+- linear memory: the bytes per stream token a session holds at its last turn at most 1.25x half way (a session
+  holding anything per turn that grows with the history would double it).
 
 Usage: ``python bench/gateway.py [--turns 256] [--concurrent-turns 32] [--sessions 1 16 64] [--reps 5] [--check]``.
 """
@@ -72,8 +78,29 @@ RESULT = "The result of the expression is 42, computed exactly."
 MODEL = "policy"
 GOAL_RATIO = 1.5  # gateway / (loop + bare)
 FLAT_RATIO = 1.25  # gateway / (loop + bare), late turns / early turns
-EARLY, LATE = (9, 32), (193, 256)
-BUCKETS = ((1, 1), (2, 8), (9, 32), (33, 64), (65, 128), (129, 192), (193, 256))
+LINEAR_RATIO = 1.25  # bytes per stream token a session holds, at its last turn / half way
+EARLY = (9, 32)  # the early turns of the flatness goal (turn 1 renders the first prompt, 2-8 warm up)
+
+
+def late_bucket(turns: int) -> tuple[int, int] | None:
+    """The late turns of the flatness goal: the last 10% of ``turns`` (None when they do not all come after
+    ``EARLY``)."""
+    first = turns - max(turns // 10, 1) + 1
+    return (first, turns) if first > EARLY[1] else None
+
+
+def buckets_for(turns: int) -> list[tuple[int, int]]:
+    """The table's buckets of turns (first, last): 1, 2-8, 9-32, then doubling (33-64, 65-128, ...) up to the late
+    bucket, then the late bucket (the last 10%): 1,000 turns give ..., 257-512, 513-900, 901-1,000."""
+    late = late_bucket(turns)
+    end = turns if late is None else late[0] - 1
+    out = [(a, min(b, end)) for a, b in ((1, 1), (2, 8), EARLY) if a <= end]
+    first = EARLY[1] + 1
+    while first <= end:
+        last = min(2 * (first - 1), end)
+        out.append((first, last))
+        first = last + 1
+    return out if late is None else [*out, late]
 
 
 class ReplayEngine:
@@ -97,15 +124,15 @@ def parts(tokenizer_dir: Path) -> dict[str, Any]:
     from verl.experimental.agent_loop.tool_parser import ToolParser
     from verl.tools.schemas import OpenAIFunctionToolSchema
 
-    from verl_ext.core.probe import probe_template
     from verl_ext.core.rendering import ChatRenderer
     from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
+    from verl_ext.runtime import RolloutRuntime
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     renderer = ChatRenderer(tokenizer)
     return {
         "renderer": renderer,
-        "profile": probe_template(renderer),
+        "runtime": RolloutRuntime.build(renderer),  # the loop's (the gateways build their own, as a process does)
         "reader": ToolCallReader(tokenizer, "hermes"),
         "markers": reasoning_markers(tokenizer),
         "loop_parser": ToolParser.get_tool_parser("hermes", tokenizer),
@@ -206,38 +233,45 @@ class Clock:
 
 class LoopTurns:
     """``verl_ext_tool_agent``'s bookkeeping, turn by turn (its steps between two engine calls; turn 1 also renders
-    the first prompt, as the gateway's first request does)."""
+    the first prompt, as the gateway's first request does): the engine call recorded in the rollout's
+    ``EngineCalls`` log (``RolloutRuntime.engine_call``: what the prompt adds), the output check, ``parse_turn``, the
+    turn kept as sampled, the tool message appended."""
 
     def __init__(self, p: dict[str, Any]) -> None:
-        from verl_ext.core.turn_end import end_of_turn_ids
+        from verl_ext.check.inputs import EngineCalls
 
         self.p = p
-        self.end_ids = end_of_turn_ids(p["profile"])
+        self.runtime = p["runtime"]
         self.log_probs = [-0.5] * len(p["ids"])
+        self.calls = EngineCalls()
         self.trajectory: Any = None
         self.prompt: Any = None
 
     async def turn(self, k: int) -> Cost:
-        from verl_ext.check.inputs import EngineCall
-        from verl_ext.core.engine_output import validate_engine_output
-        from verl_ext.core.trajectory import TokenTrajectory
-        from verl_ext.core.turn_end import judge_finish
         from verl_ext.plugin.tool_calls import parse_turn
+        from verl_ext.runtime import keep_sampled
 
-        p, ids, log_probs = self.p, self.p["ids"], self.log_probs
-        renderer, profile = p["renderer"], p["profile"]
+        p, ids, log_probs, runtime = self.p, self.p["ids"], self.log_probs, self.runtime
         clock = Clock()
         if self.trajectory is None:
-            self.trajectory = TokenTrajectory(renderer, profile)
+            self.trajectory = runtime.new_trajectory()
             self.prompt = self.trajectory.start([{"role": "user", "content": "What is 6*7?"}], TOOLS)
-        finish = judge_finish(ids, 10**9, [], profile)
-        EngineCall.of(self.prompt, ids, log_probs, finish.value)
-        assert not validate_engine_output(ids, log_probs, renderer.vocab_size, stop_ids=profile.stop_id_set)
-        gen = profile.generation_prompt_ids
+        call, _ = runtime.engine_call(self.calls, self.prompt, ids, log_probs, 10**9, [])
+        assert not runtime.output_problems(call.output_ids, call.logprobs)
+        gen = runtime.profile.generation_prompt_ids
         turn = await parse_turn(
-            p["loop_parser"], ids, self.end_ids, renderer.decode, p["schemas"], k, 1, generation_prompt=gen
+            p["loop_parser"],
+            call.output_ids,
+            runtime.end_of_turn_ids,
+            runtime.renderer.decode,
+            p["schemas"],
+            k,
+            1,
+            generation_prompt=gen,
+            call_reader=runtime.call_reader,
         )
-        self.trajectory.add_sampled(ids, log_probs, finish, message=turn.message)
+        self.calls.append(call)
+        keep_sampled(self.trajectory, call, turn.message)
         tool = {"role": "tool", "tool_call_id": turn.calls[0].call_id, "content": RESULT}
         self.prompt = self.trajectory.append_messages([tool])
         return clock.lap()
@@ -348,6 +382,62 @@ def concurrent_run(
     return costs, answers
 
 
+@dataclass(frozen=True)
+class Held:
+    """What one session holds after ``turn`` turns (tracemalloc: bytes allocated since the session began and still
+    alive), and its stream's length."""
+
+    turn: int
+    bytes: int
+    tokens: int
+
+    @property
+    def per_token(self) -> float:
+        return self.bytes / self.tokens
+
+
+def session_memory(p: dict[str, Any], bodies: Sequence[bytes]) -> tuple[list[Held], list[tuple[str, int]]]:
+    """One session's requests served in process, under tracemalloc: what the session holds at a tenth, half and all
+    of its turns (its branch, messages, matching state, engine-call log; each request's body is read and dropped, as
+    the server does), and the allocation sites of what it holds at the end (bytes by file). The process-wide caches
+    are warmed first by another session's first turns, so what is counted is the session's own."""
+    import tracemalloc
+
+    from verl_ext.gateway.request import parse_chat_request
+
+    gateway = new_gateway(p)
+    n = len(bodies)
+    marks = sorted({max(n // 10, 1), max(n // 2, 1), n})
+    held: list[Held] = []
+    sites: list[tuple[str, int]] = []
+
+    async def serve(session: str, raw: bytes) -> None:
+        await gateway.complete(session, parse_chat_request(json.loads(raw)))
+
+    async def run() -> None:
+        nonlocal sites
+        for raw in bodies[:3]:
+            await serve("warm", raw)
+        gc.collect()
+        tracemalloc.start(1)
+        try:
+            base, start = tracemalloc.take_snapshot(), tracemalloc.get_traced_memory()[0]
+            for k, raw in enumerate(bodies, 1):
+                await serve("s", raw)
+                if k in marks:
+                    gc.collect()
+                    tokens = len(gateway.sessions["s"].branches[0].trajectory.input_ids)
+                    held.append(Held(k, tracemalloc.get_traced_memory()[0] - start, tokens))
+            by_file = tracemalloc.take_snapshot().compare_to(base, "filename")
+            sites = [(stat.traceback[0].filename, stat.size_diff) for stat in by_file if stat.size_diff > 0][:8]
+        finally:
+            tracemalloc.stop()
+
+    asyncio.run(run())
+    assert len(gateway.sessions["s"].branches) == 1, "the benchmark's harness must not fork"
+    return held, sites
+
+
 def check_answers(answers: Sequence[tuple[int, bytes]], expected_calls: Any) -> None:
     """Every answer is a 200 with the tool call the harness expects (the run measured served turns; the bare
     endpoint's canned answer is a gateway answer)."""
@@ -391,10 +481,14 @@ class Verdict:
 
 
 def verdicts(
-    concurrent: dict[int, dict[str, float]], buckets: dict[tuple[int, int], dict[str, float]]
+    concurrent: dict[int, dict[str, float]],
+    buckets: dict[tuple[int, int], dict[str, float]],
+    late: tuple[int, int] | None,
+    memory: Sequence[Held] = (),
 ) -> list[Verdict]:
     """The goals, from per-turn CPU seconds: ``concurrent[n]`` and ``buckets[(first, last)]`` hold ``loop``,
-    ``bare`` and ``gateway`` (and buckets ``in_process``)."""
+    ``bare`` and ``gateway`` (and buckets ``in_process``); flat: bucket ``late`` against ``EARLY``; linear memory:
+    the bytes per stream token a session holds at its last turn against half way (``memory``, in turn order)."""
     out = [
         Verdict(f"gateway / (loop + bare), {n} sessions", f["gateway"] / (f["loop"] + f["bare"]), GOAL_RATIO)
         for n, f in sorted(concurrent.items())
@@ -403,13 +497,14 @@ def verdicts(
         Verdict(f"gateway / (loop + bare), turns {a}-{b}", f["gateway"] / (f["loop"] + f["bare"]), GOAL_RATIO)
         for (a, b), f in buckets.items()
     ]
-    if EARLY in buckets and LATE in buckets:
-        late, early = (buckets[k]["gateway"] / (buckets[k]["loop"] + buckets[k]["bare"]) for k in (LATE, EARLY))
-        out.append(
-            Verdict(
-                f"flat: that ratio in turns {LATE[0]}-{LATE[1]} / turns {EARLY[0]}-{EARLY[1]}", late / early, FLAT_RATIO
-            )
-        )
+    if late is not None and EARLY in buckets and late in buckets:
+        end, early = (buckets[k]["gateway"] / (buckets[k]["loop"] + buckets[k]["bare"]) for k in (late, EARLY))
+        goal = f"flat: that ratio in turns {late[0]}-{late[1]} / turns {EARLY[0]}-{EARLY[1]}"
+        out.append(Verdict(goal, end / early, FLAT_RATIO))
+    if len(memory) >= 2:
+        half, last = memory[-2], memory[-1]
+        goal = f"linear memory: bytes per stream token a session holds at turn {last.turn} / at turn {half.turn}"
+        out.append(Verdict(goal, last.per_token / half.per_token, LINEAR_RATIO))
     return out
 
 
@@ -473,11 +568,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         bare.stop()
         served.stop()
     assert gateway.counters["forks"] == 0, "the benchmark's harness must not fork"
+    memory, sites = timed(f"one session's memory, {n} turns", lambda: session_memory(p, long_bodies))
 
     per_turn = {name: fastest_per_turn(runs) for name, runs in series.items()}
     concurrent = {s: {k: fastest(v) for k, v in totals[s].items()} for s in args.sessions}
     buckets = {
-        (a, b): {name: bucket_mean(values, a, b) for name, values in per_turn.items()} for a, b in BUCKETS if b <= n
+        (a, b): {name: bucket_mean(values, a, b) for name, values in per_turn.items()} for a, b in buckets_for(n)
     }
     print(f"\nper-turn cost, engine excluded, Qwen3 tokenizer, fastest of {args.reps} repetitions, microseconds:")
     print("CPU time of this process (client and server threads), wall time in brackets")
@@ -495,16 +591,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     for s, f in concurrent.items():
         ratio = f["gateway"].cpu / (f["loop"].cpu + f["bare"].cpu)
         print(f"| {s} | {_us(f['loop'])} | {_us(f['bare'])} | {_us(f['gateway'])} | {ratio:.2f} |")
-    if EARLY in buckets and LATE in buckets:
-        growth = {k: buckets[LATE][k].cpu / buckets[EARLY][k].cpu for k in ("loop", "bare", "gateway", "in_process")}
+    late = late_bucket(n)
+    if late is not None and EARLY in buckets:
+        growth = {k: buckets[late][k].cpu / buckets[EARLY][k].cpu for k in ("loop", "bare", "gateway", "in_process")}
         print(
-            f"\nturns {LATE[0]}-{LATE[1]} / turns {EARLY[0]}-{EARLY[1]}: "
+            f"\nturns {late[0]}-{late[1]} / turns {EARLY[0]}-{EARLY[1]}: "
             + ", ".join(f"{k} {v:.2f}" for k, v in growth.items())
         )
+    print("\nwhat one session holds (tracemalloc, in process)\n")
+    print("| turns | stream tokens | held bytes | bytes per token |")
+    print("| ---: | ---: | ---: | ---: |")
+    for h in memory:
+        print(f"| {h.turn:,} | {h.tokens:,} | {h.bytes:,} | {h.per_token:.1f} |")
+    root = str(REPO) + os.sep
+    print(
+        "\nheld at the end, by the file that allocated it: "
+        + ", ".join(f"{path.replace(root, '')} {size / memory[-1].tokens:.1f}" for path, size in sites)
+        + " (bytes per token)"
+    )
     print(f"\nload average at the end: {os.getloadavg()}\n")
     cpu = {s: {k: v.cpu for k, v in f.items()} for s, f in concurrent.items()}
     cpu_buckets = {key: {k: v.cpu for k, v in f.items()} for key, f in buckets.items()}
-    results = verdicts(cpu, cpu_buckets)
+    results = verdicts(cpu, cpu_buckets, late, memory)
     for verdict in results:
         print(verdict.line())
     return exit_status(results, args.check)

@@ -1,13 +1,13 @@
 """History matching reads only what a session does not hold: a request repeating, as sent, the messages its branch
-was sent before costs one comparison of their marshal bytes with the kept ones, and only its new messages are
+was sent before costs one comparison with the kept copy of them, and only its new messages are
 checked, normalized and hashed. Each shortcut is shown to be sound: a caller changing its own objects, other tools,
 or a malformed new message still fork or fail as before."""
 
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
-import marshal
 from typing import Any
 
 import pytest
@@ -80,9 +80,8 @@ def trusted_by_length(session: Any, messages: Any, tools_digest: bytes) -> int:
 
 
 def sent_messages(session: Any) -> list[dict[str, Any]]:
-    """The messages the session keeps for its first branch, as sent (unmarshalled from the kept bytes)."""
-    sent = session._sent[0]
-    return marshal.loads(bytes([0x5B]) + sent.count.to_bytes(4, "little") + bytes(sent.blob))
+    """The messages the session keeps for its first branch, as sent (a copy of the kept copy)."""
+    return copy.deepcopy(session._sent[0].messages)
 
 
 def test_the_same_messages_with_other_tools_fork_on_tools(make_gateway: Any) -> None:
@@ -111,3 +110,31 @@ def test_a_malformed_new_message_is_refused_and_changes_nothing(make_gateway: An
     assert len(session.branches) == 1 and len(session.branches[0].messages) == held
     done = asyncio.run(gateway.complete("s", from_json({"messages": sent, "tools": TOOLS})))
     assert done.fork is not None and done.fork.divergence.field == "missing"  # a retry: as before the bad request
+
+
+NUMBER_CALL = '<tool_call>\n{"name": "calc", "arguments": {"expression": 1}}\n</tool_call><|im_end|>'
+
+
+@pytest.mark.parametrize("guarded", [True, False])
+def test_a_kept_number_is_not_equal_to_a_boolean(
+    guarded: bool, make_gateway: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``1 == True`` in Python, but the gateway reads them apart (arguments sent as an object: ``{"expression":1}``
+    against ``{"expression":true}``): a message holding a number is not kept, so a request changing it to a boolean
+    is matched by digests and forks. The defect this catches: a kept copy compared with ``==`` whatever it holds."""
+    if not guarded:
+        monkeypatch.setattr(session_module, "_plain", copy.deepcopy)
+    gateway = make_gateway([NUMBER_CALL] * 3)
+    first = [{"role": "user", "content": "Compute."}]
+    done = asyncio.run(gateway.complete("s", from_json({"messages": first, "tools": TOOLS})))
+    call = done.message["tool_calls"][0]
+    sent = {**call, "function": {**call["function"], "arguments": {"expression": 1}}}  # as an object
+    history = [*first, {"role": "assistant", "content": None, "tool_calls": [sent]}]
+    history.append({"role": "tool", "tool_call_id": call["id"], "content": "1"})
+    assert asyncio.run(gateway.complete("s", from_json({"messages": history, "tools": TOOLS}))).fork is None
+    history[1]["tool_calls"][0]["function"]["arguments"] = {"expression": True}
+    done = asyncio.run(gateway.complete("s", from_json({"messages": history, "tools": TOOLS})))
+    if guarded:
+        assert done.fork is not None and done.fork.divergence.field == "tool_calls[0].function.arguments"
+    else:  # read as a retry of the kept messages
+        assert done.fork is not None and done.fork.divergence.field == "missing"

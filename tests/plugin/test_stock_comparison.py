@@ -63,8 +63,21 @@ def test_stock_loop_budget_loses_sampled_tokens_and_ours_does_not(make_loop):
 def test_audit_explains_what_the_stock_loop_does_to_its_messages(make_loop, tmp_path):
     # verl's hermes parser decodes the stop token into the assistant's content; the re-render then differs
     metrics_sink.drain()
-    loop, _ = make_loop(force_text=CALL + "<|im_end|>", stock=True, verl_ext={"records": {"dir": str(tmp_path)}})
+    loop, server = make_loop(force_text=CALL + "<|im_end|>", stock=True, verl_ext={"records": {"dir": str(tmp_path)}})
+    seen = []
+    conclude = loop.rt.conclude
+    loop.rt.conclude = lambda rollout, counters: seen.append(rollout) or conclude(rollout, counters)
     run_loop(loop, PROMPT)
     records = [json.loads(line) for f in tmp_path.iterdir() for line in f.read_text().splitlines()]
     details = [f["detail"] for r in records if r["type"] == "rollout" for f in r["check"]["findings"]]
     assert any("holds the stop token text '<|im_end|>'" in d for d in details), details
+
+    # The audit recorded each stock engine call as it happened: equal to what the engine was sent and returned,
+    # each keeping only the ids its prompt adds to the previous call's prompt + output (O(stream) for a long rollout,
+    # not O(turns x stream)).
+    calls = seen[0].calls
+    assert len(calls) == len(server.requests) == 2  # the forced tool call, then the tiny model writes no call
+    assert [c.prompt_ids for c in calls] == [tuple(r["prompt_ids"]) for r in server.requests]
+    assert [list(c.output_ids) for c in calls] == [r["output_ids"] for r in server.requests]
+    assert calls[0].shared == 0 and calls[1].shared == calls[0].output_end
+    assert len(calls[1].tail) == calls[1].prompt_length - calls[0].output_end

@@ -5,16 +5,18 @@ Any other request departs from the session: it forks a new branch from the longe
 branch), named by the message index and field that differed. Nothing is merged silently and no branch is
 changed by another's request.
 
-A harness sends back the history it sent before: the messages the last request's branch was sent are kept as bytes,
-and a request that starts with them, as sent, is matched that far by one comparison, without reading them again (no
-message is checked, normalized or hashed twice). The messages after them are matched by ``history``'s digests.
+A harness sends back the history it sent before: the messages the last request's branch was sent are kept (a copy),
+and a request that starts with them, as sent, is matched that far by one comparison at C speed (``==`` of the lists,
+no allocation), without reading them again (no message is checked, normalized or hashed twice). The messages after
+them are matched by ``history``'s digests. Only messages of strings, lists, dicts and nulls are kept: there ``==`` is
+exact (numbers compare across types, ``1 == 1.0 == True``), and a message holding any other value ends the kept
+prefix, so what follows it is matched by its digests.
 """
 
 from __future__ import annotations
 
 import asyncio
 import copy
-import marshal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,28 +27,28 @@ from verl_ext.gateway.branch import Branch, Fork
 from verl_ext.gateway.errors import GatewayError
 from verl_ext.gateway.history import ROOT, Divergence, chain, divergence, message_key, reasoning_differs, tools_key
 
-_MARSHAL = 2  # marshal's format 2 writes equal values as equal bytes (later formats mark shared objects)
-_LIST_HEADER = 5  # a marshalled list: its type byte and its length, then its items one after another
-
 
 @dataclass
 class _Sent:
-    """Messages a request sent a branch, known to match its first ``count`` messages: their marshal bytes."""
+    """Messages a request sent a branch, known to match its first ``count`` messages: a copy of them (``_plain``)."""
 
-    count: int = 0
-    blob: bytearray = field(default_factory=bytearray)
+    messages: list[Any] = field(default_factory=list)
+
+    @property
+    def count(self) -> int:
+        return len(self.messages)
 
 
 @dataclass(frozen=True)
 class Mark:
     """What a session was before a request (``Session.mark``), so a request that fails after ``prepare`` can be
-    undone (``Session.undo``): the branch count, each branch's message count, the last branch and what was kept
-    of the messages sent to each."""
+    undone (``Session.undo``): the branch count, each branch's message count, the last branch and how many of the
+    messages sent to each were kept."""
 
     branches: int
     held: tuple[int, ...]
     last: Branch | None
-    sent: dict[int, tuple[_Sent, int, int]]
+    sent: dict[int, tuple[_Sent, int]]
 
 
 @dataclass(frozen=True)
@@ -82,9 +84,8 @@ class Session:
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None
     ) -> tuple[Branch | None, int]:
         """The branch holding the longest prefix of ``messages`` (with the same tools), and its length in
-        messages. The messages the last request's branch was sent, repeated as sent, cost one marshal of them
-        compared with the kept bytes (``_known_prefix``, at C speed); each later message is read, hashed and looked
-        up once."""
+        messages. The messages the last request's branch was sent, repeated as sent, cost one comparison with the
+        kept copy (``_known_prefix``, at C speed); each later message is read, hashed and looked up once."""
         branch, matched, _ = self._match(messages, tools)
         return branch, matched
 
@@ -114,8 +115,8 @@ class Session:
 
     def _known_prefix(self, messages: Sequence[Mapping[str, Any]], tools_digest: bytes) -> int:
         """How many leading messages of the request are, as sent, the messages kept for the last branch (all of
-        them or none): their marshal bytes against the kept bytes, at C speed, with no message read, checked or
-        hashed in Python."""
+        them or none): ``==`` against the kept copy, at C speed, with no message read, checked or hashed in Python
+        (exact: the kept messages hold strings, lists, dicts and nulls only, and a string equals only a string)."""
         raw, last = getattr(messages, "raw", None), self._last
         if raw is None or last is None or last.digests[0] != tools_digest:
             return 0
@@ -123,10 +124,10 @@ class Session:
         if sent is None or not sent.count or len(raw) < sent.count:
             return 0
         try:
-            dumped = marshal.dumps(raw[: sent.count], _MARSHAL)
-        except ValueError:  # an object marshal does not take (a caller's own type): read message by message
+            same = raw[: sent.count] == sent.messages
+        except Exception:  # a caller's own object whose == raises: its messages are read one by one, as without a copy
             return 0
-        return sent.count if dumped[_LIST_HEADER:] == sent.blob else 0
+        return sent.count if same else 0
 
     def _tools_digest(self, tools: Sequence[Mapping[str, Any]] | None) -> bytes:
         """The digest of no messages with these tools (the last request's, when they are equal)."""
@@ -146,7 +147,7 @@ class Session:
 
     def mark(self) -> Mark:
         """The session as it is now, for ``undo``."""
-        sent = {number: (kept, kept.count, len(kept.blob)) for number, kept in self._sent.items()}
+        sent = {number: (kept, kept.count) for number, kept in self._sent.items()}
         return Mark(len(self.branches), tuple(len(b.messages) for b in self.branches), self._last, sent)
 
     def undo(self, mark: Mark) -> None:
@@ -165,9 +166,8 @@ class Session:
                 self._unregister(number, held + 1)
                 self._registered[number] = min(self._registered.get(number, 0), held + 1)
         self._sent = {}
-        for number, (kept, count, size) in mark.sent.items():
-            kept.count = count
-            del kept.blob[size:]
+        for number, (kept, count) in mark.sent.items():
+            del kept.messages[count:]
             self._sent[number] = kept
         self._last = None if mark.last is None else self.branches[mark.last.number]
 
@@ -190,8 +190,8 @@ class Session:
 
     def _keep_sent(self, branch: Branch, messages: Sequence[Mapping[str, Any]], known: int) -> None:
         """Keep the request's messages as sent for ``branch``, as far as it holds them (an exhausted branch does not
-        take the new ones), as marshal bytes (a snapshot: a caller may change its objects afterwards). The first
-        ``known`` are kept already; a turn adds only its new messages."""
+        take the new ones), as a copy (a caller may change its objects afterwards), up to the first message that is
+        not plain (``_plain``). The first ``known`` are kept already; a turn adds only its new messages."""
         raw = getattr(messages, "raw", None)
         if raw is None:
             return
@@ -199,12 +199,11 @@ class Session:
         sent = self._sent.get(branch.number) if known else None
         if sent is None:
             sent = self._sent[branch.number] = _Sent()
-        try:
-            for message in raw[sent.count : held]:
-                sent.blob += marshal.dumps(message, _MARSHAL)
-                sent.count += 1
-        except ValueError:
-            del self._sent[branch.number]
+        for message in raw[sent.count : held]:
+            copied = _plain(message)
+            if copied is None:  # kept no further: the next request starts again at this message, matched by digests
+                break
+            sent.messages.append(copied)
 
     def _prepare(
         self,
@@ -284,6 +283,27 @@ class Session:
         for n in range(start, len(branch.digests)):
             self._index.setdefault(branch.digests[n], (branch.number, n))
         self._registered[branch.number] = len(branch.digests)
+
+
+def _plain(value: Any) -> Any:
+    """A copy of ``value`` when it is made of strings, nulls, lists and dicts with string keys only (what ``==``
+    compares exactly, type for type), else None. JSON numbers and booleans compare across types (``1 == 1.0 ==
+    True``) where the gateway reads them apart (a tool call's arguments as an object), so a message holding one is not
+    kept. Strings are shared, not copied (immutable)."""
+    if value is None or type(value) is str:
+        return value
+    if type(value) is list:
+        items = [_plain(v) for v in value]
+        return None if any(c is None and v is not None for c, v in zip(items, value, strict=True)) else items
+    if type(value) is dict:
+        out = {}
+        for key, item in value.items():
+            copied = _plain(item)
+            if type(key) is not str or (copied is None and item is not None):
+                return None
+            out[key] = copied
+        return out
+    return None
 
 
 def _first_assistant(messages: Sequence[Mapping[str, Any]]) -> int | None:

@@ -20,19 +20,31 @@ from verl_ext.check.policy import CheckMode
 from verl_ext.check.record import Rollout
 from verl_ext.plugin.agent_loop import runtime_for, training_step
 from verl_ext.plugin.options import LoopOptions
+from verl_ext.runtime import RolloutRuntime
 
 
 class _RecordingServer:
-    """Forwards to verl's server manager and keeps what each call sent and received."""
+    """Forwards to verl's server manager and records each call as it returns, into the rollout's engine-call log
+    (``calls``; None: the check is off, nothing is recorded). The log keeps only what each prompt adds to the previous
+    call's prompt + output (``EngineCalls``), so a long rollout's record is O(stream), not O(turns x stream); the call
+    is recorded before the stock loop gets the output, and so before it extends its prompt list in place."""
 
-    def __init__(self, inner: Any) -> None:
+    def __init__(self, inner: Any, rt: RolloutRuntime, calls: EngineCalls | None) -> None:
         self.inner = inner
-        self.calls: list[tuple[list[int], Any, int, list[int]]] = []
+        self.rt = rt
+        self.calls = calls
+        self.made = 0  # generate calls answered
+        self.last_output: Any = None
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
         output = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
-        max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
-        self.calls.append((list(prompt_ids), output, max_tokens, list(sampling_params.get("stop_token_ids") or [])))
+        if self.calls is not None:
+            max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
+            stops = sampling_params.get("stop_token_ids") or ()
+            call, _ = self.rt.engine_call(self.calls, prompt_ids, output.token_ids, output.log_probs, max_tokens, stops)
+            self.calls.append(call)
+        self.made += 1
+        self.last_output = output
         return output
 
     def __getattr__(self, name: str) -> Any:
@@ -60,17 +72,15 @@ class AuditedToolAgentLoop(ToolAgentLoop):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """Run verl's loop with its server manager recorded, then check the rollout it produced (the verdict goes into
         the output's ``extra_fields``)."""
-        recorder = _RecordingServer(self.server_manager)
+        checked = self.options.check.mode is not CheckMode.OFF
+        recorder = _RecordingServer(self.server_manager, self.rt, EngineCalls() if checked else None)
         self.server_manager = recorder
         try:
             output = await super().run(sampling_params, **kwargs)
         finally:
             self.server_manager = recorder.inner
-        if self.options.check.mode is CheckMode.OFF:
+        if recorder.calls is None:
             return output
-        calls = EngineCalls()
-        for p, o, m, stops in recorder.calls:
-            calls.append(self.rt.engine_call(calls, p, o.token_ids, o.log_probs, m, stops)[0])
         sample = TrainerSample.of(
             output.prompt_ids, output.response_ids, output.response_mask, output.response_logprobs
         )
@@ -80,7 +90,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         await self._complete_messages(messages, prompt_messages, recorder, data)
         tools = (getattr(data, "_active_tool_schemas", None) if data is not None else None) or self.tool_schemas or None
         rollout = Rollout.of(
-            calls,
+            recorder.calls,
             sample,
             messages,
             tools,
@@ -100,9 +110,9 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         """The stock loop returns before appending the last assistant message when it stops on the turn or length
         limit; its tokens are fine, so add the message it would have parsed rather than report its absence."""
         made = sum(1 for m in messages[prompt_messages:] if m.get("role") == "assistant")
-        if made >= len(recorder.calls) or data is None:
+        if made >= recorder.made or data is None:
             return
-        output = recorder.calls[-1][1]
+        output = recorder.last_output
         content, calls = await self.tool_parser.extract_tool_calls(output.token_ids, [])
         data.tool_calls = calls
         messages.append(self._build_assistant_message(content, data))

@@ -16,6 +16,7 @@ import socket
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from verl_ext.gateway.service import Gateway
     from verl_ext.gateway.sglang_engine import SGLangEngine
 
 # verl_ext.core (its errors included) is imported inside the functions: `verl-ext --help` builds this parser and
@@ -102,14 +103,19 @@ def run_gateway(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
     gateway.end_all()
-    failures = sum(1 for r in gateway.results if not r.result.engine_ok)  # the harness's own /end calls too
-    where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
-    print(
-        f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
-        f"forks {gateway.counters['forks']}, engine-view failures {failures}",
-        flush=True,
-    )
+    print(shutdown_summary(gateway), flush=True)
     return 0
+
+
+def shutdown_summary(gateway: Gateway) -> str:
+    """The line printed on shutdown, once every session has ended: sessions, branches recorded, forks, and the
+    engine-view failures among every branch checked, the sessions the harness ended itself included."""
+    failures = sum(1 for r in gateway.results if not r.result.engine_ok)
+    where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
+    return (
+        f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
+        f"forks {gateway.counters['forks']}, engine-view failures {failures}"
+    )
 
 
 def _sglang_engine(url: str, model_dir: str) -> SGLangEngine:

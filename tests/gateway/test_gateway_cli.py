@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import pytest
 
 from verl_ext.telemetry.records import read_records
 
@@ -83,3 +84,61 @@ def test_gateway_command_checks_its_options_before_loading_the_model(
         assert words in out.stderr and "Traceback" not in out.stderr, (extra, out.stderr)
         assert "Loading weights" not in out.stderr, (extra, out.stderr)  # refused before the model loads
 
+
+KIMI_K2 = REPO / "tests" / "fixtures" / "templates" / "moonshotai-Kimi-K2.jinja"
+
+
+def test_the_chat_template_file_given_is_the_one_served(tiny_qwen3_dir: Path, tmp_path: Path) -> None:
+    """``--chat-template``: Kimi K2's real template over the model's Qwen3 tokenizer. The gateway the command builds
+    serves prompts rendered by that file (transformers' own render of it, token for token), not by the tokenizer's
+    template, and records them."""
+    from verl_ext.cli.gateway import build_gateway
+    from verl_ext.cli.main import build_parser
+    from verl_ext.gateway.server import ServerThread, create_app
+
+    argv = ["gateway", "--model", str(tiny_qwen3_dir), "--chat-template", str(KIMI_K2)]
+    argv += ["--records", str(tmp_path / "records"), "--response-length", "8"]
+    gateway, sock = build_gateway(build_parser().parse_args(argv))
+    sock.close()  # served here on a thread, as the command serves it on the socket
+    messages = [{"role": "user", "content": "Hi"}]
+    server = ServerThread(create_app(gateway, "m")).start()
+    try:
+        sdk = openai.OpenAI(base_url=f"{server.url}/sessions/k/v1", api_key="k", max_retries=0, timeout=120)
+        reply = sdk.chat.completions.create(model="m", messages=messages, max_tokens=4, seed=1)
+    finally:
+        server.stop()
+    gateway.end("k")
+    tokenizer = gateway.renderer.tokenizer
+    text = tokenizer.apply_chat_template(
+        messages, chat_template=KIMI_K2.read_text(), add_generation_prompt=True, tokenize=False
+    )
+    assert text.endswith("<|im_user|>user<|im_middle|>Hi<|im_end|><|im_assistant|>assistant<|im_middle|>"), text
+    expected = tokenizer.encode(text, add_special_tokens=False)
+    assert reply.usage.prompt_tokens == len(expected)
+    _, (record,) = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
+    assert list(record.input_ids[: record.prompt_length]) == expected
+    assert "<|im_start|>" not in tokenizer.decode(record.input_ids)  # nothing of the tokenizer's own template
+
+
+def test_a_chat_template_file_that_is_no_chat_template_is_refused_naming_it(
+    tiny_qwen3_dir: Path, tokenizer_dirs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A file that is not a Jinja chat template (notes, a tokenizer_config.json, broken Jinja), or one verl_ext cannot
+    serve over this tokenizer: one line naming the file and the fix, before the weights load."""
+    from verl_ext.cli.main import main
+
+    notes, broken = tmp_path / "notes.txt", tmp_path / "broken.jinja"
+    notes.write_text("Use the Kimi template for the agent runs.\n")
+    broken.write_text("{% for message in messages %}{{ message.content }}\n")
+    phi = KIMI_K2.parent / "microsoft-Phi-3.5-mini-instruct.jinja"
+    cases = [
+        (notes, "not a chat template: it never reads 'messages'"),
+        (tokenizer_dirs["qwen3"] / "tokenizer_config.json", "a JSON file, not a Jinja chat template; save its "),
+        (broken, "the chat template does not parse, line 1"),
+        (phi, f"the chat template '{phi}' (over the tokenizer"),
+    ]
+    for file, words in cases:
+        assert main(["gateway", "--model", str(tiny_qwen3_dir), "--chat-template", str(file)]) == 2, file
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and words in err and str(file) in err, err
+    assert f"verl-ext check-template {tiny_qwen3_dir} --chat-template {phi}`" in err  # the audit of that file

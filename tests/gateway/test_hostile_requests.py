@@ -257,3 +257,42 @@ def test_a_prompt_past_the_context_is_context_length_exceeded_and_the_session_go
     assert response.status_code == 400 and _error(response, "chat")["code"] == "context_length_exceeded"
     first = _post(base, "sessions/long-first/v1/chat/completions", CHAT).json()
     assert first["verl_ext"]["branch"] == 0 and first["verl_ext"]["fork"] is None
+
+
+def test_a_max_tokens_past_the_room_left_is_refused_naming_the_field_not_cut_down(
+    gateway: dict[str, Any], tiny_qwen3_dir: Path
+) -> None:
+    """OpenAI's answer to prompt + max_tokens past the context: 400 ``context_length_exceeded`` naming the field and
+    the room left, on every route and under each name of the budget (never cut down to fit); a budget that fits is
+    served in the same session, which the refusal left as it was."""
+    context = json.loads((tiny_qwen3_dir / "config.json").read_text())["max_position_embeddings"]
+    base = gateway["base"]
+    text = "hello " * (context - 16)  # a prompt that leaves a few tokens of room
+    chat = {**CHAT, "messages": [{"role": "user", "content": text}]}
+    bodies = {
+        "chat": (chat, "max_tokens"),
+        "chat-new-name": ({k: v for k, v in chat.items() if k != "max_tokens"}, "max_completion_tokens"),
+        "responses": ({**RESPONSES, "input": text}, "max_output_tokens"),
+        "messages": ({**MESSAGES, "messages": [{"role": "user", "content": text}]}, "max_tokens"),
+    }
+    room = None
+    for name, (body, field) in bodies.items():
+        route = name.split("-")[0]
+        response = _post(base, f"sessions/room-{name}/{ROUTES[route][0]}", {**body, field: context})
+        assert response.status_code == 400, (name, response.text)
+        error = _error(response, route)
+        assert error["param"] == field and error["code"] == "context_length_exceeded", (name, error)
+        found = re.search(
+            rf"'{field}' is {context}, but the prompt is (\d+) tokens .* (\d+) tokens are left", error["message"]
+        )
+        assert found and context - int(found.group(1)) == int(found.group(2)), error["message"]
+        room = room or int(found.group(2))
+        assert int(found.group(2)) == room  # the same prompt on every route
+        just_over = _post(base, f"sessions/room-{name}/{ROUTES[route][0]}", {**body, field: room + 1})
+        assert just_over.status_code == 400 and _error(just_over, route)["param"] == field, just_over.text
+    assert room is not None and 0 < room < 16, room
+    fits = _post(base, "sessions/room-chat/v1/chat/completions", {**chat, "max_tokens": room})
+    assert fits.status_code == 200, fits.text
+    assert fits.json()["usage"]["prompt_tokens"] + room == context
+    ended = httpx.post(f"{base}/sessions/room-chat/end", timeout=60).json()
+    assert [b["turns"] for b in ended["branches"]] == [1] and ended["branches"][0]["engine_ok"]

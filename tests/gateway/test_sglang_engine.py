@@ -9,6 +9,7 @@ import socket
 from pathlib import Path
 from typing import Any
 
+import httpx
 import openai
 import pytest
 from gateway_fixtures import CALL, TOOLS
@@ -170,6 +171,43 @@ def test_an_engine_output_that_breaks_the_contract_is_an_engine_error(
     assert failed.value.status_code == 503 and failed.value.body["code"] == "engine_error"
     assert words in failed.value.body["message"], failed.value.body
     assert gateway.sessions["e"].ended and gateway.sessions["e"].concluded
+
+
+def test_the_shutdown_line_counts_the_failures_of_sessions_the_harness_ended(
+    gateway_parts: Any, tmp_path: Path
+) -> None:
+    """SGLang samples an id of the model's padded head that the tokenizer cannot decode (SGLang bounds samples by the
+    model's vocabulary, not the tokenizer's): the harness ends that session itself, another is still open at
+    shutdown, and the line ``verl-ext gateway`` prints on shutdown counts the one engine-view failure among both, as
+    the records show it."""
+    from verl_ext.cli.gateway import shutdown_summary
+
+    tokenizer = gateway_parts["tokenizer"]
+    padding_id = len(tokenizer)  # in the model's vocabulary (VOCAB), past the tokenizer's
+    assert padding_id < VOCAB
+    broken = Script([*tokenizer.encode("Hi", add_special_tokens=False), padding_id, 151645])
+    tm = ScriptedTokenizerManager(EOS, VOCAB, [broken, scripted(tokenizer, "Hello.<|im_end|>")])
+    hi = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    with sglang_server(tm) as sglang:
+        gateway = gateway_on(sglang.url, gateway_parts, tmp_path / "records")
+        server = ServerThread(create_app(gateway, "policy")).start()
+        try:
+            answer = httpx.post(f"{server.url}/sessions/broken/v1/chat/completions", json=hi, timeout=120)
+            assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] == "length", answer.text
+            ended = httpx.post(f"{server.url}/sessions/broken/end", timeout=60).json()  # the harness ends it
+            assert [b["engine_ok"] for b in ended["branches"]] == [False], ended
+            answer = httpx.post(f"{server.url}/sessions/fine/v1/chat/completions", json=hi, timeout=120)
+            assert answer.status_code == 200, answer.text
+        finally:
+            server.stop()
+    gateway.end_all()  # as `verl-ext gateway` does on Ctrl-C: "fine" is still open
+    line = shutdown_summary(gateway)
+    assert "2 sessions, 2 branches recorded" in line and line.endswith("engine-view failures 1"), line
+    _, rollouts = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
+    checks = {r.extra["gateway"]["session"]: r.check for r in rollouts}
+    assert sorted(checks) == ["broken", "fine"]
+    assert [str(f.kind) for f in checks["broken"].engine_failures] == ["id_out_of_vocab"], checks["broken"]
+    assert not checks["broken"].engine_ok and checks["fine"].engine_ok and not checks["fine"].engine_failures
 
 
 def test_an_unreachable_server_is_named(tiny_qwen3_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:

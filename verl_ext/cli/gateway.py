@@ -16,6 +16,7 @@ import socket
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from verl_ext.gateway.service import Gateway
     from verl_ext.gateway.sglang_engine import SGLangEngine
 
 # verl_ext.core (its errors included) is imported inside the functions: `verl-ext --help` builds this parser and
@@ -51,39 +52,9 @@ def run_gateway(args: argparse.Namespace) -> int:
     """Serve until interrupted; then end every open session (records written) and print what was recorded."""
     import uvicorn
 
-    from verl_ext.cli.options import renderer_from_args
-    from verl_ext.core.errors import OptionsError
-    from verl_ext.gateway.local import check_tokenizer_matches, local_gateway
     from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
-    from verl_ext.gateway.service import GatewayConfig
 
-    if args.response_length < 1 or args.max_branches < 1:
-        raise OptionsError("--response-length and --max-branches must be at least 1")
-    # Every option is checked before the slow load (the model's weights): the address, the records folder, the
-    # tokenizer against the model, the template and its kwargs.
-    sock = _listening_socket(args.host, args.port)
-    if args.records:
-        from verl_ext.telemetry.records import records_folder_problem
-
-        problem = records_folder_problem(args.records)
-        if problem:
-            raise OptionsError(
-                f"--records {args.records}: records cannot be written there ({problem}); pass a folder this user can "
-                "create and write, or leave --records out"
-            )
-    renderer = renderer_from_args(args.tokenizer or args.model, args)
-    check_tokenizer_matches(args.model, renderer, args.tokenizer)
-    config = GatewayConfig(response_length=args.response_length, max_branches=args.max_branches)
-    engine = _sglang_engine(args.sglang_url, args.model) if args.sglang_url else None
-    gateway = local_gateway(
-        args.model,
-        records_dir=args.records,
-        config=config,
-        tool_parser=args.tool_parser,
-        seed=args.seed,
-        engine=engine,
-        renderer=renderer,
-    )
+    gateway, sock = build_gateway(args)
     # Listening before the address is printed: a client that reads it and connects at once waits in the backlog
     # until the server takes it, instead of being refused while the app starts (seen under load).
     sock.listen(2048)
@@ -102,14 +73,60 @@ def run_gateway(args: argparse.Namespace) -> int:
     with contextlib.suppress(KeyboardInterrupt):
         server.run(sockets=[sock])
     gateway.end_all()
-    failures = sum(1 for r in gateway.results if not r.result.engine_ok)  # the harness's own /end calls too
-    where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
-    print(
-        f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
-        f"forks {gateway.counters['forks']}, engine-view failures {failures}",
-        flush=True,
-    )
+    print(shutdown_summary(gateway), flush=True)
     return 0
+
+
+def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
+    """The gateway ``verl-ext gateway`` serves for ``args`` and its socket (bound, not yet listening). Every option is
+    checked before the slow load (the model's weights): the address, the records folder, the template file and its
+    kwargs, the tokenizer against the model."""
+    from verl_ext.cli.options import renderer_from_args
+    from verl_ext.core.errors import OptionsError
+    from verl_ext.gateway.local import check_tokenizer_matches, local_gateway
+    from verl_ext.gateway.service import GatewayConfig
+
+    if args.response_length < 1 or args.max_branches < 1:
+        raise OptionsError("--response-length and --max-branches must be at least 1")
+    sock = _listening_socket(args.host, args.port)
+    try:
+        if args.records:
+            from verl_ext.telemetry.records import records_folder_problem
+
+            problem = records_folder_problem(args.records)
+            if problem:
+                raise OptionsError(
+                    f"--records {args.records}: records cannot be written there ({problem}); pass a folder this user "
+                    "can create and write, or leave --records out"
+                )
+        renderer = renderer_from_args(args.tokenizer or args.model, args)
+        check_tokenizer_matches(args.model, renderer, args.tokenizer)
+        config = GatewayConfig(response_length=args.response_length, max_branches=args.max_branches)
+        engine = _sglang_engine(args.sglang_url, args.model) if args.sglang_url else None
+        gateway = local_gateway(
+            args.model,
+            records_dir=args.records,
+            config=config,
+            tool_parser=args.tool_parser,
+            seed=args.seed,
+            engine=engine,
+            renderer=renderer,
+        )
+    except BaseException:  # a refused option: the port is free again at once (the CLI's tests run in one process)
+        sock.close()
+        raise
+    return gateway, sock
+
+
+def shutdown_summary(gateway: Gateway) -> str:
+    """The line printed on shutdown, once every session has ended: sessions, branches recorded, forks, and the
+    engine-view failures among every branch checked, the sessions the harness ended itself included."""
+    failures = sum(1 for r in gateway.results if not r.result.engine_ok)
+    where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
+    return (
+        f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
+        f"forks {gateway.counters['forks']}, engine-view failures {failures}"
+    )
 
 
 def _sglang_engine(url: str, model_dir: str) -> SGLangEngine:

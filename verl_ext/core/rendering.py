@@ -126,6 +126,7 @@ def load_renderer(
         escape_special_tokens=escape_special_tokens,
     )
     renderer.template_source = origin
+    renderer.template_file = None if chat_template_file is None else str(chat_template_file)
     return renderer
 
 
@@ -210,6 +211,8 @@ class ChatRenderer:
 
     # Where the template came from, named in render errors (``load_renderer`` sets the file, or the config key).
     template_source: str = "the chat template"
+    # The template file given instead of the tokenizer's (``--chat-template``), or None: named in an audit's fix.
+    template_file: str | None = None
     # The time ``strftime_now`` reads in this renderer's template (ISO 8601, local time as transformers' own
     # ``strftime_now`` reads it), or None for the wall clock. A rollout pins it at its start (``with_clock``).
     clock: str | None = None

@@ -508,8 +508,31 @@ def read_template_file(file: str | os.PathLike[str]) -> str:
     if not path.is_file():
         raise MissingFileError(f"chat template file {str(path)!r} does not exist")
     text = _read_text(path, _SAVE_AS_UTF8, "the chat template file is empty; pass a Jinja chat template")
+    _refuse_json(text, path)
     refuse_unparsable(text, str(path))
+    if "messages" not in template_variables(text):
+        raise TemplateError(
+            f"{path}: not a chat template: it never reads 'messages' (the conversation), so every prompt would render "
+            "the same text; pass a Jinja chat template (a model's chat_template.jinja, or the 'chat_template' value "
+            "of its tokenizer_config.json saved as a file)"
+        )
     return text
+
+
+def _refuse_json(text: str, path: Path) -> None:
+    """A JSON file given as the template (a tokenizer_config.json, a chat_template.json): named as JSON, with the
+    key that holds the template, instead of a Jinja syntax error deep inside an escaped string."""
+    if not text.lstrip().startswith(("{", "[")):
+        return
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return  # Jinja that starts with a brace ('{{ bos_token }}'): the parser judges it
+    key = "'chat_template' value" if isinstance(value, dict) and "chat_template" in value else "chat template"
+    raise TemplateError(
+        f"{path}: a JSON file, not a Jinja chat template; save its {key} (the template text itself) as a .jinja file "
+        "and pass that"
+    )
 
 
 def template_origin(folder: Path) -> str:

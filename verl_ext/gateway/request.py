@@ -153,6 +153,7 @@ class ChatRequest:
     top_k: int | None = None  # None: the engine's default (no top-k cut)
     repetition_penalty: float | None = None  # None: 1.0
     legacy_functions: bool = False  # the request used ``functions``: the answer carries ``function_call``
+    max_tokens_field: str = "max_tokens"  # the field that gave ``max_tokens``, named when it does not fit
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -175,10 +176,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
     if not isinstance(stream_options, Mapping):
         raise bad_request("stream_options", f"'stream_options' must be an object, got {json_type(stream_options)}")
     tools, tool_choice, legacy = _tools_of(body)
+    max_tokens, max_tokens_field = _max_tokens(body)
     return ChatRequest(
         messages=normalized,
         tools=tools,
-        max_tokens=_max_tokens(body),
+        max_tokens=max_tokens,
         temperature=number_in(body, "temperature", 0.0, 2.0),
         top_p=number_in(body, "top_p", 0.0, 1.0, low_open=True),
         seed=integer_in(body, "seed", *SEED_RANGE),
@@ -190,6 +192,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         top_k=top_k(body),
         repetition_penalty=number_in(body, "repetition_penalty", 0.0, 2.0, low_open=True),
         legacy_functions=legacy,
+        max_tokens_field=max_tokens_field,
     )
 
 
@@ -350,14 +353,16 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
     return tuple(out) or None
 
 
-def _max_tokens(body: Mapping[str, Any]) -> int | None:
+def _max_tokens(body: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The output budget the client asked for (``max_completion_tokens``, else the older ``max_tokens``) and the
+    field that gave it."""
     for key in ("max_completion_tokens", "max_tokens"):
         value = _integer(body, key)
         if value is not None:
             if value < 1:
                 raise bad_request(key, f"'{key}' must be at least 1, got {value}")
-            return value
-    return None
+            return value, key
+    return None, "max_tokens"
 
 
 def _integer(body: Mapping[str, Any], key: str) -> int | None:

@@ -69,6 +69,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
         tool_choice=_tool_choice(body.get("tool_choice")),
         top_k=top_k(body),
         repetition_penalty=number_in(body, "repetition_penalty", 0.0, 2.0, low_open=True),
+        max_tokens_field="max_output_tokens",
     )
 
 

@@ -168,7 +168,7 @@ class Gateway:
         branch, prompt = prepared.branch, prepared.prompt
         prompt_length = 0 if prompt is None else len(prompt)
         if prompt is not None:
-            self._check_context(prompt_length)
+            self._check_context(prompt_length, request)
         if prepared.fork is not None:
             self.counters["forks"] += 1
             log.info("session %s: branch %d %s", session.id, branch.number, prepared.fork.to_json())
@@ -248,11 +248,14 @@ class Gateway:
         )
         return Completion(visible, reason, len(prompt), call.output_ids, branch.number, prepared.fork, parsed.malformed)
 
-    def _check_context(self, prompt_length: int) -> None:
-        """400 ``context_length_exceeded`` (OpenAI's answer) for a prompt that leaves the engine no room to sample;
-        the session is undone to what it was, so the client may send a shorter history."""
+    def _check_context(self, prompt_length: int, request: ChatRequest) -> None:
+        """400 ``context_length_exceeded`` (OpenAI's answer) for a prompt that leaves the engine no room to sample, or
+        a client's ``max_tokens`` past the room the prompt leaves (never cut down to fit without a word); the session
+        is undone to what it was, so the client may retry with a shorter history or a smaller budget."""
         limit = self.engine.max_context
-        if limit is not None and prompt_length >= limit:
+        if limit is None:
+            return
+        if prompt_length >= limit:
             self.counters["context_length_exceeded"] += 1
             raise GatewayError(
                 400,
@@ -260,6 +263,19 @@ class Gateway:
                 "together): shorten the messages (the session is unchanged: send a shorter history)",
                 type="invalid_request_error",
                 param="messages",
+                code="context_length_exceeded",
+            )
+        room = limit - prompt_length
+        if request.max_tokens is not None and request.max_tokens > room:
+            self.counters["context_length_exceeded"] += 1
+            field = request.max_tokens_field
+            raise GatewayError(
+                400,
+                f"'{field}' is {request.max_tokens}, but the prompt is {prompt_length} tokens and the model's context "
+                f"is {limit} (prompt and output together): {room} tokens are left for the output. Pass '{field}' of "
+                f"at most {room}, or shorten the messages (the session is unchanged)",
+                type="invalid_request_error",
+                param=field,
                 code="context_length_exceeded",
             )
 

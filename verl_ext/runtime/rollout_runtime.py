@@ -78,9 +78,12 @@ class RolloutRuntime:
         profile = probe_template(renderer, extra_stop_ids)
         if profile.verdict is Verdict.UNSUPPORTED:
             reasons = "; ".join(r.text for r in profile.reasons if r.severity is Severity.UNSUPPORTED)
+            given = renderer.template_file  # --chat-template: the file is at fault, not the tokenizer's own
+            which = f"{given!r} (over the tokenizer {renderer.name!r})" if given else f"of {renderer.name!r}"
+            audit = f"{renderer.name} --chat-template {given}" if given else renderer.name
             raise TemplateError(
-                f"{who}: the chat template of {renderer.name!r} is unsupported: {reasons}. "
-                f"Run `verl-ext check-template {renderer.name}` for the full audit."
+                f"{who}: the chat template {which} is unsupported: {reasons}. "
+                f"Run `verl-ext check-template {audit}` for the full audit."
             )
         policy = policy or CheckPolicy()
         writer = None

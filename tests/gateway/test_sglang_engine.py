@@ -196,6 +196,8 @@ def test_the_shutdown_line_counts_the_failures_of_sessions_the_harness_ended(
             assert answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] == "length", answer.text
             ended = httpx.post(f"{server.url}/sessions/broken/end", timeout=60).json()  # the harness ends it
             assert [b["engine_ok"] for b in ended["branches"]] == [False], ended
+            too_long = httpx.post(f"{server.url}/sessions/fine/v1/chat/completions", json={**hi, "max_tokens": 4096})
+            assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
             answer = httpx.post(f"{server.url}/sessions/fine/v1/chat/completions", json=hi, timeout=120)
             assert answer.status_code == 200, answer.text
         finally:
@@ -203,6 +205,7 @@ def test_the_shutdown_line_counts_the_failures_of_sessions_the_harness_ended(
     gateway.end_all()  # as `verl-ext gateway` does on Ctrl-C: "fine" is still open
     line = shutdown_summary(gateway)
     assert "2 sessions, 2 branches recorded" in line and line.endswith("engine-view failures 1"), line
+    assert "context refusals 1," in line, line
     _, rollouts = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
     checks = {r.extra["gateway"]["session"]: r.check for r in rollouts}
     assert sorted(checks) == ["broken", "fine"]

@@ -119,13 +119,15 @@ def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
 
 
 def shutdown_summary(gateway: Gateway) -> str:
-    """The line printed on shutdown, once every session has ended: sessions, branches recorded, forks, and the
-    engine-view failures among every branch checked, the sessions the harness ended itself included."""
+    """The line printed on shutdown, once every session has ended: sessions, branches recorded, forks, requests
+    refused for the model's context (``context_length_exceeded``), and the engine-view failures among every branch
+    checked, the sessions the harness ended itself included."""
     failures = sum(1 for r in gateway.results if not r.result.engine_ok)
     where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
     return (
         f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
-        f"forks {gateway.counters['forks']}, engine-view failures {failures}"
+        f"forks {gateway.counters['forks']}, context refusals {gateway.counters['context_length_exceeded']}, "
+        f"engine-view failures {failures}"
     )
 
 

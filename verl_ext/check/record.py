@@ -137,7 +137,7 @@ class Rollout:
             response_length,
             int(step),
             dict(chat_template_kwargs or {}),
-            None if kinds is None else tuple(str(k) for k in kinds[: len(sample.stream)]),
+            None if kinds is None else tuple(map(str, kinds[: len(sample.stream)])),
             dict(repairs or {}),
             tuple(repair_log),
             dict(extra or {}),

@@ -358,9 +358,10 @@ class CPUGenerationServer:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
             self.force_ids = tokenizer.encode(force_text, add_special_tokens=False)
             logger.warning(
-                "verl_ext_cpu: TEST/DEMO hook %s set: forcing %d tokens as every trajectory's first turn",
+                "verl_ext_cpu: TEST/DEMO hook %s set: forcing %d tokens as %s",
                 FORCE_ENV,
                 len(self.force_ids),
+                "every turn" if force_every_turn else "every trajectory's first turn",
             )
 
     async def generate(

@@ -141,7 +141,7 @@ def conclude(renderer: Any, profile: Any, built: Built, prompt_messages: int) ->
         t.messages,
         TOOLS,
         prompt_messages=prompt_messages,
-        kinds=[k.value for k in t.kinds[: len(sample.stream)]],
+        kinds=t.kind_values(len(sample.stream)),
         repairs=Counter(e.kind.value for e in t.edits),
         repair_log=t.repair_log(),
     )

@@ -34,8 +34,12 @@ def test_lazy_per_token_lists_equal_eager_ones_across_random_pushes(renderer_for
             assert t.kinds == kinds and t.turn_of == turns and t.logprobs == logprobs
             assert t.loss_mask == [1 if k is TokenKind.SAMPLED else 0 for k in kinds]
         assert t.input_ids == ids
+        limit = rng.choice([None, 0, len(ids) // 2, len(ids) + 5])  # inside a push, none, past the end
+        assert t.kind_values(limit) == [k.value for k in kinds][:limit]
     assert t.kinds == kinds and t.turn_of == turns and t.logprobs == logprobs
     assert t.loss_mask == [1 if k is TokenKind.SAMPLED else 0 for k in kinds]
+    values = t.kind_values()
+    assert values == [k.value for k in kinds] and all(type(v) is str for v in values)  # the record's plain strings
 
 
 def _rollout(renderer, turns: int) -> TokenTrajectory:

@@ -199,3 +199,58 @@ def test_server_returns_verl_token_output_and_forces_the_first_turn_only(
     assert second.token_ids[: len(first.token_ids)] != first.token_ids  # sampled, not forced again
     assert second.stop_reason in ("stop", "length") and len(second.log_probs) == len(second.token_ids)
     assert len(second.token_ids) <= 48
+
+
+def test_forced_tokens_then_sampling_continue_from_the_forced_ids(
+    model: torch.nn.Module, prompt_ids: list[int]
+) -> None:
+    # forced ids without a stop: read in the prompt's pass, then sampling goes on after them
+    forced = [1000, 2000, 3000]
+    cfg = SamplingConfig(max_tokens=8, temperature=1.0)
+    out = generate_tokens(model, prompt_ids, cfg, forced_ids=forced, generator=torch.Generator().manual_seed(5))
+    assert out.token_ids[:3] == forced and len(out.token_ids) == 8 and out.num_forced == 3
+    expected = teacher_forced_logprobs(model, prompt_ids, out.token_ids)
+    assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-5, rtol=0)
+
+
+def test_prefix_cache_feeds_only_new_ids_and_scores_as_a_full_pass(
+    model: torch.nn.Module, prompt_ids: list[int]
+) -> None:
+    from verl_ext.engines.prefix_cache import PrefixCache
+
+    cache = PrefixCache()
+    cfg = SamplingConfig(max_tokens=6, temperature=1.0)
+    first = generate_tokens(model, prompt_ids, cfg, generator=torch.Generator().manual_seed(2), cache=cache)
+    fed = prompt_ids + first.token_ids[:-1]  # every id the model read: all but the last output id
+    assert cache.ids == fed and cache.past.get_seq_length() == len(fed)
+    # the next turn extends it; then a prompt that departs inside the cached prefix (another rollout) crops it
+    for prompt in (prompt_ids + first.token_ids + [198, 151644, 872], prompt_ids[:7] + [5, 6, 7]):
+        out = generate_tokens(model, prompt, cfg, generator=torch.Generator().manual_seed(3), cache=cache)
+        expected = teacher_forced_logprobs(model, prompt, out.token_ids)
+        assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-5, rtol=0)
+        assert cache.ids == prompt + out.token_ids[:-1] and cache.past.get_seq_length() == len(cache.ids)
+
+
+def test_server_forces_every_turn_and_drops_its_prefix_cache_on_new_weights(
+    tiny_qwen3_dir: Path, tokenizer: Any, prompt_ids: list[int]
+) -> None:
+    server = CPUGenerationServer(
+        str(tiny_qwen3_dir),
+        prompt_length=512,
+        response_length=96,
+        force_text=TOOL_CALL,
+        force_every_turn=True,
+        prefix_cache=True,
+    )
+    params = {"temperature": 1.0, "logprobs": True}
+
+    async def run() -> tuple[Any, Any]:
+        first = await server.generate(prompt_ids, dict(params), "a")
+        second = await server.generate(prompt_ids + first.token_ids + [198], dict(params), "b")
+        return first, second
+
+    first, second = asyncio.run(run())
+    assert tokenizer.decode(first.token_ids) == TOOL_CALL == tokenizer.decode(second.token_ids)  # forced again
+    assert server.cache is not None and server.cache.ids
+    asyncio.run(server.update_weights(list(server.model.state_dict().items())))
+    assert not server.cache.ids and server.cache.past is None  # keys and values of the old weights are gone

@@ -397,10 +397,13 @@ def trainer_sample_from_trajectory(t: TokenTrajectory, response_length: int | No
     if not t.turns:
         raise TrajectoryError("the trajectory has no engine call yet; a trainer sample needs at least one turn")
     p = t.turns[0].prompt_length
-    end = len(t.input_ids) if response_length is None else min(len(t.input_ids), p + response_length)
-    return TrainerSample.of(
-        t.input_ids[:p],
-        t.input_ids[p:end],
-        t.loss_mask[p:end],
-        t.logprobs[p:end] if t.has_logprobs else None,
+    stream = t.input_ids
+    end = len(stream) if response_length is None else min(len(stream), p + response_length)
+    # The stream is packed ints and the mask is built of 0s and 1s: tuples of them need no type scan (200k ids at
+    # the end of a 1,000-turn rollout). The logprobs are the engine's, as it returned them: converted.
+    return TrainerSample(
+        tuple(stream[:p]),
+        tuple(stream[p:end]),
+        tuple(t.loss_mask[p:end]),
+        _as_floats(t.logprobs[p:end]) if t.has_logprobs else None,
     )

@@ -137,7 +137,7 @@ class Rollout:
             response_length,
             int(step),
             dict(chat_template_kwargs or {}),
-            None if kinds is None else tuple(str(k) for k in kinds[: len(sample.stream)]),
+            None if kinds is None else tuple(map(str, kinds[: len(sample.stream)])),
             dict(repairs or {}),
             tuple(repair_log),
             dict(extra or {}),
@@ -207,12 +207,15 @@ def turns_of(calls: Sequence[EngineCall] | Sequence[RecordedCall], n: int) -> tu
     starts = [c.output_start for c in calls]
     if starts != sorted(starts):  # only a broken engine record: take turn_at's answer position by position
         return tuple(turn_at(calls, p) for p in range(n))  # type: ignore[arg-type]
-    out = []
-    k = 0
-    for position in range(n):
-        while k + 1 < len(calls) and calls[k + 1].output_start <= position:
-            k += 1
-        out.append(k)
+    if not calls:
+        return (0,) * n
+    # call k holds positions from its output start (0 for call 0) to the next call's: one repetition per call, not a
+    # step per position (200k positions at the end of a 1,000-turn rollout)
+    out: list[int] = []
+    for k in range(len(calls)):
+        lo = 0 if k == 0 else min(starts[k], n)
+        hi = min(starts[k + 1], n) if k + 1 < len(calls) else n
+        out += [k] * max(0, hi - lo)
     return tuple(out)
 
 

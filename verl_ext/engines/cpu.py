@@ -38,6 +38,7 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl_ext.core.errors import EngineRequestError, OptionsError
 from verl_ext.engines.cpu_images import VisionInputs, ban, vision_of
 from verl_ext.engines.forced_turn import contains_subsequence, forced_prefix  # noqa: F401 - the hook lives there
+from verl_ext.engines.prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -165,46 +166,79 @@ def generate_tokens(
     generator: torch.Generator | None = None,
     vision: VisionInputs | None = None,
     banned_ids: Sequence[int] = (),
+    cache: PrefixCache | None = None,
 ) -> Generation:
     """Generate from ``prompt_ids`` one token at a time with a KV cache.
 
     ``forced_ids`` (test/demo hook) replace the first sampling steps; they are scored like sampled tokens and a stop
-    id among them ends the turn. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
+    id among them ends the turn. They are known in advance, so they are read in the prompt's forward pass (the logits
+    after each prompt-or-forced id score the next forced id, as a teacher-forced pass scores them), not one pass per
+    id. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
+    ``cache``: the previous request's keys and values, reused for the prefix this prompt shares with it and left
+    holding this request's (text only: a request with images prefills everything and empties it).
     """
     if not prompt_ids:
         raise EngineRequestError("verl_ext_cpu: empty prompt")
     device = next(model.parameters()).device
-    input_ids = torch.tensor([list(prompt_ids)], dtype=torch.long, device=device)
+    past, shared = None, 0
+    if cache is not None and vision is None:
+        past, shared = cache.take(prompt_ids)
+    elif cache is not None:  # pixels are read at prefill: no cached prefix, and none kept
+        cache.clear()
+    forced = forced_run(forced_ids, cfg)
+    input_ids = torch.tensor([[*prompt_ids[shared:], *forced[:-1]]], dtype=torch.long, device=device)
     images = {} if vision is None else dict(vars(vision))  # a VL model's pixels, grids and token types
-    out = model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **images)
+    keep = max(1, len(forced))  # one row per forced id (row j scores forced[j]), else the prompt's last
+    out = model(input_ids=input_ids, past_key_values=past, use_cache=True, logits_to_keep=keep, **images)
     past = out.past_key_values
-    logits = ban(out.logits[0, -1].float(), banned_ids)
+    rows = out.logits[0, -keep:].float()
+    if banned_ids:
+        rows[:, list(banned_ids)] = float("-inf")
 
-    token_ids: list[int] = []
+    token_ids: list[int] = list(forced)
     log_probs: list[float] = []
-    finish_reason = "length"
-    forced = list(forced_ids)[: cfg.max_tokens]
-    while len(token_ids) < cfg.max_tokens:
-        step = len(token_ids)
-        token = forced[step] if step < len(forced) else choose_token(logits, cfg, generator)
-        token_ids.append(token)
-        if cfg.logprobs:
-            log_probs.append(token_logprob(logits, token, cfg.temperature))
-        if token in cfg.stop_ids:
-            finish_reason = "stop"
-            break
-        if len(token_ids) == cfg.max_tokens:
-            break
-        step_ids = torch.tensor([[token]], dtype=torch.long, device=device)
-        out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
-        past = out.past_key_values
-        logits = ban(out.logits[0, -1].float(), banned_ids)
+    if forced and cfg.logprobs:
+        scale = cfg.temperature if cfg.temperature > 0 else 1.0
+        scores = torch.log_softmax(rows / scale, dim=-1)
+        log_probs = scores.gather(1, torch.tensor(forced, device=scores.device)[:, None])[:, 0].tolist()
+    finish_reason = "stop" if forced and forced[-1] in cfg.stop_ids else "length"
+    if finish_reason == "length" and len(token_ids) < cfg.max_tokens:
+        if forced:  # the logits after the last forced id
+            out = model(input_ids=torch.tensor([[forced[-1]]], device=device), past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = ban(out.logits[0, -1].float(), banned_ids)
+        else:
+            logits = rows[-1]
+        while len(token_ids) < cfg.max_tokens:
+            token = choose_token(logits, cfg, generator)
+            token_ids.append(token)
+            if cfg.logprobs:
+                log_probs.append(token_logprob(logits, token, cfg.temperature))
+            if token in cfg.stop_ids:
+                finish_reason = "stop"
+                break
+            if len(token_ids) == cfg.max_tokens:
+                break
+            step_ids = torch.tensor([[token]], dtype=torch.long, device=device)
+            out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = ban(out.logits[0, -1].float(), banned_ids)
+    if cache is not None and vision is None:  # the model has read the prompt and every output id but the last
+        cache.keep([*prompt_ids, *token_ids[:-1]], past)
     return Generation(
         token_ids=token_ids,
         log_probs=log_probs,
         finish_reason=finish_reason,
-        num_forced=min(len(forced), len(token_ids)),
+        num_forced=len(forced),
     )
+
+
+def forced_run(forced_ids: Sequence[int], cfg: SamplingConfig) -> list[int]:
+    """The forced ids this request emits: cut at ``max_tokens``, and just after the first stop id (it ends the
+    turn)."""
+    forced = [int(i) for i in forced_ids][: cfg.max_tokens]
+    stop = next((k for k, token in enumerate(forced) if token in cfg.stop_ids), None)
+    return forced if stop is None else forced[: stop + 1]
 
 
 def load_model(path: str, dtype: torch.dtype = torch.float32) -> torch.nn.Module:
@@ -299,7 +333,12 @@ class CPUGenerationServer:
         max_model_len: int | None = None,
         seed: int = 0,
         force_text: str | None = None,
+        force_every_turn: bool = False,
+        prefix_cache: bool = False,
     ) -> None:
+        """``force_text``: the TEST/DEMO hook (see the module docstring), forced on a trajectory's first turn, or on
+        every turn with ``force_every_turn`` (a long-rollout benchmark: every turn a tool call). ``prefix_cache``:
+        keep the last request's keys and values for the next request that extends it (``PrefixCache``)."""
         from transformers import AutoTokenizer
 
         self.model = load_model(model_path)
@@ -313,13 +352,16 @@ class CPUGenerationServer:
         self.global_steps: int | None = None
         self.weight_syncs = 0
         self.force_ids: list[int] = []
+        self.force_every_turn = force_every_turn
+        self.cache = PrefixCache() if prefix_cache else None
         if force_text:
             tokenizer = AutoTokenizer.from_pretrained(model_path)
             self.force_ids = tokenizer.encode(force_text, add_special_tokens=False)
             logger.warning(
-                "verl_ext_cpu: TEST/DEMO hook %s set: forcing %d tokens as every trajectory's first turn",
+                "verl_ext_cpu: TEST/DEMO hook %s set: forcing %d tokens as %s",
                 FORCE_ENV,
                 len(self.force_ids),
+                "every turn" if force_every_turn else "every trajectory's first turn",
             )
 
     async def generate(
@@ -345,7 +387,7 @@ class CPUGenerationServer:
             eos_ids=self.eos_ids,
         )
         generator = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else self.generator
-        forced = forced_prefix(prompt_ids, self.force_ids)
+        forced = list(self.force_ids) if self.force_every_turn else forced_prefix(prompt_ids, self.force_ids)
         async with self.lock:
             # generation blocks; a thread keeps the actor answering update_weights/sleep/... meanwhile
             result = await asyncio.to_thread(
@@ -357,6 +399,7 @@ class CPUGenerationServer:
                 generator=generator,
                 vision=vision,
                 banned_ids=self.vision.banned_ids if self.vision is not None else (),
+                cache=self.cache,
             )
         return TokenOutput(
             token_ids=result.token_ids,
@@ -377,6 +420,8 @@ class CPUGenerationServer:
     async def update_weights(self, weights: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
         """Load the trainer's weights into the model (between steps); returns how many tensors were loaded."""
         async with self.lock:
+            if self.cache is not None:  # its keys and values are the old weights'
+                self.cache.clear()
             loaded = load_weights(self.model, weights)
             self.weight_syncs += 1
             if global_steps is not None:
@@ -398,7 +443,8 @@ class CPUGenerationServer:
         return {"weight_syncs": self.weight_syncs, "global_steps": self.global_steps, "force_ids": len(self.force_ids)}
 
     # Lifecycle calls verl's replica/checkpoint manager forward to every server. Nothing to free on CPU: the model
-    # stays resident, there is no KV cache between requests and a request cannot be interrupted mid-way.
+    # stays resident, no KV cache is kept between requests but the optional prefix cache, and a request cannot be
+    # interrupted mid-way.
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Nothing to wake: the model stays resident on CPU."""
         return None
@@ -408,12 +454,14 @@ class CPUGenerationServer:
         return None
 
     async def clear_kv_cache(self) -> None:
-        """No KV cache is kept between requests."""
-        return None
+        """Drop the prefix cache, if on (no other KV cache is kept between requests)."""
+        async with self.lock:
+            if self.cache is not None:
+                self.cache.clear()
 
     async def release_kv_cache(self) -> None:
-        """No KV cache is kept between requests."""
-        return None
+        """Drop the prefix cache, if on (no other KV cache is kept between requests)."""
+        await self.clear_kv_cache()
 
     async def resume_kv_cache(self) -> None:
         """No KV cache is kept between requests."""

@@ -137,7 +137,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             step=training_step(kwargs, ro.extra_fields.get("global_steps")),
             chat_template_kwargs=rt.renderer.template_kwargs,
             template_clock=t.clock,
-            kinds=[k.value for k in t.kinds[: len(sample.stream)]],
+            kinds=t.kind_values(len(sample.stream)),
             repairs=Counter(e.kind.value for e in t.edits),
             repair_log=t.repair_log(),
             extra={

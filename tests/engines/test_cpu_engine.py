@@ -220,12 +220,12 @@ def test_prefix_cache_feeds_only_new_ids_and_scores_as_a_full_pass(
 
     cache = PrefixCache()
     cfg = SamplingConfig(max_tokens=6, temperature=1.0)
-    first = generate_tokens(model, prompt_ids, cfg, generator=torch.Generator().manual_seed(2), cache=cache)
+    first = generate_tokens(model, prompt_ids, cfg, generator=torch.Generator().manual_seed(2), prefix_cache=cache)
     fed = prompt_ids + first.token_ids[:-1]  # every id the model read: all but the last output id
     assert cache.ids == fed and cache.past.get_seq_length() == len(fed)
     # the next turn extends it; then a prompt that departs inside the cached prefix (another rollout) crops it
     for prompt in (prompt_ids + first.token_ids + [198, 151644, 872], prompt_ids[:7] + [5, 6, 7]):
-        out = generate_tokens(model, prompt, cfg, generator=torch.Generator().manual_seed(3), cache=cache)
+        out = generate_tokens(model, prompt, cfg, generator=torch.Generator().manual_seed(3), prefix_cache=cache)
         expected = teacher_forced_logprobs(model, prompt, out.token_ids)
         assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-5, rtol=0)
         assert cache.ids == prompt + out.token_ids[:-1] and cache.past.get_seq_length() == len(cache.ids)

@@ -166,71 +166,78 @@ def generate_tokens(
     generator: torch.Generator | None = None,
     vision: VisionInputs | None = None,
     banned_ids: Sequence[int] = (),
-    cache: PrefixCache | None = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> Generation:
     """Generate from ``prompt_ids`` one token at a time with a KV cache.
 
     ``forced_ids`` (test/demo hook) replace the first sampling steps; they are scored like sampled tokens and a stop
-    id among them ends the turn. They are known in advance, so they are read in the prompt's forward pass (the logits
-    after each prompt-or-forced id score the next forced id, as a teacher-forced pass scores them), not one pass per
-    id. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
-    ``cache``: the previous request's keys and values, reused for the prefix this prompt shares with it and left
-    holding this request's (text only: a request with images prefills everything and empties it).
+    id among them ends the turn. On a text request they are known in advance, so they are read in the prompt's
+    forward pass (the logits after each prompt-or-forced id score the next forced id, as a teacher-forced pass scores
+    them), not one pass per id; a VL request's token types cover the prompt alone, so there they are read one pass
+    each. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
+    ``prefix_cache``: the previous request's keys and values, reused for the prefix this prompt shares with it and
+    left holding this request's (text only: a request with images prefills everything and empties it).
     """
     if not prompt_ids:
         raise EngineRequestError("verl_ext_cpu: empty prompt")
     device = next(model.parameters()).device
     past, shared = None, 0
-    if cache is not None and vision is None:
-        past, shared = cache.take(prompt_ids)
-    elif cache is not None:  # pixels are read at prefill: no cached prefix, and none kept
-        cache.clear()
+    if prefix_cache is not None and vision is None:
+        past, shared = prefix_cache.take(prompt_ids)
+    elif prefix_cache is not None:  # pixels are read at prefill: no cached prefix, and none kept
+        prefix_cache.clear()
     forced = forced_run(forced_ids, cfg)
-    input_ids = torch.tensor([[*prompt_ids[shared:], *forced[:-1]]], dtype=torch.long, device=device)
+    folded = forced if vision is None else []  # forced ids read in the prefill
     images = {} if vision is None else dict(vars(vision))  # a VL model's pixels, grids and token types
-    keep = max(1, len(forced))  # one row per forced id (row j scores forced[j]), else the prompt's last
+    keep = max(1, len(folded))  # one row per folded forced id (row j scores folded[j]), else the prompt's last
+    input_ids = torch.tensor([[*prompt_ids[shared:], *folded[:-1]]], dtype=torch.long, device=device)
     out = model(input_ids=input_ids, past_key_values=past, use_cache=True, logits_to_keep=keep, **images)
-    past = out.past_key_values
     rows = out.logits[0, -keep:].float()
     if banned_ids:
         rows[:, list(banned_ids)] = float("-inf")
-
-    token_ids: list[int] = list(forced)
-    log_probs: list[float] = []
-    if forced and cfg.logprobs:
-        scale = cfg.temperature if cfg.temperature > 0 else 1.0
-        scores = torch.log_softmax(rows / scale, dim=-1)
-        log_probs = scores.gather(1, torch.tensor(forced, device=scores.device)[:, None])[:, 0].tolist()
+    step = _Stepper(model, out.past_key_values, banned_ids, device)
     finish_reason = "stop" if forced and forced[-1] in cfg.stop_ids else "length"
-    if finish_reason == "length" and len(token_ids) < cfg.max_tokens:
-        if forced:  # the logits after the last forced id
-            out = model(input_ids=torch.tensor([[forced[-1]]], device=device), past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = ban(out.logits[0, -1].float(), banned_ids)
-        else:
-            logits = rows[-1]
-        while len(token_ids) < cfg.max_tokens:
-            token = choose_token(logits, cfg, generator)
-            token_ids.append(token)
-            if cfg.logprobs:
-                log_probs.append(token_logprob(logits, token, cfg.temperature))
-            if token in cfg.stop_ids:
-                finish_reason = "stop"
-                break
-            if len(token_ids) == cfg.max_tokens:
-                break
-            step_ids = torch.tensor([[token]], dtype=torch.long, device=device)
-            out = model(input_ids=step_ids, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            logits = ban(out.logits[0, -1].float(), banned_ids)
-    if cache is not None and vision is None:  # the model has read the prompt and every output id but the last
-        cache.keep([*prompt_ids, *token_ids[:-1]], past)
-    return Generation(
-        token_ids=token_ids,
-        log_probs=log_probs,
-        finish_reason=finish_reason,
-        num_forced=len(forced),
-    )
+    more = finish_reason == "length" and len(forced) < cfg.max_tokens  # sampling goes on after the forced ids
+    log_probs = _scores(rows, folded, cfg.temperature) if folded and cfg.logprobs else []
+    logits = step(folded[-1]) if folded and more else rows[-1]  # a pass only where a next id is wanted
+    token_ids: list[int] = list(folded)
+    for token in forced[len(folded) :]:  # a VL request's forced ids, one pass each
+        log_probs += [token_logprob(logits, token, cfg.temperature)] if cfg.logprobs else []
+        token_ids.append(token)
+        if len(token_ids) < len(forced) or more:
+            logits = step(token)
+    while finish_reason == "length" and len(token_ids) < cfg.max_tokens:
+        token = choose_token(logits, cfg, generator)
+        token_ids.append(token)
+        if cfg.logprobs:
+            log_probs.append(token_logprob(logits, token, cfg.temperature))
+        if token in cfg.stop_ids:
+            finish_reason = "stop"
+        elif len(token_ids) < cfg.max_tokens:
+            logits = step(token)
+    if prefix_cache is not None and vision is None:  # the model has read the prompt and every output id but the last
+        prefix_cache.keep([*prompt_ids, *token_ids[:-1]], step.past)
+    return Generation(token_ids=token_ids, log_probs=log_probs, finish_reason=finish_reason, num_forced=len(forced))
+
+
+class _Stepper:
+    """One decoding step: feed one id through the model on its KV cache (``past``), return the next logits."""
+
+    def __init__(self, model: torch.nn.Module, past: Any, banned_ids: Sequence[int], device: torch.device) -> None:
+        self.model, self.past, self.banned_ids, self.device = model, past, banned_ids, device
+
+    def __call__(self, token: int) -> torch.Tensor:
+        ids = torch.tensor([[token]], dtype=torch.long, device=self.device)
+        out = self.model(input_ids=ids, past_key_values=self.past, use_cache=True)
+        self.past = out.past_key_values
+        return ban(out.logits[0, -1].float(), self.banned_ids)
+
+
+def _scores(rows: torch.Tensor, forced: Sequence[int], temperature: float) -> list[float]:
+    """The logprob of each forced id under its row (row j scores forced[j]), as ``token_logprob`` scores one."""
+    scale = temperature if temperature > 0 else 1.0
+    scores = torch.log_softmax(rows / scale, dim=-1)
+    return scores.gather(1, torch.tensor(list(forced), device=scores.device)[:, None])[:, 0].tolist()
 
 
 def forced_run(forced_ids: Sequence[int], cfg: SamplingConfig) -> list[int]:
@@ -399,7 +406,7 @@ class CPUGenerationServer:
                 generator=generator,
                 vision=vision,
                 banned_ids=self.vision.banned_ids if self.vision is not None else (),
-                cache=self.cache,
+                prefix_cache=self.cache,
             )
         return TokenOutput(
             token_ids=result.token_ids,

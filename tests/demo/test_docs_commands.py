@@ -58,6 +58,11 @@ NOT_RUN_KINDS: tuple[tuple[str, str], ...] = (
         "tests/demo/test_gateway_demo.py runs the same job without the cluster",
     ),
     (
+        r"^python -m verl\.trainer\.main_ppo .*actor_rollout_ref\.model\.path=build/tiny-vl ",
+        "a VL GRPO step: verl's VL path needs torchvision and qwen_vl_utils, which this environment does not install "
+        "(docs/vl-models.md); tests/images/test_vl_loop.py runs the loop's image path with verl's own worker functions",
+    ),
+    (
         r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=\$PWD/build/verl_ext_env",
         "a GPU machine's set-up or run (tests/gpu/ runs where a GPU is lent)",
     ),

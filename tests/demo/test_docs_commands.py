@@ -30,7 +30,8 @@ NOT_RUN: dict[str, str] = {
     "make tokenizers": "a make target: scripts/unpack_tokenizers.py, which tests/conftest.py runs for every session",
     ".venv/bin/python tests/report/report_rollouts.py build/records": "a minute of building rollouts; the same "
     "builder writes the report tests' records (tests/report/conftest.py), whose report they check",
-    "verl-ext demo --trainer v0": "a second demo run (minutes on 2 cores): tests/demo/test_e2e.py runs the v0 trainer",
+    "verl-ext demo --trainer v0": "a second demo run (minutes on 2 cores): tests/demo/test_gateway_demo.py runs "
+    "the v0 trainer (through the gateway)",
     "verl-ext demo --loop gateway --steps 1": "a demo run through the gateway (minutes on 2 cores): "
     "tests/demo/test_gateway_demo.py runs it (one row x 2 samples)",
     "verl-ext demo actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_audited_tool_agent": "a demo run "

@@ -1,12 +1,14 @@
-"""End to end through the gateway: ``verl-ext demo --loop gateway`` runs verl's real GRPO trainer (v1, Ray, FSDP2 on
-gloo, the CPU engine) with ``verl_ext_gateway_agent``, whose harness is the demo's ReAct calculator agent on the
-official openai SDK (verl_ext/demo/harness.py): each row is a gateway session, the harness runs the calculator the
-model called, and the session's branch is the row's training sample. One step of one row x 2 samples: the least
-that trains a GRPO group (CI time: this is one trainer start; the start, not the rollouts, is most of it)."""
+"""End to end through the gateway: ``verl-ext demo --loop gateway --trainer v0`` runs verl's real GRPO trainer (its
+legacy v0 trainer, which no other test starts: tests/demo/test_e2e.py runs v1; Ray, FSDP2 on gloo, the CPU engine)
+with ``verl_ext_gateway_agent``, whose harness is the demo's ReAct calculator agent on the official openai SDK
+(verl_ext/demo/harness.py): each row is a gateway session, the harness runs the calculator the model called, and the
+session's branch is the row's training sample. One step of one row x 2 samples: the least that trains a GRPO group
+(CI time: this is one trainer start; the start, not the rollouts, is most of it)."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ ROLLOUTS = 2  # 1 row x rollout.n 2 (configs/cpu_demo.yaml)
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
     lines: list[str] = []
     out = tmp_path_factory.mktemp("demo-gateway")
-    result = run_demo(out, steps=1, loop="gateway", extra_overrides=ONE_ROW, say=lines.append)
+    result = run_demo(out, steps=1, trainer="v0", loop="gateway", extra_overrides=ONE_ROW, say=lines.append)
     assert result.returncode == 0, "\n".join(lines)
     return result
 
@@ -46,6 +48,12 @@ def test_a_grpo_step_trains_on_the_harness_sessions(demo: DemoResult) -> None:
     assert "tito/gateway/harness_failed" not in m and "tito/gateway/engine_fields_missing" not in m
     # the forced calculator call, its result sent back by the harness, and a sampled answer: 2 model turns
     assert m["num_turns/mean"] == 5
+
+
+def test_the_v0_trainer_syncs_its_weights_to_the_rollout_server(demo: DemoResult) -> None:
+    sync = r"weight sync (\d+) \(global_steps=(\d+)\): loaded (\d+) tensors, missing=\[\]"
+    syncs = re.findall(sync, demo.log.read_text())
+    assert [int(s[0]) for s in syncs][:2] == [1, 2] and all(int(s[2]) > 0 for s in syncs), syncs  # before and after
 
 
 def test_every_session_is_checked_recorded_and_reported(demo: DemoResult) -> None:

@@ -107,8 +107,7 @@ def check_output_file(path: str, option: str, example: str = "report.html") -> P
         if out.exists():
             os.close(os.open(out, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
         else:
-            os.close(os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            out.unlink()
+            _create_and_remove(out)
     except OSError as exc:
         raise OptionsError(
             f"{option} {path!r} cannot be written ({exc.strerror or exc}); pass a path in a folder this user can write"
@@ -124,14 +123,18 @@ def check_output_folder(path: str, option: str) -> Path:
         raise NotAFolderError(f"{option} {path!r} is a file, not a folder; pass a folder (it is created if missing)")
     try:
         out.mkdir(parents=True, exist_ok=True)
-        probe = out / f".verl-ext-write-check-{os.getpid()}"
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        probe.unlink()
+        _create_and_remove(out / f".verl-ext-write-check-{os.getpid()}")
     except OSError as exc:
         raise OptionsError(
             f"{option} {path!r} cannot be written ({exc.strerror or exc}); pass a folder this user can write"
         ) from None
     return out
+
+
+def _create_and_remove(path: Path) -> None:
+    """Create ``path`` as a new empty file and remove it: whether this user can write a file there (OSError if not)."""
+    os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    path.unlink()
 
 
 def distinct_files(paths: Sequence[str], command: str) -> list[str]:

@@ -23,6 +23,7 @@ from verl_ext.runtime.images import video_processor_stand_in
 
 REPO = Path(__file__).resolve().parents[2]
 VL_FIXTURE = REPO / "tests" / "fixtures" / "vl" / "qwen2.5-vl"
+REMOTE_PROCESSOR_MODULE = "processing_verl_ext_vl"  # the saved model folder's remote-code processor module
 
 
 def vl_fixture_files(fixture_dir: str | Path = VL_FIXTURE) -> dict[str, Path]:
@@ -75,13 +76,31 @@ def build_tiny_vl_model(fixture_dir: str | Path = VL_FIXTURE, seed: int = 0) -> 
 
 
 def save_tiny_vl_model(out_dir: str | Path, tokenizer_dir: str | Path, fixture_dir: str | Path = VL_FIXTURE) -> Path:
-    """Save the tiny model, the tokenizer (with the VL template) and the processor's settings in ``out_dir``:
-    a model folder verl's config can name (``model_type`` ``qwen2_5_vl``)."""
+    """Save the tiny model and its processor's files (``save_vl_processor_files``) in ``out_dir``: a model folder
+    verl's config can name (``model_type`` ``qwen2_5_vl``; with ``trust_remote_code``, verl builds its processor)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     build_tiny_vl_model(fixture_dir).save_pretrained(str(out))
+    return save_vl_processor_files(out, tokenizer_dir, fixture_dir)
+
+
+def save_vl_processor_files(
+    out_dir: str | Path, tokenizer_dir: str | Path, fixture_dir: str | Path = VL_FIXTURE
+) -> Path:
+    """The tokenizer (with the VL template), the processor's settings and the remote-code processor in ``out_dir``.
+
+    verl builds its processor with ``AutoProcessor.from_pretrained(folder, trust_remote_code=...)``; the folder's
+    ``processor_config.json`` names ``vl_processing.py``'s class (copied in), which builds it without torchvision
+    (that module's docstring says why)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files = vl_fixture_files(fixture_dir)
     processor = build_vl_processor(tokenizer_dir, fixture_dir)
     processor.tokenizer.save_pretrained(str(out))
-    (out / "preprocessor_config.json").write_text(vl_fixture_files(fixture_dir)["preprocessor"].read_text())
-    (out / "chat_template.jinja").write_text(vl_fixture_files(fixture_dir)["chat_template"].read_text())
+    (out / "preprocessor_config.json").write_text(files["preprocessor"].read_text())
+    (out / "chat_template.jinja").write_text(files["chat_template"].read_text())
+    (out / f"{REMOTE_PROCESSOR_MODULE}.py").write_text((Path(__file__).parent / "vl_processing.py").read_text())
+    (out / "processor_config.json").write_text(
+        json.dumps({"auto_map": {"AutoProcessor": f"{REMOTE_PROCESSOR_MODULE}.Qwen2_5_VLProcessor"}}, indent=2) + "\n"
+    )
     return out

@@ -138,30 +138,39 @@ def load_processor(folder: str | os.PathLike[str]) -> LoadedProcessor:
     except Exception as exc:  # transformers raises anything from ImportError to AttributeError here
         auto_error = f"{type(exc).__name__}: {exc}"
     try:
-        import transformers
-
-        settings = json.loads((Path(folder) / "preprocessor_config.json").read_text())
-        name = str(settings.get("image_processor_type", ""))
-        image_cls = getattr(transformers, name, None) or getattr(transformers, name + "Pil", None)
-        processor_cls = getattr(transformers, str(settings.get("processor_class", "")), None)
-        if image_cls is None or processor_cls is None:
-            raise OptionsError(f"transformers has no {name!r} or {settings.get('processor_class')!r}")
-        image_processor = image_cls.from_pretrained(str(folder))
-        tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
-        with video_processor_stand_in() as video_cls:
-            processor = processor_cls(
-                image_processor=image_processor,
-                tokenizer=tokenizer,
-                video_processor=video_cls(),
-                chat_template=tokenizer.chat_template,
-            )
+        processor = processor_from_parts(folder)
     except Exception as exc:
         raise OptionsError(
             f"the processor of {folder} cannot be built: AutoProcessor failed ({auto_error}), and so did its "
             f"classes from preprocessor_config.json ({type(exc).__name__}: {exc})"
         ) from None
     how = (
-        f"{processor_cls.__name__} built from its tokenizer and {type(image_processor).__name__}, a video processor "
-        f"standing in (AutoProcessor: {auto_error[:80]})"
+        f"{type(processor).__name__} built from its tokenizer and {type(processor.image_processor).__name__}, a video "
+        f"processor standing in (AutoProcessor: {auto_error[:80]})"
     )
     return LoadedProcessor(processor, how)
+
+
+def processor_from_parts(folder: str | os.PathLike[str]) -> Any:
+    """The processor class ``folder``'s ``preprocessor_config.json`` names, built from the folder's tokenizer and
+    image processor with transformers' base video processor standing in (torchvision missing). Raises what
+    transformers raises, or ``OptionsError`` when transformers has no such class."""
+    import transformers
+
+    from verl_ext.core.errors import OptionsError
+
+    settings = json.loads((Path(folder) / "preprocessor_config.json").read_text())
+    name = str(settings.get("image_processor_type", ""))
+    image_cls = getattr(transformers, name, None) or getattr(transformers, name + "Pil", None)
+    processor_cls = getattr(transformers, str(settings.get("processor_class", "")), None)
+    if image_cls is None or processor_cls is None:
+        raise OptionsError(f"transformers has no {name!r} or {settings.get('processor_class')!r}")
+    image_processor = image_cls.from_pretrained(str(folder))
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(folder))
+    with video_processor_stand_in() as video_cls:
+        return processor_cls(
+            image_processor=image_processor,
+            tokenizer=tokenizer,
+            video_processor=video_cls(),
+            chat_template=tokenizer.chat_template,
+        )

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from verl_ext.demo.calculator import calculate, evaluate
@@ -34,3 +36,46 @@ def test_reward_reads_only_the_text_after_the_last_tool_response() -> None:
     assert compute_score("d", response + "The answer is 184.", "84") == 0.0
     assert compute_score("d", response + "I do not know.", "84") == 0.0
     assert compute_score("d", "so -41 it is", "-41") == 1.0
+
+
+def test_screen_rows_carry_one_image_per_placeholder() -> None:
+    import io
+
+    from PIL import Image
+
+    from verl_ext.demo.data import make_screen_rows
+
+    rows = make_screen_rows(6, "train")
+    assert rows == make_screen_rows(6, "train")
+    sizes = set()
+    for row in rows:
+        # verl's RLHFDataset pairs each "<image>" in the text with the next entry of the images column
+        assert sum(m["content"].count("<image>") for m in row["prompt"]) == len(row["images"]) == 1
+        image = Image.open(io.BytesIO(row["images"][0]["bytes"]))
+        assert image.format == "PNG"
+        sizes.add(image.size)
+    assert len(sizes) > 1  # sizes differ, so the placeholder counts differ
+
+
+def test_vl_demo_command_names_the_screenshot_tool_and_the_vl_settings(tmp_path: Path) -> None:
+    from verl_ext.demo.run import VL_OVERRIDES, trainer_command
+
+    paths = {"model": tmp_path / "m", "train": tmp_path / "t", "val": tmp_path / "v"}
+    vl = trainer_command(paths, tmp_path, 1, "v1", ["x=1"], model="qwen2.5-vl")
+    text = trainer_command(paths, tmp_path, 1, "v1", ["x=1"])
+    assert any("function_tool_path=" in a and a.endswith("screenshot_tool.py") for a in vl)
+    assert set(VL_OVERRIDES) <= set(vl) and not set(VL_OVERRIDES) & set(text)
+    assert vl[-1] == "x=1"  # the user's overrides come last, so they win
+
+
+def test_demo_refuses_choices_it_has_not(capsys: pytest.CaptureFixture[str]) -> None:
+    from verl_ext.cli.main import main as cli
+    from verl_ext.core.errors import OptionsError
+    from verl_ext.demo.run import check_choices
+
+    with pytest.raises(OptionsError, match="--loop tool only"):
+        check_choices("gateway", "qwen2.5-vl")
+    with pytest.raises(OptionsError, match="model must be one of"):
+        check_choices("tool", "llama")
+    assert cli(["demo", "--model", "qwen2.5-vl", "--loop", "gateway", "--out", "build/never"]) == 2
+    assert "--loop tool only" in capsys.readouterr().err

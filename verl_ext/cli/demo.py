@@ -7,7 +7,7 @@ from pathlib import Path
 
 from verl_ext.cli.options import check_output_folder
 from verl_ext.core.errors import OptionsError
-from verl_ext.demo.run import LOOPS, run_demo, shown
+from verl_ext.demo.run import LOOPS, MODELS, check_choices, run_demo, shown
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -15,15 +15,18 @@ def run_demo_command(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise OptionsError(f"--steps must be at least 1, got {args.steps}")
     check_output_folder(args.out, "--out")  # before the model, the data and the trainer: a wrong path costs nothing
-    loop = args.loop
+    loop, model = args.loop, args.model
+    check_choices(loop, model)
     harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
     print(
         f"verl-ext demo: {args.steps} GRPO steps of verl's {args.trainer} trainer on CPU, with {LOOPS[loop]}{harness}, "
-        "the verl_ext_cpu engine and a tiny random Qwen3 model (the first assistant turn is a forced calculator call: "
-        "a demo-only hook, see docs/cpu-engine.md)",
+        f"the verl_ext_cpu engine and {MODELS[model]} (the first assistant turn is a forced "
+        f"{'screenshot' if model == 'qwen2.5-vl' else 'calculator'} call: a demo-only hook, see docs/cpu-engine.md)",
         flush=True,
     )
-    result = run_demo(Path(args.out), steps=args.steps, trainer=args.trainer, extra_overrides=args.overrides, loop=loop)
+    result = run_demo(
+        Path(args.out), steps=args.steps, trainer=args.trainer, extra_overrides=args.overrides, loop=loop, model=model
+    )
     if result.returncode != 0:
         return result.returncode
     failures = sum(m.get("tito/engine_view_failures", 0) for m in result.steps.values())

@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser(
         "demo",
-        help="run verl's GRPO trainer on CPU with verl_ext (tiny random Qwen3), print tito/ metrics, write the report",
+        help="run verl's GRPO trainer on CPU with verl_ext (a tiny random Qwen3 or Qwen2.5-VL), print tito/ metrics, "
+        "write the report",
     )
     demo.add_argument("--out", default="build/demo", metavar="DIR", help="where the model, data, log and report go")
     demo.add_argument("--steps", type=int, default=2, help="GRPO steps (default 2)")
@@ -76,6 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="tool",
         help="tool: verl_ext_tool_agent (default); gateway: verl_ext_gateway_agent running the demo's harness (a ReAct "
         "agent on the openai SDK, verl_ext/demo/harness.py) through the gateway",
+    )
+    demo.add_argument(
+        "--model",
+        choices=("qwen3", "qwen2.5-vl"),
+        default="qwen3",
+        help="qwen3: a tiny random Qwen3 with the calculator tool (default); qwen2.5-vl: a tiny random Qwen2.5-VL with "
+        "the screenshot tool, an image in every prompt and tool result (with --loop tool)",
     )
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for verl's trainer")
     return parser

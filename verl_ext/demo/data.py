@@ -1,4 +1,5 @@
-"""Write the demo's arithmetic tool-calling dataset as verl parquet rows (train and val).
+"""Write the demo's arithmetic tool-calling dataset as verl parquet rows (train and val); and the VL demo's
+screen questions (a prompt image each, ``make_screen_rows``).
 
 Each row: ``data_source``, ``prompt`` (system + user messages asking to use the calculator), ``ability``,
 ``reward_model`` ``{style: rule, ground_truth}``, ``extra_info`` ``{index, split, expression, need_tools_kwargs}``.
@@ -46,8 +47,51 @@ def make_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
     return rows
 
 
-def write_dataset(out_dir: str | Path, n_train: int = 8, n_val: int = 2, seed: int = 0) -> dict[str, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` in ``out_dir``; return split -> path."""
+SCREEN_DATA_SOURCE = "verl_ext/screen_demo"
+SCREEN_SYSTEM_PROMPT = "You are a GUI agent. Look at the screen with the screenshot tool before you answer."
+
+
+def icon_png(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
+    """A plain PNG of ``width`` x ``height`` (the VL demo's prompt image)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (width, height), colour).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_screen_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
+    """``n`` rows of the VL demo: an app icon in the prompt (verl's ``images`` column, ``<image>`` in the text, as
+    ``RLHFDataset`` reads them) of a size per row, so the placeholder count differs, and a question only a
+    screenshot answers."""
+    rng = random.Random(f"screen-{seed}-{split}")
+    rows = []
+    for index in range(n):
+        width, height = rng.choice((56, 84, 112)), rng.choice((56, 84))
+        colour = (rng.randrange(256), rng.randrange(256), rng.randrange(256))
+        rows.append(
+            {
+                "data_source": SCREEN_DATA_SOURCE,
+                "prompt": [
+                    {"role": "system", "content": SCREEN_SYSTEM_PROMPT},
+                    {"role": "user", "content": "<image>\nThis is the app's icon. How many buttons has the top bar?"},
+                ],
+                "images": [{"bytes": icon_png(width, height, colour)}],
+                "ability": "gui",
+                "reward_model": {"style": "rule", "ground_truth": "3"},
+                "extra_info": {"index": index, "split": split, "need_tools_kwargs": False},
+            }
+        )
+    return rows
+
+
+def write_dataset(
+    out_dir: str | Path, n_train: int = 8, n_val: int = 2, seed: int = 0, rows: Any = None
+) -> dict[str, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` in ``out_dir``; return split -> path. ``rows`` makes the rows
+    (``make_rows``, the calculator's, by default; ``make_screen_rows`` for the VL demo)."""
     import pandas as pd
 
     out = Path(out_dir)
@@ -55,7 +99,7 @@ def write_dataset(out_dir: str | Path, n_train: int = 8, n_val: int = 2, seed: i
     paths = {}
     for split, n in (("train", n_train), ("val", n_val)):
         path = out / f"{split}.parquet"
-        pd.DataFrame(make_rows(n, split, seed)).to_parquet(path)
+        pd.DataFrame((rows or make_rows)(n, split, seed)).to_parquet(path)
         paths[split] = path
     return paths
 

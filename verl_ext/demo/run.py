@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.core.errors import MissingFileError, OptionsError
-from verl_ext.engines.forced_turn import FORCED_TOOL_CALL
+from verl_ext.engines.forced_turn import FORCED_SCREENSHOT_CALL, FORCED_TOOL_CALL
 
 REPO = Path(__file__).resolve().parents[2]
 # what a person wants to see per step; every tito/ metric is printed too
@@ -47,6 +47,20 @@ DEMO_HARNESS = "verl_ext.demo.harness:run"
 # the demo job with the gateway preset and the demo's harness: verl_ext_gateway_agent instead of verl_ext_tool_agent
 GATEWAY_OVERRIDES = ("verl_ext=gateway", f"verl_ext.harness.function={DEMO_HARNESS}")
 LOOPS = {"tool": "verl_ext_tool_agent", "gateway": "verl_ext_gateway_agent"}  # --loop -> the agent loop that runs
+# --model -> what a person is told it is
+MODELS = {
+    "qwen3": "a tiny random Qwen3 model with the calculator tool",
+    "qwen2.5-vl": "a tiny random Qwen2.5-VL model with the screenshot tool (an image in the prompt and in each result)",
+}
+# The VL job's settings on top of cpu_demo.yaml:
+# - trust_remote_code: verl builds the processor with AutoProcessor, which needs torchvision for Qwen2.5-VL; the tiny
+#   model's folder names a remote-code processor that builds it without (verl_ext/demo/vl_processing.py);
+# - no remove-padding: verl's packed-sequence attention for Qwen2-VL models is flash-attention only (a GPU kernel).
+VL_OVERRIDES = (
+    "actor_rollout_ref.model.trust_remote_code=true",
+    "data.trust_remote_code=true",
+    "actor_rollout_ref.model.use_remove_padding=false",
+)
 
 
 @dataclass
@@ -112,34 +126,56 @@ def shown(path: Path) -> Path:
         return path
 
 
-def prepare(out: Path, say: Callable[[str], None]) -> dict[str, Path]:
-    from verl_ext.demo.data import write_dataset
+def prepare(out: Path, say: Callable[[str], None], model: str = "qwen3") -> dict[str, Path]:
+    """The demo's model folder and dataset in ``out`` (built once; kept between runs)."""
+    from verl_ext.demo.data import make_screen_rows, write_dataset
 
     out.mkdir(parents=True, exist_ok=True)
+    if model == "qwen2.5-vl":
+        folder = out / "tiny-qwen2.5-vl"
+        if not (folder / "config.json").is_file():
+            from verl_ext.demo.vl_model import save_tiny_vl_model  # torch and transformers: only when missing
+
+            save_tiny_vl_model(folder, shipped_tokenizers()["qwen2.5"])
+        data = write_dataset(out / "data-vl", rows=make_screen_rows)
+        say(
+            f"prepared a tiny random Qwen2.5-VL model ({shown(folder)}) with the real Qwen2.5 tokenizer and the VL "
+            "template, and the screen dataset (an icon image per prompt)"
+        )
+        return {"model": folder, "train": data["train"], "val": data["val"]}
     tokenizer = shipped_tokenizers()["qwen3"]
-    model = out / "tiny-qwen3"
-    if not (model / "config.json").is_file():
+    folder = out / "tiny-qwen3"
+    if not (folder / "config.json").is_file():
         from verl_ext.demo.model import build_tiny_qwen3  # torch and transformers: only when the model is missing
 
-        build_tiny_qwen3(model, tokenizer, seed=0)
+        build_tiny_qwen3(folder, tokenizer, seed=0)
     data = write_dataset(out / "data")
     say(
-        f"prepared a tiny random Qwen3 model ({shown(model)}) with the real Qwen3 tokenizer, and the calculator dataset"
+        f"prepared a tiny random Qwen3 model ({shown(folder)}) with the real Qwen3 tokenizer, and the calculator "
+        "dataset"
     )
-    return {"model": model, "train": data["train"], "val": data["val"]}
+    return {"model": folder, "train": data["train"], "val": data["val"]}
 
 
 def trainer_command(
-    paths: dict[str, Path], out: Path, steps: int, trainer: str, extra: Sequence[str], loop: str = "tool"
+    paths: dict[str, Path],
+    out: Path,
+    steps: int,
+    trainer: str,
+    extra: Sequence[str],
+    loop: str = "tool",
+    model: str = "qwen3",
 ) -> list[str]:
     """verl's trainer on the demo's job config, with the paths ``prepare`` made (and, for ``loop="gateway"``, the
-    gateway preset with the demo's harness; ``extra`` comes after, so it can name another). Raises MissingFileError
-    outside a clone of the repository (the job config is in its top-level configs/, not in the package)."""
+    gateway preset with the demo's harness; for ``model="qwen2.5-vl"``, the screenshot tool and ``VL_OVERRIDES``;
+    ``extra`` comes after, so it can name another). Raises MissingFileError outside a clone of the repository (the
+    job config is in its top-level configs/, not in the package)."""
     if not (JOB_CONFIGS / "cpu_demo.yaml").is_file():
         raise MissingFileError(
             f"{JOB_CONFIGS / 'cpu_demo.yaml'} is missing: `verl-ext demo` runs from a clone of the verl_ext "
             "repository (its job config is configs/cpu_demo.yaml)"
         )
+    tools = "screenshot_tool.py" if model == "qwen2.5-vl" else "tools.py"
     return [
         sys.executable,
         "-m",
@@ -149,7 +185,7 @@ def trainer_command(
         f"actor_rollout_ref.model.path={paths['model']}",
         f"data.train_files={paths['train']}",
         f"data.val_files={paths['val']}",
-        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'verl_ext' / 'demo' / 'tools.py'}",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'verl_ext' / 'demo' / tools}",
         f"reward.custom_reward_function.path={REPO / 'verl_ext' / 'demo' / 'reward.py'}",
         f"trainer.total_training_steps={steps}",
         f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}",
@@ -157,8 +193,22 @@ def trainer_command(
         f"verl_ext.records.dir={out / 'records'}",
         f"hydra.run.dir={out / 'hydra'}",
         *(GATEWAY_OVERRIDES if loop == "gateway" else ()),
+        *(VL_OVERRIDES if model == "qwen2.5-vl" else ()),
         *extra,
     ]
+
+
+def check_choices(loop: str, model: str) -> None:
+    """Raise ``OptionsError`` for a ``loop`` or ``model`` the demo does not have, or the VL model with the gateway
+    (the demo's harness is the calculator agent)."""
+    if loop not in LOOPS:
+        raise OptionsError(f"the demo's loop must be one of {sorted(LOOPS)}, got {loop!r}")
+    if model not in MODELS:
+        raise OptionsError(f"the demo's model must be one of {sorted(MODELS)}, got {model!r}")
+    if model != "qwen3" and loop != "tool":
+        raise OptionsError(
+            f"--model {model} runs with --loop tool only: the demo's harness for the gateway is the calculator agent"
+        )
 
 
 def run_demo(
@@ -168,11 +218,12 @@ def run_demo(
     extra_overrides: Sequence[str] = (),
     say: Callable[[str], None] = print,
     loop: str = "tool",
+    model: str = "qwen3",
 ) -> DemoResult:
     """The demo, end to end (module docstring); ``loop`` is ``tool`` (verl_ext_tool_agent) or ``gateway``
-    (verl_ext_gateway_agent with the demo's harness). Raises ``OptionsError`` for another ``loop``."""
-    if loop not in LOOPS:
-        raise OptionsError(f"the demo's loop must be one of {sorted(LOOPS)}, got {loop!r}")
+    (verl_ext_gateway_agent with the demo's harness); ``model`` one of ``MODELS``. Raises ``OptionsError`` for
+    another ``loop`` or ``model`` (``check_choices``)."""
+    check_choices(loop, model)
     started = time.monotonic()
 
     def stamp(message: str) -> None:
@@ -183,16 +234,18 @@ def run_demo(
     if records.is_dir():  # a fresh report per run: old records would mix two runs
         for old in records.glob("*.jsonl"):
             old.unlink()
-    paths = prepare(out, stamp)
+    paths = prepare(out, stamp, model)
     log = out / "train.log"
     env = {
         **os.environ,
         "VERL_PLATFORM": "cpu",
         "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
-        "VERL_EXT_CPU_FORCE_FIRST_TURN": os.environ.get("VERL_EXT_CPU_FORCE_FIRST_TURN", FORCED_TOOL_CALL),
+        "VERL_EXT_CPU_FORCE_FIRST_TURN": os.environ.get(
+            "VERL_EXT_CPU_FORCE_FIRST_TURN", FORCED_SCREENSHOT_CALL if model == "qwen2.5-vl" else FORCED_TOOL_CALL
+        ),
     }
-    command = trainer_command(paths, out, steps, trainer, extra_overrides, loop)
+    command = trainer_command(paths, out, steps, trainer, extra_overrides, loop, model)
     stamp(f"starting verl's trainer ({trainer}, {steps} GRPO steps, Ray on CPU); full log: {shown(log)}")
     result = DemoResult(returncode=-1, out=out, log=log)
     with log.open("w", encoding="utf-8") as fh:

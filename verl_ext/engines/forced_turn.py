@@ -24,6 +24,8 @@ from verl_ext.core.errors import EngineRequestError
 SGLANG_FORCE_ENV = "VERL_EXT_SGLANG_FORCE_FIRST_TURN"
 # the demo's forced turn: a hermes calculator call, closed like a turn the model ended itself
 FORCED_TOOL_CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
+# the VL demo's forced turn: a screenshot call, whose result holds an image (verl_ext/demo/screenshot_tool.py)
+FORCED_SCREENSHOT_CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"region": "top"}}\n</tool_call><|im_end|>'
 
 
 def contains_subsequence(haystack: Sequence[int], needle: Sequence[int]) -> bool:

@@ -34,6 +34,8 @@ NOT_RUN: dict[str, str] = {
     "the v0 trainer (through the gateway)",
     "verl-ext demo --loop gateway --steps 1": "a demo run through the gateway (minutes on 2 cores): "
     "tests/demo/test_gateway_demo.py runs it (one row x 2 samples)",
+    "verl-ext demo --model qwen2.5-vl --steps 1 --out build/demo-vl": "the VL demo run (minutes on 2 cores): "
+    "tests/demo/test_vl_demo.py runs it and compares what it prints with docs/vl-models.md's output",
     "verl-ext demo actor_rollout_ref.rollout.agent.default_agent_loop=verl_ext_audited_tool_agent": "a demo run "
     "(minutes on 2 cores); the audited stock loop runs in tests/plugin/",
     "recipes/sglang/install.sh": "installs SGLang and CUDA torch on a GPU node (network, GPU)",
@@ -57,11 +59,6 @@ NOT_RUN_KINDS: tuple[tuple[str, str], ...] = (
         "`ray job submit` of a GRPO run to a Ray cluster: tests/recipes/test_agent_harness_recipe.py checks what it "
         "submits, tests/recipes/test_ray_cluster_recipe.py submits it (a harness the driver refuses), and "
         "tests/demo/test_gateway_demo.py runs the same job without the cluster",
-    ),
-    (
-        r"^python -m verl\.trainer\.main_ppo .*actor_rollout_ref\.model\.path=build/tiny-vl ",
-        "a VL GRPO step: verl's VL path needs torchvision and qwen_vl_utils, which this environment does not install "
-        "(docs/vl-models.md); tests/images/test_vl_loop.py runs the loop's image path with verl's own worker functions",
     ),
     (
         r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=\$PWD/build/verl_ext_env",
@@ -212,22 +209,28 @@ def test_the_readme_report_command_writes_the_demos_report(
     assert written == demo
 
 
+def printed_lines(messages: tuple[str, ...] | list[str], out: str, shown_as: str) -> list[str]:
+    """A demo run's messages as the lines a person saw, its folder ``out`` named ``shown_as`` (a step's line and its
+    tito/ metrics are one message of the run, printed as several lines)."""
+    return [line.replace(out, shown_as) for message in messages for line in message.split("\n")]
+
+
+def demo_output_shape(lines: list[str] | tuple[str, ...]) -> list[str]:
+    """A demo's printed lines with every number masked, the step's tito/ metric lines (indented: which metrics a
+    step logs depends on what it found) and heartbeats left out: what a documented run and this run share."""
+    kept = [line for line in lines if line.strip() and not line.startswith("    ")]
+    masked = [re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", line) for line in kept if "still running" not in line]
+    return [" ".join(line.replace("[", "[ ").split()).replace("[ ", "[") for line in masked]
+
+
 def test_the_readme_demo_output_is_what_the_demo_prints(demo_runs: Callable[[str], Any]) -> None:
     """The README's `make demo` output is one run's: the same lines in the same order, timings and the run's
     numbers aside (each number masked), the demo's folder named build/demo."""
     (command,) = [c for c in documented_commands() if c.line == "make demo" and c.shown is not None]
     run = demo_runs("v1")
     out = str(run.result.out)
-    # a step's line and its tito/ metrics are one message of the run, printed as several lines
-    printed = [line.replace(out, "build/demo") for message in run.lines for line in message.split("\n")]
-
-    def shape(lines: list[str] | tuple[str, ...]) -> list[str]:
-        # the step lines and the tito/ metrics under them: which metrics a step logs depends on what it found
-        kept = [line for line in lines if line.strip() and not line.startswith("    ")]
-        masked = [re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "#", line) for line in kept if "still running" not in line]
-        return [" ".join(line.replace("[", "[ ").split()).replace("[ ", "[") for line in masked]
-
+    printed = printed_lines(run.lines, out, "build/demo")
     shown = command.shown or ()
     # its first and last lines are the CLI's (verl_ext/cli/demo.py) around the run's own
     assert shown[0].startswith("verl-ext demo: 2 GRPO steps of verl's v1 trainer") and shown[-1].startswith("done in ")
-    assert shape(shown[1:-1]) == shape(printed)
+    assert demo_output_shape(shown[1:-1]) == demo_output_shape(printed)

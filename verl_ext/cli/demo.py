@@ -7,7 +7,7 @@ from pathlib import Path
 
 from verl_ext.cli.options import check_output_folder
 from verl_ext.core.errors import OptionsError
-from verl_ext.demo.run import LOOPS, MODELS, check_choices, run_demo, shown
+from verl_ext.demo.run import LOOPS, MODELS, check_choices, counted, run_demo, shown
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -18,9 +18,10 @@ def run_demo_command(args: argparse.Namespace) -> int:
     loop, model = args.loop, args.model
     check_choices(loop, model)
     harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
+    trainer = f"{counted(args.steps, 'GRPO step')} of verl's {args.trainer} trainer on CPU"
     print(
-        f"verl-ext demo: {args.steps} GRPO steps of verl's {args.trainer} trainer on CPU, with {LOOPS[loop]}{harness}, "
-        f"the verl_ext_cpu engine and {MODELS[model]} (the first assistant turn is a forced "
+        f"verl-ext demo: {trainer}, with {LOOPS[loop]}{harness}, the verl_ext_cpu engine and {MODELS[model]} "
+        "(the first assistant turn is a forced "
         f"{'screenshot' if model == 'qwen2.5-vl' else 'calculator'} call: a demo-only hook, see docs/cpu-engine.md)",
         flush=True,
     )
@@ -31,7 +32,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
         return result.returncode
     failures = sum(m.get("tito/engine_view_failures", 0) for m in result.steps.values())
     print(
-        f"done in {result.seconds:.0f}s: {len(result.steps)} steps, engine-view failures {failures:g}"
+        f"done in {result.seconds:.0f}s: {counted(len(result.steps), 'step')}, engine-view failures {failures:g}"
         + (f", report {shown(result.report)}" if result.report else "")
     )
     return 0 if failures == 0 else 1

@@ -50,7 +50,7 @@ LOOPS = {"tool": "verl_ext_tool_agent", "gateway": "verl_ext_gateway_agent"}  # 
 # --model -> what a person is told it is
 MODELS = {
     "qwen3": "a tiny random Qwen3 model with the calculator tool",
-    "qwen2.5-vl": "a tiny random Qwen2.5-VL model with the screenshot tool (an image in the prompt and in each result)",
+    "qwen2.5-vl": "a tiny random Qwen2.5-VL model with the screenshot tool, an image in every prompt and tool result",
 }
 # The VL job's settings on top of cpu_demo.yaml:
 # - trust_remote_code: verl builds the processor with AutoProcessor, which needs torchvision for Qwen2.5-VL; the tiny
@@ -198,6 +198,11 @@ def trainer_command(
     ]
 
 
+def counted(n: int, thing: str) -> str:
+    """``1 step``, ``2 steps``."""
+    return f"{n} {thing}{'' if n == 1 else 's'}"
+
+
 def check_choices(loop: str, model: str) -> None:
     """Raise ``OptionsError`` for a ``loop`` or ``model`` the demo does not have, or the VL model with the gateway
     (the demo's harness is the calculator agent)."""
@@ -246,7 +251,7 @@ def run_demo(
         ),
     }
     command = trainer_command(paths, out, steps, trainer, extra_overrides, loop, model)
-    stamp(f"starting verl's trainer ({trainer}, {steps} GRPO steps, Ray on CPU); full log: {shown(log)}")
+    stamp(f"starting verl's trainer ({trainer}, {counted(steps, 'GRPO step')}, Ray on CPU); full log: {shown(log)}")
     result = DemoResult(returncode=-1, out=out, log=log)
     with log.open("w", encoding="utf-8") as fh:
         fh.write(" ".join(command) + "\n")
@@ -273,7 +278,7 @@ def run_demo(
             say("    " + line)
         result.seconds = time.monotonic() - started
         return result
-    stamp(f"trainer finished: {len(result.steps)} steps")
+    stamp(f"trainer finished: {counted(len(result.steps), 'step')}")
     result.report = write_report(out, paths["model"], stamp)
     result.seconds = time.monotonic() - started
     return result

@@ -220,10 +220,20 @@ BUILTIN_TOOLS = [
 ]
 
 
+@pytest.mark.parametrize(
+    "written",
+    [
+        'brave_search.call(query="weather in Paris")',  # as the template writes it
+        "brave_search.call(query='weather in Paris')",  # as models also write it
+        "brave_search.call( query = 'weather in Paris' )",
+        'brave_search.call(query="weather in Paris", )',
+    ],
+)
 @pytest.mark.parametrize("changed", [False, True])
-def test_python_calls_of_builtin_tools_check_clean_and_a_changed_reading_is_caught(changed):
-    """Llama 3.3 with ``builtin_tools``: a call in the template's Python form is read by the derived reader and the
-    rollout checks clean; a reader that changes its arguments is caught (the mutation)."""
+def test_python_calls_of_builtin_tools_check_clean_and_a_changed_reading_is_caught(changed, written):
+    """Llama 3.3 with ``builtin_tools``: a call in the template's Python form, or as a model varies it (quotes,
+    spaces, a trailing comma), is read by the derived reader and the rollout checks clean; a reader that changes its
+    arguments is caught (the mutation)."""
     r = case_renderer("templates/meta-llama-Llama-3.3-70B-Instruct").with_template_kwargs(
         {"builtin_tools": ["brave_search", "wolfram_alpha"]}
     )
@@ -231,7 +241,7 @@ def test_python_calls_of_builtin_tools_check_clean_and_a_changed_reading_is_caug
     reader = learn_call_reader(r, profile).reader
     if changed:
         reader = _ChangesArguments(reader.form)
-    text = '<|python_tag|>brave_search.call(query="weather in Paris")<|eom_id|>'
+    text = f"<|python_tag|>{written}<|eom_id|>"
     outputs = [r.encode(text), r.encode("The answer is 3.")]
     lr, rollout = build_loop_rollout(
         r, profile, None, outputs, ["sunny"], tools=[*TOOLS, *BUILTIN_TOOLS], prompt=PROMPT, call_reader=reader

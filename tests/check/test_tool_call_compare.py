@@ -8,7 +8,13 @@ import re
 
 import pytest
 
-from verl_ext.check.tool_call_compare import call_markers, read_calls, same_value, without_blocks
+from verl_ext.check.tool_call_compare import (
+    call_markers,
+    read_calls,
+    same_value,
+    without_blocks,
+    without_python_calls,
+)
 
 STRUCTURE = re.compile(r"</?tool_call>|</?seed:tool_call>")
 HERMES = ("<tool_call>", "</tool_call>")
@@ -109,3 +115,31 @@ def test_xml_parameters_compare_raw_text_and_by_value():
     assert reading.holds and reading.sampled[0].malformed  # no function header: no parser reads it
     other = "<seed:tool_call><function=other><parameter=k>1</parameter></function></seed:tool_call>"
     assert not read_calls(other + sampled, rendered, [call("calc", k=2.5)], SEED).holds  # a call the message lacks
+
+
+@pytest.mark.parametrize(
+    "sampled",
+    [
+        "<|python_tag|>brave_search.call(query='a b', n=1e2, ok=True)",
+        '<|python_tag|> brave_search.call( query = "a b" , n = 100 , ok = True , )',
+        "<|python_tag|>brave_search.call(ok=True, n=100.0, query='a b')",
+    ],
+)
+def test_python_calls_held_by_value_are_cut_from_both_texts(sampled: str) -> None:
+    rendered = '<|python_tag|>brave_search.call(query="a b", n=100, ok=True)'
+    assert without_python_calls(sampled, rendered)[1] == "<|python_tag|>"
+    assert without_python_calls(sampled, rendered)[0].strip() == "<|python_tag|>"
+
+
+@pytest.mark.parametrize(
+    "rendered",
+    [
+        '<|python_tag|>brave_search.call(query="a c")',  # another value
+        '<|python_tag|>wolfram_alpha.call(query="a b")',  # another tool
+        '<|python_tag|>brave_search.call(query="a b", n=1)',  # an argument the model did not write
+        "<|python_tag|>brave_search.call(query=1)",  # a number where the model wrote a string
+    ],
+)
+def test_python_calls_not_sampled_stay_for_the_verdict(rendered: str) -> None:
+    sampled = "<|python_tag|>brave_search.call(query='a b')"
+    assert without_python_calls(sampled, rendered) == (sampled, rendered)

@@ -24,7 +24,13 @@ from verl_ext.check.locate import Locator
 from verl_ext.check.message_shape import SLOT, message_shape
 from verl_ext.check.sampled_text import TurnVerdict, frame_runs, json_and_text, message_holds_sampled
 from verl_ext.check.segments import Segment, segment_opcodes, segments
-from verl_ext.check.tool_call_compare import CallsReading, call_markers, read_calls, without_blocks
+from verl_ext.check.tool_call_compare import (
+    CallsReading,
+    call_markers,
+    read_calls,
+    without_blocks,
+    without_python_calls,
+)
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, TemplateProfile
@@ -351,8 +357,8 @@ class _Rules:
 
     def verdict(self, part: Segment) -> TurnVerdict:
         """Whether the turn's message holds what the engine sampled, once per turn: its tool calls by meaning, block
-        by block (``tool_call_compare``), where the template writes per-call markers; the rest of the text (or all of
-        it, without such markers) by ``sampled_text``."""
+        by block (``tool_call_compare``), where the template writes per-call markers, and calls in Python form by
+        value; the rest of the text (or all of it, without such markers) by ``sampled_text``."""
         if part.turn not in self._verdicts:
             sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
             reading = self.call_reading(part)
@@ -361,6 +367,7 @@ class _Rules:
                 return self._verdicts[part.turn]
             if reading is not None:
                 sampled, rendered = without_blocks(sampled, reading.sampled), without_blocks(rendered, reading.rendered)
+            sampled, rendered = without_python_calls(sampled, rendered)
             frame, shapes = self._frame, ()
             if part.turn < len(self.assistants):
                 runs = message_shape(self.r, self.profile, self.assistants[part.turn])

@@ -151,6 +151,51 @@ def without_blocks(text: str, blocks: Sequence[Block]) -> str:
     return "".join([*out, text[at:]])
 
 
+_PYTHON_CALL_HEAD = re.compile(r"(?<![\w.])[A-Za-z_]\w*\.call\(")
+
+
+def without_python_calls(sampled: str, rendered: str) -> tuple[str, str]:
+    """Both texts without the calls written in Python (``NAME.call(k="v")``, Llama 3.1-3.3's built-in tools) that the
+    render holds as sampled: each rendered call, in order, equal by name and value to a sampled one after the last
+    (``q='x'`` is ``q="x"``; other spacing, a trailing comma). Where a rendered call is not sampled so, both texts
+    are returned as they are, for the verdict to name it."""
+    ours, theirs = _python_calls(sampled), _python_calls(rendered)
+    if not theirs:
+        return sampled, rendered
+    at, kept = 0, []
+    for name, args, _, _ in theirs:
+        hit = next((k for k in range(at, len(ours)) if ours[k][0] == name and same_value(ours[k][1], args)), None)
+        if hit is None:
+            return sampled, rendered
+        kept.append(ours[hit])
+        at = hit + 1
+    return _cut(sampled, [(a, b) for _, _, a, b in kept]), _cut(rendered, [(a, b) for _, _, a, b in theirs])
+
+
+def _python_calls(text: str) -> list[tuple[str, Any, int, int]]:
+    """Each call in Python form in ``text``: its name, arguments and [start, end) in characters."""
+    from verl_ext.core.call_reader.python_call import read_python_call
+
+    out: list[tuple[str, Any, int, int]] = []
+    at = 0
+    for m in _PYTHON_CALL_HEAD.finditer(text):
+        if m.start() < at:
+            continue
+        call, end = read_python_call(text, m.start())
+        if call is not None:
+            out.append((call.name, _arguments(call.arguments), m.start(), end))
+            at = end
+    return out
+
+
+def _cut(text: str, spans: Sequence[tuple[int, int]]) -> str:
+    out, at = [], 0
+    for a, b in spans:
+        out.append(text[at:a])
+        at = b
+    return "".join([*out, text[at:]])
+
+
 def same_value(a: Any, b: Any) -> bool:
     """Equal by meaning: numbers by value (booleans only as booleans), strings as text, objects key by key whatever
     their order, lists item by item."""

@@ -5,7 +5,8 @@ A branch is one rollout, judged by the same rollout runtime as the built-in agen
 is off; a record that cannot be written is counted, never raised), so ``verl-ext report`` reads its record. The
 record's ``extra["gateway"]`` names the session, the branch, why the session ended and, for a fork, its parent
 and cause (which message, which field); a branch with images holds them as digests in its messages and the image
-view's evidence in ``extra["images"]``, as the built-in loop's records do; where a trainer takes the branch (the
+view's evidence in ``extra["images"]``, as the built-in loop's records do (and its result the images a trainer gets,
+``multi_modal_data``: the list that evidence was computed from); where a trainer takes the branch (the
 agent loop passes its ``BranchTraining``), ``trains`` says which of its engine turns are trained in it
 (verl_ext.gateway.training).
 """

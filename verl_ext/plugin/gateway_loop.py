@@ -14,7 +14,10 @@ run with ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` set (and the row as JSON in 
 (``HarnessOptions``; the driver's preflight checks it). Its result goes to ``extra_fields["harness_result"]`` (the
 callable's return value, or the command's last stdout line, parsed as JSON where it parses). A harness that raises,
 runs past its timeout or exits non-zero ends the rollout with the reason in its record and
-``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is trained.
+``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is trained. Images: the
+gateway's image side is probed from verl's processor (``worker_vision``; none: an image is a 400 naming the cause),
+each engine call passes every image of the prompt as ``image_data``, and each sample carries ``multi_modal_data``
+(the images its placeholder runs hold, the list the record's image evidence was computed from).
 """
 
 from __future__ import annotations
@@ -177,7 +180,7 @@ class _WorkerGateway:
     vision_of: tuple[Any, str] | None = None  # (verl's processor, template fingerprint) the gateway's image side is of
 
 
-def gateway_vision(processor: Any, renderer: ChatRenderer) -> tuple[ImageTokens | None, str]:
+def worker_vision(processor: Any, renderer: ChatRenderer) -> tuple[ImageTokens | None, str]:
     """The image side of the worker's gateway: the probed profile of verl's processor with the loop's template
     (``vision_for``, as verl_ext_tool_agent probes it), or None and why the gateway answers an image with a 400."""
     if processor is None:
@@ -322,7 +325,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         worker.gateway.config.max_branches = self.harness.max_branches
         vision_of = (self.processor, self.rt.renderer.fingerprint)
         if worker.vision_of is None or worker.vision_of[0] is not vision_of[0] or worker.vision_of[1] != vision_of[1]:
-            worker.gateway.vision, worker.gateway.no_images = gateway_vision(self.processor, self.rt.renderer)
+            worker.gateway.vision, worker.gateway.no_images = worker_vision(self.processor, self.rt.renderer)
             worker.vision_of = vision_of
             if worker.gateway.vision is None and self.processor is not None:
                 log.warning("%s: images are refused: %s", AGENT_NAME, worker.gateway.no_images)
@@ -345,7 +348,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             reader,
             config,
             markers=reasoning_markers(self.tokenizer),
-        )  # its image side is set by _worker, before any session opens (gateway_vision)
+        )  # its image side is set by _worker, before any session opens (worker_vision)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         server = uvicorn.Server(

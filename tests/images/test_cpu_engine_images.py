@@ -65,3 +65,6 @@ def test_bad_image_requests_are_refused_with_the_cause(server: Any, vl_processor
     ids, _ = _prompt(vl_processor, [make_image(100, 100, 1), make_image(56, 112, 2)])
     with pytest.raises(EngineRequestError, match="holds 24 image placeholder tokens, its 1 image"):
         asyncio.run(server.generate(ids, {"max_tokens": 2}, "r", image_data=[make_image(100, 100, 1)]))
+    # no images at all for a prompt holding placeholders: the model would read them as text
+    with pytest.raises(EngineRequestError, match="holds 24 image placeholder tokens but the request has no images"):
+        asyncio.run(server.generate(ids, {"max_tokens": 2}, "r"))

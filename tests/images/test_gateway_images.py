@@ -6,6 +6,7 @@ Bad images and images for a model without an image side are 400s naming the fiel
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -284,6 +285,14 @@ def test_bad_images_and_a_model_without_images_are_400s(serve_vl: Any) -> None:
         in refused("data:image/jpeg;base64," + png(make_image(8, 8)))["message"]
     )
     assert "d" not in gateway.sessions or not gateway.sessions["d"].branches  # nothing of a refused request was kept
+
+    # the engine itself refuses a prompt holding image placeholders sent without its images
+    from verl_ext.core.errors import EngineRequestError
+    from verl_ext.gateway.engine import Sampling
+
+    pad = gateway.vision.profile.placeholder_id
+    with pytest.raises(EngineRequestError, match="holds 4 image placeholder tokens but the request has no images"):
+        asyncio.run(gateway.engine.generate([pad] * 4, Sampling(2)))
 
     # the same engine, served as a model without an image side: the image is refused naming the cause
     text_only = Gateway(gateway.engine, gateway.runtime, gateway.reader, no_images="the test's model has no eyes")

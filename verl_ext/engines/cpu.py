@@ -417,8 +417,11 @@ class CPUGenerationServer:
         )
 
     def _vision_inputs(self, prompt_ids: list[int], image_data: Any) -> VisionInputs | None:
-        """The request's images as model inputs (None without images); an image for a text-only model is refused."""
+        """The request's images as model inputs (None without images); an image for a text-only model, and a prompt
+        holding image placeholders sent without images, are refused."""
         if not image_data:
+            if self.vision is not None:
+                self.vision.refuse_placeholders_without_images(prompt_ids)
             return None
         if self.vision is None:
             raise EngineRequestError("verl_ext_cpu: the request holds images but the served model is text-only")

@@ -44,6 +44,16 @@ class ServedVision:
         self.image_token_id = int(config.image_token_id)
         self.banned_ids = tuple(int(i) for i in (config.image_token_id, getattr(config, "video_token_id", None)) if i)
 
+    def refuse_placeholders_without_images(self, prompt_ids: Sequence[int]) -> None:
+        """Refuses a request that sends no images for a prompt holding image placeholders: the model would read
+        them as text tokens (every image of the prompt dropped, silently)."""
+        pads = sum(1 for i in prompt_ids if i == self.image_token_id)
+        if pads:
+            raise EngineRequestError(
+                f"verl_ext_cpu: the prompt holds {pads} image placeholder tokens but the request has no images: pass "
+                "every image of the prompt, in placeholder order, with every call"
+            )
+
     def inputs(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> VisionInputs:
         """Pixels, grids and token types for ``images`` in ``prompt_ids``; refuses a count that does not match."""
         out = self.image_processor(images=list(images), return_tensors="pt")

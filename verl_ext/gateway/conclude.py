@@ -5,7 +5,8 @@ A branch is one rollout, judged by the same rollout runtime as the built-in agen
 is off; a record that cannot be written is counted, never raised), so ``verl-ext report`` reads its record. The
 record's ``extra["gateway"]`` names the session, the branch, why the session ended and, for a fork, its parent
 and cause (which message, which field); a branch with images holds them as digests in its messages and the image
-view's evidence in ``extra["images"]``, as the built-in loop's records do; where a trainer takes the branch (the
+view's evidence in ``extra["images"]``, as the built-in loop's records do (and its result the images a trainer gets,
+``multi_modal_data``: the list that evidence was computed from); where a trainer takes the branch (the
 agent loop passes its ``BranchTraining``), ``trains`` says which of its engine turns are trained in it
 (verl_ext.gateway.training).
 """
@@ -42,6 +43,9 @@ class BranchResult:
     trained_mask: tuple[int, ...] | None = None  # None: no trainer's decision was passed (the standalone gateway)
     trajectory: TokenTrajectory | None = field(default=None, repr=False, compare=False)
     record_failed: bool = False  # a records writer was given and this branch's record could not be written
+    # the images a trainer gets with the sample ({"images": [...]}: every image whose placeholder run the sample
+    # holds, in order; None without): the very list whose digests the record's image evidence holds
+    multi_modal_data: dict[str, list[Any]] | None = field(default=None, repr=False, compare=False)
 
     @property
     def trained_tokens(self) -> int:
@@ -58,9 +62,10 @@ def branch_rollout(
     response_length: int | None,
     chat_template_kwargs: Mapping[str, Any] | None = None,
     training: BranchTraining | None = None,
-) -> Rollout | None:
-    """Finish the branch's trajectory and build its rollout; None for a branch the engine never answered (nothing
-    in it was sampled, so nothing in it can be trained on). ``training``: what a trainer trains of it, written as
+) -> tuple[Rollout, dict[str, list[Any]] | None] | None:
+    """Finish the branch's trajectory and build its rollout, with the images a trainer gets with its sample
+    (``multi_modal_data``, None without images); None for a branch the engine never answered (nothing in it was
+    sampled, so nothing in it can be trained on). ``training``: what a trainer trains of it, written as
     ``gateway.trains``."""
     t = branch.trajectory
     t.finish()
@@ -69,15 +74,17 @@ def branch_rollout(
     sample = trainer_sample_from_trajectory(t, response_length)
     messages: Any = t.messages
     images: dict[str, Any] = {}
+    multi_modal_data = None
     if isinstance(t, ImageTrajectory):  # no image cut in two; the record holds digests, the image view's evidence
         cut = image_sample(t, response_length)
         sample, messages, images = cut.sample, cut.record_messages, {"images": cut.record_images}
+        multi_modal_data = cut.multi_modal_data
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
     if training is not None:
         gateway["trains"] = training.to_json(sum(trained_mask(t, sample, training.turns)))
-    return Rollout.of(
+    rollout = Rollout.of(
         branch.calls,
         sample,
         messages,
@@ -90,6 +97,7 @@ def branch_rollout(
         repair_log=t.repair_log(),
         extra={"data_source": "gateway", "index": session_id, "gateway": gateway, **images},
     )
+    return rollout, multi_modal_data
 
 
 def conclude_branch(
@@ -105,7 +113,7 @@ def conclude_branch(
     """Judge one branch (``RolloutRuntime.judge``: check it, write its record; a failed write is counted in
     ``counters``); None when it holds no engine call. ``training``: what a trainer trains of the branch (recorded,
     and its mask in the result)."""
-    rollout = branch_rollout(
+    built = branch_rollout(
         branch,
         session_id,
         ended,
@@ -113,10 +121,11 @@ def conclude_branch(
         chat_template_kwargs=runtime.renderer.template_kwargs,
         training=training,
     )
-    if rollout is None:
+    if built is None:
         return None
+    rollout, multi_modal_data = built
     failures = counters[WRITE_FAILURES]
     result = runtime.judge(rollout, counters)
     mask = None if training is None else trained_mask(branch.trajectory, rollout.sample, training.turns)
     failed = counters[WRITE_FAILURES] > failures
-    return BranchResult(session_id, branch.number, rollout, result, mask, branch.trajectory, failed)
+    return BranchResult(session_id, branch.number, rollout, result, mask, branch.trajectory, failed, multi_modal_data)

@@ -60,6 +60,8 @@ class CPUEngine:
         forced = list(self.teacher_force(prompt)) if self.teacher_force else []
         if images and self.vision is None:
             raise EngineRequestError("the gateway's CPU engine got images, but the served model is text-only")
+        if not images and self.vision is not None:
+            self.vision.refuse_placeholders_without_images(prompt)
         vision = self.vision.inputs(prompt, list(images)) if images and self.vision is not None else None
         banned = self.vision.banned_ids if self.vision is not None else ()
 

@@ -14,7 +14,10 @@ run with ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY`` set (and the row as JSON in 
 (``HarnessOptions``; the driver's preflight checks it). Its result goes to ``extra_fields["harness_result"]`` (the
 callable's return value, or the command's last stdout line, parsed as JSON where it parses). A harness that raises,
 runs past its timeout or exits non-zero ends the rollout with the reason in its record and
-``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is trained.
+``tito/gateway/harness_failed``; its sample has a loss mask of zeros, so nothing of it is trained. Images: the
+gateway's image side is probed from verl's processor (``worker_vision``; none: an image is a 400 naming the cause),
+each engine call passes every image of the prompt as ``image_data``, and each sample carries ``multi_modal_data``
+(the images its placeholder runs hold, the list the record's image evidence was computed from).
 """
 
 from __future__ import annotations
@@ -37,7 +40,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopO
 
 from verl_ext.check.inputs import EngineCall
 from verl_ext.core.bounded_cache import LruCache
-from verl_ext.core.errors import OptionsError
+from verl_ext.core.errors import OptionsError, TemplateError
+from verl_ext.core.image_trajectory import ImageTrajectory
+from verl_ext.core.images import ImageTokens, has_images
+from verl_ext.core.rendering import ChatRenderer
 from verl_ext.gateway.conclude import BranchResult
 from verl_ext.gateway.engine import Sampled, Sampling
 from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
@@ -52,6 +58,7 @@ from verl_ext.plugin.harness_options import (
     branches_all_refusal,
     resolve_function,
 )
+from verl_ext.plugin.image_loop import vision_for
 from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
 from verl_ext.telemetry.records import RecordWriter
 
@@ -67,9 +74,10 @@ CallKey = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, output ids) of
 
 class ServerManagerEngine:
     """The gateway's engine over verl's rollout server: the sampling parameters verl gave the session's row (a
-    validation row's are not a training row's), one whole turn per call."""
+    validation row's are not a training row's), one whole turn per call, every image of the prompt with it."""
 
     max_context: int | None = None
+    takes_images = True  # verl's server API takes image_data; whether the model has an image side is the processor's
 
     def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any]) -> None:
         self.server_manager = server_manager
@@ -79,15 +87,22 @@ class ServerManagerEngine:
         # session -> its row's sampling parameters (a validation row's differ from a training row's)
         self.session_params: dict[str, dict[str, Any]] = {}
 
-    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling) -> Sampled:
+    async def generate(self, prompt_ids: Sequence[int], sampling: Sampling, images: Sequence[Any] = ()) -> Sampled:
         """One turn with verl's rollout sampling parameters (a harness's temperature does not change the policy's
-        sampling), the gateway's budget and stop ids."""
+        sampling), the gateway's budget and stop ids; ``images``: every image of the prompt in placeholder order,
+        passed as verl's ``image_data`` (as verl_ext_tool_agent passes them)."""
         params = dict(self.session_params.get(_SESSION.get() or "", self.sampling_params))
         stops = set(params.get("stop_token_ids") or ()) | set(sampling.stop_ids)
         if stops:
             params["stop_token_ids"] = sorted(stops)
         out = await generate_turn(
-            self.server_manager, uuid4().hex, prompt_ids, params, sampling.max_tokens, self.counters
+            self.server_manager,
+            uuid4().hex,
+            prompt_ids,
+            params,
+            sampling.max_tokens,
+            self.counters,
+            image_data=list(images) or None,
         )
         sampled = Sampled(tuple(int(i) for i in out.token_ids), None if out.log_probs is None else tuple(out.log_probs))
         session = _SESSION.get()
@@ -162,6 +177,24 @@ class _WorkerGateway:
     url: str
     server: Any
     records: _RowRecords
+    vision_of: tuple[Any, str] | None = None  # (verl's processor, template fingerprint) the gateway's image side is of
+
+
+def worker_vision(processor: Any, renderer: ChatRenderer) -> tuple[ImageTokens | None, str]:
+    """The image side of the worker's gateway: the probed profile of verl's processor with the loop's template
+    (``vision_for``, as verl_ext_tool_agent probes it), or None and why the gateway answers an image with a 400."""
+    if processor is None:
+        return None, (
+            f"verl gives {AGENT_NAME} no processor (a text-only model, or a VL processor verl could not build: "
+            "verl's hf_processor returns None without torchvision)"
+        )
+    try:
+        vision = vision_for(processor, renderer)
+    except TemplateError as exc:
+        return None, f"the model's processor and chat template cannot serve images: {exc}"
+    if vision is None:
+        return None, f"verl's processor ({type(processor).__name__}) has no image processor"
+    return vision, ""
 
 
 # event loop id -> the start of its gateway (one per worker process in practice); a task, so the rollouts a worker
@@ -193,6 +226,12 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             # (v0's AgentLoopWorker) takes one output per row
             raise OptionsError(f"{V0_TRAINER_REFUSED} (this rollout's worker passed no session_id: not v1's)")
         worker = await self._worker(sampling_params)
+        if worker.gateway.vision is None and has_images(list(kwargs["raw_prompt"])):
+            # as verl_ext_tool_agent refuses it: never a row's images dropped (the untrained sample renders the prompt)
+            raise OptionsError(
+                f"{AGENT_NAME}: the row's prompt holds images, but {worker.gateway.no_images}; serve a "
+                "vision-language model, or remove the images from the data"
+            )
         session_id = uuid4().hex
         worker.records.rows[session_id] = {
             "step": training_step(kwargs, None),
@@ -225,7 +264,9 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             counters["gateway/harness_failed" if failure else "gateway/no_engine_call"] += 1
             metrics_sink.count(counters)
             why = failure or "the harness made no chat-completions call"
-            return self._untrained(kwargs, why, result, fields[0] if fields else _with_weight_versions({}, kwargs))
+            return self._untrained(
+                kwargs, why, result, fields[0] if fields else _with_weight_versions({}, kwargs), worker.gateway.vision
+            )
         chosen = results[-1]
         over = [r for r in results if len(r.rollout.sample.prompt_ids) > self.prompt_length]
         counters["gateway/prompt_over_length"] += len(over)
@@ -234,7 +275,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             # rollout.prompt_length, or it sampled nothing) nothing of the session is trained
             metrics_sink.report(chosen.result, counters)
             why = chosen.rollout.extra["gateway"]["trains"].get("untrained") or "its last branch sampled no token"
-            return self._untrained(kwargs, str(why), result, fields[-1])
+            return self._untrained(kwargs, str(why), result, fields[-1], worker.gateway.vision)
         _each_sampled_token_trained_once(trained)
         counters["gateway/samples"] += len(trained)
         # sampled tokens left out of an earlier branch's sample because a later branch (a fork) trains them
@@ -282,6 +323,12 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         worker.records.writer = self.rt.writer
         worker.gateway.config.response_length = self.response_length
         worker.gateway.config.max_branches = self.harness.max_branches
+        vision_of = (self.processor, self.rt.renderer.fingerprint)
+        if worker.vision_of is None or worker.vision_of[0] is not vision_of[0] or worker.vision_of[1] != vision_of[1]:
+            worker.gateway.vision, worker.gateway.no_images = worker_vision(self.processor, self.rt.renderer)
+            worker.vision_of = vision_of
+            if worker.gateway.vision is None and self.processor is not None:
+                log.warning("%s: images are refused: %s", AGENT_NAME, worker.gateway.no_images)
         return worker
 
     async def _start_worker(self, sampling_params: Mapping[str, Any]) -> _WorkerGateway:
@@ -301,8 +348,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             reader,
             config,
             markers=reasoning_markers(self.tokenizer),
-            no_images=f"{AGENT_NAME} does not hand images to verl's engine and trainer yet (verl_ext_tool_agent does)",
-        )
+        )  # its image side is set by _worker, before any session opens (worker_vision)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.bind(("127.0.0.1", 0))
         server = uvicorn.Server(
@@ -319,7 +365,9 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         return _WorkerGateway(gateway, engine, url, server, records)
 
     def _output(self, chosen: BranchResult, harness_result: Any, engine_fields: Mapping[str, Any]) -> AgentLoopOutput:
-        """One training sample: the branch's checked sample, its mask the turns the branch trains."""
+        """One training sample: the branch's checked sample, its mask the turns the branch trains, and the images
+        whose placeholder runs it holds (``multi_modal_data``: the list the record's image evidence was computed
+        from, so the check's image view judged what verl's worker gets)."""
         sample = chosen.rollout.sample
         mask = chosen.trained_mask if chosen.trained_mask is not None else sample.response_mask
         return AgentLoopOutput(
@@ -329,6 +377,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
             num_turns=1 + 2 * len(chosen.rollout.calls),
             metrics=AgentLoopMetrics(),
+            multi_modal_data=chosen.multi_modal_data,
             extra_fields={
                 **engine_fields,
                 "verl_ext_check": chosen.result.verdict_fields(),
@@ -340,11 +389,24 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         )
 
     def _untrained(
-        self, kwargs: Mapping[str, Any], why: str, harness_result: Any, engine_fields: Mapping[str, Any]
+        self,
+        kwargs: Mapping[str, Any],
+        why: str,
+        harness_result: Any,
+        engine_fields: Mapping[str, Any],
+        vision: ImageTokens | None,
     ) -> AgentLoopOutput:
-        """A rollout whose harness failed: the row's prompt and one end-of-turn token, all masked out."""
+        """A rollout whose harness failed: the row's prompt and one end-of-turn token, all masked out; a prompt's
+        images expanded as the processor expands them and handed on with it (verl's worker pairs each placeholder
+        run with an image)."""
         log.warning("%s: %s; the rollout is not trained", AGENT_NAME, why)
-        prompt = self.rt.new_trajectory().start(list(kwargs["raw_prompt"]))
+        t = (
+            self.rt.new_trajectory()
+            if vision is None
+            else ImageTrajectory(self.rt.renderer, self.rt.profile, image_tokens=vision)
+        )
+        prompt = t.start(list(kwargs["raw_prompt"]))
+        images = list(t.images) if isinstance(t, ImageTrajectory) else []
         end = self.rt.profile.stop_ids[0].id
         return AgentLoopOutput(
             prompt_ids=list(prompt),
@@ -353,6 +415,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             response_logprobs=[0.0],
             num_turns=1,
             metrics=AgentLoopMetrics(),
+            multi_modal_data={"images": images} if images else None,
             extra_fields={
                 **engine_fields,
                 "harness_result": harness_result,

@@ -18,7 +18,14 @@ SCREENSHOT_TOOL = REPO / "verl_ext" / "demo" / "screenshot_tool.py"
 CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"region": "bottom"}}\n</tool_call><|im_end|>'
 
 
-def _loop(tiny_vl_dir: Path, processor: Any, tmp_path: Path, response_length: int = 160) -> tuple[Any, Any]:
+def _loop(
+    tiny_vl_dir: Path,
+    processor: Any,
+    tmp_path: Path,
+    response_length: int = 160,
+    tools: Path = SCREENSHOT_TOOL,
+    force: str = CALL,
+) -> tuple[Any, Any]:
     import verl.trainer
     from hydra import compose, initialize_config_dir
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
@@ -39,7 +46,7 @@ def _loop(tiny_vl_dir: Path, processor: Any, tmp_path: Path, response_length: in
     with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
         cfg = compose(config_name="ppo_trainer", overrides=overrides)  # verl's own config, as main_ppo composes it
     server = ImageRecordingServer(
-        CPUGenerationServer(str(tiny_vl_dir), prompt_length=512, response_length=response_length, force_text=CALL)
+        CPUGenerationServer(str(tiny_vl_dir), prompt_length=512, response_length=response_length, force_text=force)
     )
     loop = VerlExtToolAgentLoop(
         trainer_config=DictConfigWrap(cfg),
@@ -48,7 +55,7 @@ def _loop(tiny_vl_dir: Path, processor: Any, tmp_path: Path, response_length: in
         processor=processor,
         dataset_cls=RLHFDataset,
         data_config=DictConfigWrap(cfg.data),
-        tools=ToolListWrap(load_function_tools_from_path(str(SCREENSHOT_TOOL))),
+        tools=ToolListWrap(load_function_tools_from_path(str(tools))),
         hf_model_type="qwen2_5_vl",
         verl_ext={"records": {"dir": str(tmp_path)}},
     )
@@ -118,3 +125,36 @@ def test_images_for_a_text_only_model_are_refused(tiny_vl_dir: Path, vl_processo
     ]
     with pytest.raises(OptionsError, match="holds images but the model has no image processor"):
         _run(loop, prompt)
+
+
+@pytest.mark.parametrize(
+    ("kind", "cause"),
+    [
+        ("bytes", "cannot be decoded as an image"),
+        ("path", "is not a file"),
+        ("url", "the loop fetches no images"),
+        ("obj", "a float is not an image"),
+    ],
+)
+def test_a_tool_image_the_processor_cannot_read_is_the_tools_failure(
+    kind: str, cause: str, tiny_vl_dir: Path, vl_processor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not a crashed step, not a dropped image: the model is told the tool failed, ``tito/tool/bad_image`` counts
+    it, and the rollout checks clean."""
+    from verl_ext.plugin import metrics_sink
+
+    monkeypatch.setenv("UNUSABLE_IMAGE", kind)
+    metrics_sink.drain()
+    tools = Path(__file__).parent / "unusable_image_tool.py"
+    call = CALL.replace('"screenshot"', '"screen_capture"')  # verl registers function tools by name, once
+    loop, server = _loop(tiny_vl_dir, vl_processor, tmp_path, tools=tools, force=call)
+    parts = [{"type": "image", "image": make_image(56, 56)}, {"type": "text", "text": "x"}]
+    prompt = [{"role": "user", "content": parts}]
+    out = _run(loop, prompt)
+    assert out.extra_fields["verl_ext_check"]["ok"]
+    assert out.multi_modal_data["images"] == [prompt[0]["content"][0]["image"]]  # the prompt's image only
+    assert len(server.requests) >= 2 and all(len(r["images"]) == 1 for r in server.requests)
+    line = json.loads(next(tmp_path.glob("*.jsonl")).read_text().splitlines()[-1])
+    tool_message = next(m for m in line["messages"] if m["role"] == "tool")
+    assert "answered with an unusable image" in tool_message["content"] and cause in tool_message["content"]
+    assert metrics_sink.drain()["tito/tool/bad_image"] == 1

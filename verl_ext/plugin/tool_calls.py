@@ -20,6 +20,7 @@ from verl_ext.core.turn_parse import ParsedCall, ParsedTurn, arguments_object, c
 
 # The parse step lives in the core, shared with the gateway; imported here for the loop's callers.
 from verl_ext.plugin.image_loop import tool_message
+from verl_ext.runtime.images import UnusableImage, tool_image
 
 __all__ = [
     "ParsedCall",
@@ -44,6 +45,7 @@ class ToolStatus(StrEnum):
     BAD_ARGUMENTS = "bad_arguments"  # arguments are not a JSON object
     ERROR = "error"  # the tool raised
     TIMEOUT = "timeout"
+    BAD_IMAGE = "bad_image"  # the tool answered with an image the processor cannot read
 
 
 @dataclass(frozen=True)
@@ -103,8 +105,16 @@ async def run_tool(
         if instance_id is not None and not isinstance(tool, FunctionTool):
             await _release(tool, instance_id)
     done = outcome(response.text or "", ToolStatus.OK, reward)
-    # a tool may answer with images (verl's ToolResponse.image): content parts before its text, never dropped
-    return dataclasses.replace(done, message=tool_message(done.message, response.image)) if response.image else done
+    if not response.image:
+        return done
+    # a tool may answer with images (verl's ToolResponse.image): content parts before its text, never dropped; one
+    # the processor cannot read is the tool's failure, told to the model as a raised tool's is (not a crashed step)
+    try:
+        images = [tool_image(image) for image in response.image]
+    except UnusableImage as exc:
+        log.warning("tool %r answered with an unusable image: %s", call.name, exc)
+        return outcome(f"Error: tool {call.name!r} answered with an unusable image: {exc}", ToolStatus.BAD_IMAGE)
+    return dataclasses.replace(done, message=tool_message(done.message, images))
 
 
 async def _release(tool: Any, instance_id: str) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import io
 import json
 import os
 from collections.abc import Iterator
@@ -35,6 +36,53 @@ from verl_ext.core.rendering import ChatRenderer
 # One entry per processor object and template, for the worker's life; the processor is kept with its entry so that
 # an id reused after garbage collection is not taken for it.
 _VISION: LruCache[tuple[int, str], tuple[Any, ImageTokens]] = LruCache("image profiles", 16)
+
+
+MAX_TOOL_IMAGE_BYTES = 20 * 2**20  # as the gateway's inline images (OpenAI's and Anthropic's per-image limit)
+
+
+class UnusableImage(ValueError):
+    """A tool answered with an image the model's processor cannot read; the message says what it was and why."""
+
+
+def tool_image(image: Any) -> Any:
+    """A tool's image as the processor reads it: a Pillow image (decoded now, so a truncated file fails here, not
+    in the processor), or PNG/JPEG/... bytes or a local file path decoded to one. Raises ``UnusableImage`` naming
+    the problem for anything else: another type, a URL (nothing is fetched), bytes or a file Pillow cannot decode,
+    one over ``MAX_TOOL_IMAGE_BYTES`` or Pillow's decompression-bomb limit."""
+    from PIL import Image, UnidentifiedImageError
+
+    if isinstance(image, Image.Image):
+        try:
+            image.load()
+        except Image.DecompressionBombError as exc:
+            raise UnusableImage(f"the image is too large to decode ({exc})") from None
+        except (OSError, ValueError, SyntaxError) as exc:
+            raise UnusableImage(f"the image cannot be decoded ({exc})") from None
+        return image
+    if isinstance(image, str) and "://" in image:
+        raise UnusableImage(f"{image[:60]!r} is a URL; the loop fetches no images: return the image itself")
+    if isinstance(image, str | os.PathLike):
+        path = Path(image)
+        if not path.is_file():
+            raise UnusableImage(f"{str(image)[:120]!r} is not a file")
+        if path.stat().st_size > MAX_TOOL_IMAGE_BYTES:
+            raise UnusableImage(f"{path} is over {MAX_TOOL_IMAGE_BYTES // 2**20} MiB")
+        image = path.read_bytes()
+    if not isinstance(image, bytes | bytearray):
+        raise UnusableImage(
+            f"a {type(image).__name__} is not an image; return a PIL image, the image file's bytes or a local path"
+        )
+    if len(image) > MAX_TOOL_IMAGE_BYTES:
+        raise UnusableImage(f"the image is over {MAX_TOOL_IMAGE_BYTES // 2**20} MiB")
+    try:
+        with Image.open(io.BytesIO(image)) as opened:
+            opened.load()
+            return opened.convert("RGB")
+    except Image.DecompressionBombError as exc:
+        raise UnusableImage(f"the image is too large to decode ({exc})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise UnusableImage(f"the bytes cannot be decoded as an image ({exc})") from None
 
 
 def blank_image(width: int, height: int) -> Any:

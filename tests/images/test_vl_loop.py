@@ -158,3 +158,27 @@ def test_a_tool_image_the_processor_cannot_read_is_the_tools_failure(
     tool_message = next(m for m in line["messages"] if m["role"] == "tool")
     assert "answered with an unusable image" in tool_message["content"] and cause in tool_message["content"]
     assert metrics_sink.drain()["tito/tool/bad_image"] == 1
+
+
+def test_prompt_images_are_decoded_and_a_bad_one_is_refused_naming_it(
+    tiny_vl_dir: Path, vl_processor: Any, tmp_path: Path
+) -> None:
+    import io
+
+    from verl_ext.core.errors import OptionsError
+
+    loop, server = _loop(tiny_vl_dir, vl_processor, tmp_path)
+    buffer = io.BytesIO()
+    make_image(100, 100, 2).save(buffer, format="PNG")
+    # verl's images column may hold a file's bytes or a path: decoded once, so the engine, the trainer and the
+    # record's digest all see one Pillow image
+    prompt = [
+        {"role": "user", "content": [{"type": "image", "image": buffer.getvalue()}, {"type": "text", "text": "x"}]}
+    ]
+    out = _run(loop, prompt)
+    assert out.extra_fields["verl_ext_check"]["ok"]
+    first = out.multi_modal_data["images"][0]
+    assert first.size == (100, 100) and server.requests[0]["images"][0] is first
+    bad = [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image", "image": b"\x89PNG cut"}]}]
+    with pytest.raises(OptionsError, match=r"messages\[0\]\.content\[1\] is not a usable image: the bytes cannot"):
+        _run(loop, bad)

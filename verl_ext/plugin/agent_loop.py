@@ -39,7 +39,7 @@ from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
-from verl_ext.plugin.image_loop import image_sample, refuse_images_without_vision, vision_for
+from verl_ext.plugin.image_loop import image_sample, prompt_images_decoded, refuse_images_without_vision, vision_for
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
@@ -163,6 +163,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         vision = vision_for(self.processor, self.rt.renderer)
         if vision is None:
             refuse_images_without_vision(messages, "the prompt")
+        else:
+            messages = prompt_images_decoded(messages)
         t = (
             self.rt.new_trajectory()
             if vision is None

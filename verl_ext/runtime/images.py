@@ -182,7 +182,9 @@ def load_processor(folder: str | os.PathLike[str]) -> LoadedProcessor:
     try:
         from transformers import AutoProcessor
 
-        return LoadedProcessor(AutoProcessor.from_pretrained(str(folder)), "AutoProcessor")
+        # never the folder's own code (and never transformers' interactive question about it, in a terminal)
+        processor = AutoProcessor.from_pretrained(str(folder), trust_remote_code=False)
+        return LoadedProcessor(processor, "AutoProcessor")
     except Exception as exc:  # transformers raises anything from ImportError to AttributeError here
         auto_error = f"{type(exc).__name__}: {exc}"
     try:

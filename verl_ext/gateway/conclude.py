@@ -69,9 +69,10 @@ def branch_rollout(
     sample = trainer_sample_from_trajectory(t, response_length)
     messages: Any = t.messages
     images: dict[str, Any] = {}
+    pixels: dict[str, Any] = {}
     if isinstance(t, ImageTrajectory):  # no image cut in two; the record holds digests, the image view's evidence
         cut = image_sample(t, response_length)
-        sample, messages, images = cut.sample, cut.record_messages, {"images": cut.record_images}
+        sample, messages, images, pixels = cut.sample, cut.record_messages, {"images": cut.record_images}, cut.pixels
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
@@ -89,6 +90,7 @@ def branch_rollout(
         repairs=Counter(e.kind.value for e in t.edits),
         repair_log=t.repair_log(),
         extra={"data_source": "gateway", "index": session_id, "gateway": gateway, **images},
+        pixels=pixels,
     )
 
 

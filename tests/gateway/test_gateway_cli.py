@@ -118,6 +118,12 @@ def test_the_chat_template_file_given_is_the_one_served(tiny_qwen3_dir: Path, tm
     _, (record,) = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
     assert list(record.input_ids[: record.prompt_length]) == expected
     assert "<|im_start|>" not in tokenizer.decode(record.input_ids)  # nothing of the tokenizer's own template
+    # with --records, image thumbnails are written beside them unless --no-thumbnails
+    assert gateway.runtime.thumbnails is not None
+    assert gateway.runtime.thumbnails.folder == tmp_path / "records" / "thumbnails"
+    off, sock = build_gateway(build_parser().parse_args([*argv, "--no-thumbnails"]))
+    sock.close()
+    assert off.runtime.thumbnails is None and off.writer is not None
 
 
 def test_a_chat_template_file_that_is_no_chat_template_is_refused_naming_it(

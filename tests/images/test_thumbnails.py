@@ -144,15 +144,25 @@ def test_each_distinct_image_is_written_once_and_shown_beside_each_span(
 
 
 def test_a_clean_run_shows_one_rollout_for_its_images(
-    two_rollouts: list[Rollout], vl_renderer: ChatRenderer, tmp_path: Path
+    two_rollouts: list[Rollout], vl_renderer: ChatRenderer, tiny_vl_dir: Path, tmp_path: Path, capsys: Any
 ) -> None:
+    from verl_ext.cli.main import main
+
     rt = RolloutRuntime.build(vl_renderer, records_dir=tmp_path)
     write(rt, *two_rollouts)
     (records,) = tmp_path.glob("*.jsonl")
-    report = build_report([records], vl_renderer.decode)
-    assert report.summary.defect_rollouts == 0
-    assert "shown for its images" in report.html and len(image_spans_in(report.html)) == 3  # the first rollout
-    assert '5</div><div class="k">images in 2 rollouts (3 distinct; thumbnails: 3 found)' in report.html
+    folder = tmp_path / "thumbnails"
+    (folder / f"{image_digest(OTHER)}.png").unlink()
+    assert main(["report", str(records), "-o", str(tmp_path / "r.html"), "--tokenizer", str(tiny_vl_dir)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("wrote ") and "0 rollouts with defects" in out[0]
+    assert out[1] == (
+        f"images: 5 in 2 rollouts (3 distinct); thumbnails: 2 of 3 in {folder} (1 missing: the page says so beside "
+        "each span)"
+    )
+    html = (tmp_path / "r.html").read_text(encoding="utf-8")
+    assert "shown for its images" in html and len(image_spans_in(html)) == 3  # the first rollout
+    assert '5</div><div class="k">images in 2 rollouts (3 distinct; thumbnails: 2 found, 1 missing)' in html
 
 
 def test_a_wrong_or_missing_thumbnail_is_shown_as_such(

@@ -64,9 +64,8 @@ class Marker:
     missing: tuple[Piece, ...] | None
     title: str
     failure: bool = False
-    image: ImageMark | None = (
-        None  # where an image's placeholder run starts (not a finding): the image and its thumbnail
-    )
+    # Where an image's placeholder run starts (not a finding): the image and its thumbnail.
+    image: ImageMark | None = None
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ from verl_ext.core.rendering import ChatRenderer  # noqa: E402
 from verl_ext.core.trajectory import TokenTrajectory  # noqa: E402
 from verl_ext.demo.run import shipped_tokenizers  # noqa: E402
 from verl_ext.demo.vl_model import build_vl_processor  # noqa: E402
+from verl_ext.telemetry.thumbnails import ThumbnailWriter  # noqa: E402
 
 
 def median_ms(fn: Callable[[], Any], n: int) -> float:
@@ -86,6 +88,40 @@ def main() -> None:
         f"check, 5 turns, every view: text {costs[0]:.1f} ms ({len(text_only.sample().stream)} tokens), with 5 "
         f"images {costs[1]:.1f} ms ({len(sample.stream)} tokens, {costs[1] / costs[0]:.2f}x); image view {view:.2f} ms"
     )
+    thumbnails(tokens)
+
+
+def thumbnails(tokens: ImageTokens) -> None:
+    """A thumbnail's cost (digest check, draw, write) for a new image, and for one already written (every later
+    rollout holding it), against the processor's expansion of the same image."""
+    import numpy as np
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+
+    def noise(width: int, height: int) -> Any:  # the worst case for a PNG's size: every pixel random
+        return Image.fromarray(rng.integers(0, 256, (height, width, 3), dtype=np.uint8), "RGB")
+
+    for width, height, kind in ((224, 224, "flat"), (1280, 720, "flat"), (1280, 720, "noise")):
+        fresh = [make_image(width, height, 100 + k) if kind == "flat" else noise(width, height) for k in range(10)]
+        expand = median_ms(lambda im=fresh[0]: tokens.expand(im), 10)
+        new, again, size = thumbnail_ms(fresh)
+        print(
+            f"thumbnail of a {kind} {width}x{height} image: new {new:.1f} ms ({new / expand:.2f}x the processor's "
+            f"expansion {expand:.1f} ms), already written {again * 1e3:.1f} us, {size:.0f} bytes"
+        )
+
+
+def thumbnail_ms(images: list[Any]) -> tuple[float, float, float]:
+    """(median ms to write a new image's thumbnail, median ms for one already written, mean bytes per file)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = ThumbnailWriter(tmp)
+        pairs = iter([(image_digest(im), im) for im in images])  # digests the loop holds already
+        new = median_ms(lambda: writer.write(dict([next(pairs)])), len(images))
+        seen = {image_digest(images[0]): images[0]}
+        again = median_ms(lambda: writer.write(seen), 100)
+        size = sum(p.stat().st_size for p in Path(tmp).iterdir()) / len(images)
+    return new, again, size
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -118,6 +119,24 @@ def test_the_chat_template_file_given_is_the_one_served(tiny_qwen3_dir: Path, tm
     _, (record,) = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
     assert list(record.input_ids[: record.prompt_length]) == expected
     assert "<|im_start|>" not in tokenizer.decode(record.input_ids)  # nothing of the tokenizer's own template
+    # with --records, image thumbnails are written beside them unless --no-thumbnails
+    assert gateway.runtime.thumbnails is not None
+    assert gateway.runtime.thumbnails.folder == tmp_path / "records" / "thumbnails"
+    import verl_ext.gateway.local
+
+    asked: dict[str, Any] = {}
+
+    class Asked(Exception):
+        pass
+
+    def record_kwargs(*args: Any, **kwargs: Any) -> Any:  # the build's arguments, without a second model load
+        asked.update(kwargs)
+        raise Asked
+
+    with pytest.MonkeyPatch.context() as mp, pytest.raises(Asked):
+        mp.setattr(verl_ext.gateway.local, "local_gateway", record_kwargs)
+        build_gateway(build_parser().parse_args([*argv, "--no-thumbnails"]))
+    assert asked["thumbnails"] is False and asked["records_dir"] == str(tmp_path / "records")
 
 
 def test_a_chat_template_file_that_is_no_chat_template_is_refused_naming_it(

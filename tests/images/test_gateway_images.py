@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import io
 import json
 import sys
@@ -72,6 +73,7 @@ def serve_vl(vl_parts: dict[str, Any], tmp_path: Path) -> Any:
     record it wrote must replay after the test."""
     from verl_ext.gateway.service import Gateway
     from verl_ext.telemetry.records import RecordWriter, header_record
+    from verl_ext.telemetry.thumbnails import ThumbnailWriter, thumbnails_folder
 
     servers: list[ServerThread] = []
     runtime = vl_parts["runtime"]
@@ -79,9 +81,10 @@ def serve_vl(vl_parts: dict[str, Any], tmp_path: Path) -> Any:
     def start(turns: list[str]) -> tuple[Any, ServerThread]:
         vl_parts["script"].turns = list(turns)
         writer = RecordWriter(tmp_path / "records", header_record(runtime.profile), prefix="gateway")
+        thumbnails = ThumbnailWriter(thumbnails_folder(tmp_path / "records"))  # as RolloutRuntime.build makes it
         gateway = Gateway(
             vl_parts["engine"],
-            runtime.with_writer(writer),
+            dataclasses.replace(runtime.with_writer(writer), thumbnails=thumbnails),
             vl_parts["reader"],
             markers=vl_parts["markers"],
             vision=vl_parts["vision"],
@@ -180,7 +183,10 @@ def test_openai_image_url_in_prompt_and_tool_result(
     end(server, "a")
     _assert_images_served(gateway, "a", [first, shot])
 
-    # the report marks where each image's placeholder run starts (records hold digests, not pixels: no thumbnail)
+    # each distinct image of the session's branches has one thumbnail beside the records
+    stems = {p.stem for p in (Path(gateway.writer.path).parent / "thumbnails").iterdir()}
+    assert stems == {image_digest(im) for im in (first, shot, make_image(100, 100, 9))}
+    # the report marks where each image's placeholder run starts
     from verl_ext.check.record import RolloutRecord
     from verl_ext.report.tokens import Marker, token_view
 

@@ -96,6 +96,9 @@ def test_screenshot_tool_images_reach_engine_and_trainer(tiny_vl_dir: Path, vl_p
     assert all(m == 0 for t, m in zip(out.response_ids, out.response_mask, strict=True) if t == pad)
     line = json.loads((next(tmp_path.glob("*.jsonl"))).read_text().splitlines()[-1])
     assert [s["length"] for s in line["images"]["engine"]] == [16, 8]
+    # each distinct image got one thumbnail beside the records, named by its digest (the report shows it by its span)
+    digests = sorted({s["digest"] for s in line["images"]["engine"]})
+    assert sorted(p.stem for p in (tmp_path / "thumbnails").iterdir()) == digests and len(digests) == 2
     assert line["messages"][0]["content"][0] == {
         "type": "image",
         "digest": line["images"]["engine"][0]["digest"],

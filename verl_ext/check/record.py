@@ -97,6 +97,9 @@ class Rollout:
     extra: Mapping[str, Any] = field(default_factory=dict)  # more keys for the record (data_source, index, ...)
     # The time the template's strftime_now read in this rollout (``TokenTrajectory.clock``); None: it reads none.
     template_clock: str | None = None
+    # Each image of the rollout by its digest (the loop's PIL images or bytes), for the thumbnails written beside
+    # the record; never in the record itself (it holds digests).
+    pixels: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def of(
@@ -115,6 +118,7 @@ class Rollout:
         repair_log: Sequence[Mapping[str, Any]] = (),
         extra: Mapping[str, Any] | None = None,
         template_clock: str | None = None,
+        pixels: Mapping[str, Any] | None = None,
     ) -> Rollout:
         """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
         needed), and for an ``extra`` key that is not one of ``EXTRA_KEYS`` (the reader refuses unknown keys)."""
@@ -142,6 +146,7 @@ class Rollout:
             tuple(repair_log),
             dict(extra or {}),
             template_clock,
+            dict(pixels or {}),
         )
 
     @cached_property

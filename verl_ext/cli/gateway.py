@@ -31,6 +31,11 @@ def add_gateway_parser(sub: argparse._SubParsersAction) -> None:
     gw.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     gw.add_argument("--port", type=int, default=0, help="port (default: a free one, printed)")
     gw.add_argument("--records", metavar="DIR", help="write a record per branch here when its session ends")
+    gw.add_argument(
+        "--no-thumbnails",
+        action="store_true",
+        help="with --records, write no image thumbnails (DIR/thumbnails: one small PNG per distinct image)",
+    )
     gw.add_argument("--response-length", type=int, default=1024, help="token budget per branch (default 1024)")
     gw.add_argument("--max-branches", type=int, default=8, help="branches per session before it ends (default 8)")
     gw.add_argument("--tool-parser", default="hermes", help="verl's tool-call format (default hermes)")
@@ -106,6 +111,7 @@ def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
         gateway = local_gateway(
             args.model,
             records_dir=args.records,
+            thumbnails=not args.no_thumbnails,
             config=config,
             tool_parser=args.tool_parser,
             seed=args.seed,

@@ -64,4 +64,6 @@ def run_report(args: argparse.Namespace) -> int:
     for warning in report.warnings:
         print(f"verl-ext report: warning: {warning}", file=sys.stderr)
     print(f"wrote {out}: {report.summary.one_line()}")
+    if report.images is not None:
+        print(report.images.line())
     return 0

@@ -75,9 +75,10 @@ def branch_rollout(
     messages: Any = t.messages
     images: dict[str, Any] = {}
     multi_modal_data = None
+    pixels: dict[str, Any] = {}
     if isinstance(t, ImageTrajectory):  # no image cut in two; the record holds digests, the image view's evidence
         cut = image_sample(t, response_length)
-        sample, messages, images = cut.sample, cut.record_messages, {"images": cut.record_images}
+        sample, messages, images, pixels = cut.sample, cut.record_messages, {"images": cut.record_images}, cut.pixels
         multi_modal_data = cut.multi_modal_data
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
@@ -96,6 +97,7 @@ def branch_rollout(
         repairs=Counter(e.kind.value for e in t.edits),
         repair_log=t.repair_log(),
         extra={"data_source": "gateway", "index": session_id, "gateway": gateway, **images},
+        pixels=pixels,
     )
     return rollout, multi_modal_data
 

@@ -25,6 +25,7 @@ def local_gateway(
     *,
     tokenizer_dir: str | os.PathLike[str] | None = None,
     records_dir: str | os.PathLike[str] | None = None,
+    thumbnails: bool = True,
     config: GatewayConfig | None = None,
     template_kwargs: Mapping[str, Any] | None = None,
     tool_parser: str = "hermes",
@@ -39,10 +40,13 @@ def local_gateway(
     audit), errors naming the folder when one cannot be loaded. ``renderer``: one loaded already (the CLI's, with
     its ``--chat-template``), instead of ``tokenizer_dir`` and ``template_kwargs``. ``processor``: a VL model's
     processor built already (else it is loaded from the model folder where that holds an image processor's
-    settings); without one, images are refused with the cause (``gateway_vision``)."""
+    settings); without one, images are refused with the cause (``gateway_vision``). ``thumbnails``: with records, a
+    thumbnail per distinct image beside them (``verl_ext.telemetry.thumbnails``)."""
     if renderer is None:
         renderer = load_renderer(tokenizer_dir or model_dir, template_kwargs=template_kwargs)
-    runtime = RolloutRuntime.build(renderer, records_dir=records_dir, records_prefix="gateway", who="verl-ext gateway")
+    runtime = RolloutRuntime.build(
+        renderer, records_dir=records_dir, records_prefix="gateway", thumbnails=thumbnails, who="verl-ext gateway"
+    )
     reader = ToolCallReader(renderer.tokenizer, tool_parser)
     if engine is None:
         engine = CPUEngine(str(model_dir), seed=seed)

@@ -85,6 +85,7 @@ def runtime_for(
         records_prefix="rollouts",
         max_bytes=options.records.max_bytes,
         max_files=options.records.max_files,
+        thumbnails=options.records.thumbnails,
         sink=metrics_sink.report,
         who=AGENT_NAME,
     )
@@ -146,6 +147,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),
                 **({"images": images.record_images} if images is not None else {}),
             },
+            pixels=images.pixels if images is not None else None,
         )
         result = rt.conclude(rollout, ro.counters)
         output = self._output(ro, sample, result)

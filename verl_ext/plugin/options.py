@@ -41,6 +41,7 @@ class RecordsOptions:
     dir: str | None = None  # None: no per-rollout records
     max_bytes: int = 64 * 1024 * 1024
     max_files: int = 4
+    thumbnails: bool = True  # a small PNG per distinct image in dir/thumbnails (verl_ext.telemetry.thumbnails)
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,7 @@ class LoopOptions:
                 dir=records_dir or None,
                 max_bytes=_positive_int("verl_ext.records.max_bytes", records.get("max_bytes", r.max_bytes)),
                 max_files=_positive_int("verl_ext.records.max_files", records.get("max_files", r.max_files)),
+                thumbnails=_bool("verl_ext.records.thumbnails", records.get("thumbnails", r.thumbnails)),
             ),
             escape_special_tokens=_bool(
                 "verl_ext.escape_special_tokens", options.get("escape_special_tokens", d.escape_special_tokens)

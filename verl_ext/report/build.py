@@ -18,6 +18,7 @@ from verl_ext.report.listing import filter_options, rollout_rows
 from verl_ext.report.load import Records, load_records, revalidated_records
 from verl_ext.report.plots import findings_over_steps
 from verl_ext.report.summary import Summary, summarize
+from verl_ext.report.thumbnails import ThumbnailCounts, ThumbnailShelf, thumbnail_counts
 from verl_ext.report.tokens import Decode
 from verl_ext.report.verdict import verdict
 
@@ -29,6 +30,7 @@ class Report:
     html: str
     summary: Summary
     warnings: tuple[str, ...]
+    images: ThumbnailCounts | None = None  # the records' images and their thumbnails (None: no image)
 
 
 def decoding_mismatches(records: Records, decode: Decode, limit: int = 50) -> int:
@@ -63,10 +65,11 @@ def build_report(
         )
     if not records.profiles:
         warnings.append("the record files have no header line, so the template audit is missing")
-    shown = worst_examples(records.rollouts, decode, examples)
+    shown = worst_examples(records.rollouts, decode, examples, ThumbnailShelf())
     anchors = {ex.label: ex.anchor for ex in shown}
     rows, rows_left_out = rollout_rows(records.rollouts, anchors)
     sessions, sessions_left_out = forked_sessions(records.rollouts, anchors)
+    images = thumbnail_counts(records.rollouts)
     kinds = [k.value for k in FailureKind] + sorted(set(summary.engine_failure_kinds) - {k.value for k in FailureKind})
     html = render(
         "report.html.j2",
@@ -87,8 +90,9 @@ def build_report(
         skipped_fix=SKIPPED_FIX,
         audits=[audit_view(p, decode) for p in records.profiles],
         warnings=warnings,
+        images=images,
     )
-    return Report(html, summary, tuple(warnings))
+    return Report(html, summary, tuple(warnings), images)
 
 
 def write_html(path: str | os.PathLike[str], html: str) -> Path:

@@ -8,13 +8,15 @@ named), so a 200k-token turn costs the page a few lines, not tens of megabytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from verl_ext.check.record import RolloutRecord
 from verl_ext.report.text import Piece, pieces
+from verl_ext.report.thumbnails import Thumbnail, image_spans
 
 Decode = Callable[[Sequence[int]], str]
+Thumbnails = Callable[[str], Thumbnail]  # an image's digest -> its thumbnail, as the page shows it
 
 FOLD_MIN = 48  # runs of unremarkable tokens longer than this are folded
 FOLD_KEEP = (12, 16)  # tokens left visible before and after a fold
@@ -62,7 +64,20 @@ class Marker:
     missing: tuple[Piece, ...] | None
     title: str
     failure: bool = False
-    image: bool = False  # where an image's placeholder run starts (not a finding: its digest, grid and length)
+    # Where an image's placeholder run starts (not a finding): the image and its thumbnail.
+    image: ImageMark | None = None
+
+
+@dataclass(frozen=True)
+class ImageMark:
+    """An image beside its placeholder run: what the record says of it and its thumbnail (None: none looked up)."""
+
+    index: int
+    length: int  # placeholder tokens
+    grid: tuple[int, ...]
+    digest: str
+    turn: int
+    thumbnail: Thumbnail | None
 
 
 @dataclass
@@ -88,9 +103,10 @@ class Fold:
 Item = Token | Marker | Fold
 
 
-def token_view(record: RolloutRecord, decode: Decode) -> list[Item]:
+def token_view(record: RolloutRecord, decode: Decode, thumbnails: Thumbnails | None = None) -> list[Item]:
     """The record's stream as tokens, finding and failure markers, and folds (module docstring). Each token's turn
-    is the record's ``turn_of``; tokens of the first prompt show none (-1)."""
+    is the record's ``turn_of``; tokens of the first prompt show none (-1). ``thumbnails``: each image's thumbnail,
+    shown beside its placeholder run (None: the marks name the images without one)."""
     ids = record.input_ids
     n = len(ids)
     kinds = record.kinds  # one per stream token (the loader pads or cuts them to the stream)
@@ -99,7 +115,7 @@ def token_view(record: RolloutRecord, decode: Decode) -> list[Item]:
     logprobs = record.sampled_logprobs
     owner, markers = _finding_markers(record, n)
     failed = _failure_markers(record, n, markers)
-    images = _image_markers(record, n, markers)
+    images = _image_markers(record, n, markers, thumbnails)
 
     # Tokens near where a finding starts or ends, or where the engine view failed, are always shown; runs of
     # other tokens (inside a long finding too) are folded. Tokens are built only where shown.
@@ -155,23 +171,22 @@ def _failure_markers(record: RolloutRecord, n: int, markers: dict[int, list[Mark
     return failed
 
 
-def _image_markers(record: RolloutRecord, n: int, markers: dict[int, list[Marker]]) -> set[int]:
+def _image_markers(
+    record: RolloutRecord, n: int, markers: dict[int, list[Marker]], thumbnails: Thumbnails | None
+) -> set[int]:
     """Adds a marker where each image's placeholder run starts (a record with images: its ``images`` evidence),
-    naming the image, its length, grid and digest; returns those positions (always shown). Records hold digests,
-    not pixels: the page shows no thumbnail."""
-    evidence = record.extra.get("images") if isinstance(record.extra, Mapping) else None
-    spans = evidence.get("engine", ()) if isinstance(evidence, Mapping) else ()
+    naming the image, its length, grid and digest, with its thumbnail; returns those positions (always shown)."""
     out: set[int] = set()
-    for span in spans:
-        try:
-            k, at, length = int(span["index"]), int(span["position"]), int(span["length"])
-            grid, digest, turn = list(span["grid"]), str(span["digest"]), int(span["turn"])
-        except (KeyError, TypeError, ValueError):
-            continue  # a malformed span: the check's image view names it
+    for span in image_spans(record):
+        k, at, length, grid, digest, turn = (
+            span[key] for key in ("index", "position", "length", "grid", "digest", "turn")
+        )
         if 0 <= at < n:
             title = f"image {k} (before engine call {turn}): {length} placeholder tokens, grid {grid}, digest {digest}"
-            marker = Marker(f"I{k}", f"image, {length} tokens", False, None, title, image=True)
-            markers.setdefault(at, []).append(marker)
+            mark = ImageMark(k, length, tuple(grid), digest, turn, None if thumbnails is None else thumbnails(digest))
+            markers.setdefault(at, []).append(
+                Marker(f"I{k}", f"image, {length} tokens", False, None, title, image=mark)
+            )
             out.add(at)
     return out
 

@@ -4,7 +4,8 @@
   text-only model; a VL processor the probe cannot serve is refused with the cause);
 - ``image_sample``: the trainer sample cut so that no image's placeholder run is cut in two, with the images the
   trainer gets (``multi_modal_data``: every image whose run it holds, in placeholder order), the record's
-  evidence for the image view, and the messages as the record holds them (images as digests).
+  evidence for the image view, the messages as the record holds them (images as digests) and each image by its
+  digest (its thumbnail, ``verl_ext.telemetry.thumbnails``).
 - ``load_processor``: a model folder's VL processor for the tools that build one themselves (the gateway,
   ``verl-ext check-template``): transformers' ``AutoProcessor``, or, where it fails for want of torchvision (which
   cannot be installed beside torch 2.13 CPU), the processor class the folder names built from its tokenizer and
@@ -116,6 +117,7 @@ class ImageSample:
     multi_modal_data: dict[str, list[Any]] | None
     record_images: dict[str, Any]
     record_messages: list[dict[str, Any]]
+    pixels: dict[str, Any]  # each image of the trajectory by its digest: the thumbnails written beside the record
 
 
 def image_sample(t: ImageTrajectory, response_length: int | None) -> ImageSample:
@@ -146,6 +148,7 @@ def image_sample(t: ImageTrajectory, response_length: int | None) -> ImageSample
         {"images": images} if images else None,
         evidence.to_json(),
         messages_for_record(t.messages, t.image_spans),
+        {s.digest: t.images[s.index] for s in t.image_spans},
     )
 
 

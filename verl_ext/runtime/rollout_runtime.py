@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,10 +27,12 @@ from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.runtime.turn import G, Turn
 from verl_ext.telemetry.records import RecordWriter, header_record
+from verl_ext.telemetry.thumbnails import ThumbnailWriter, thumbnails_folder
 
 log = logging.getLogger("verl_ext.runtime")
 
 WRITE_FAILURES = "records/write_failures"  # the counter (tito/records/write_failures) of records not written
+THUMBNAIL_FAILURES = "records/thumbnail_failures"  # images of written records whose thumbnail was not written
 
 
 class Records(Protocol):
@@ -55,6 +58,7 @@ class RolloutRuntime:
     writer: Records | None = None
     sink: MetricsSink | None = None  # where each concluded rollout's metrics go (None: nowhere)
     record_failures_logged: set[str] = field(default_factory=set)  # the causes already logged in this process
+    thumbnails: ThumbnailWriter | None = None  # each image's thumbnail beside the records (None: off, or no records)
 
     # -- build ---------------------------------------------------------------------------------------
     @classmethod
@@ -68,13 +72,15 @@ class RolloutRuntime:
         records_prefix: str = "rollouts",
         max_bytes: int | None = None,
         max_files: int | None = None,
+        thumbnails: bool = True,
         sink: MetricsSink | None = None,
         who: str = "verl_ext",
     ) -> RolloutRuntime:
         """Probe ``renderer``'s template (with the caller's stop ids) and build the check, the policy's enforcer and
         the record writer (``records_dir`` None: no records; one file per template profile, named
-        ``{records_prefix}-{fingerprint}``: its header is right). Raises ``TemplateError`` naming ``who`` when the
-        template's verdict is unsupported."""
+        ``{records_prefix}-{fingerprint}``: its header is right), with a thumbnail per distinct image in
+        ``records_dir/thumbnails`` unless ``thumbnails`` is false (``verl_ext.telemetry.thumbnails``). Raises
+        ``TemplateError`` naming ``who`` when the template's verdict is unsupported."""
         profile = probe_template(renderer, extra_stop_ids)
         if profile.verdict is Verdict.UNSUPPORTED:
             reasons = "; ".join(r.text for r in profile.reasons if r.severity is Severity.UNSUPPORTED)
@@ -86,13 +92,16 @@ class RolloutRuntime:
                 f"Run `verl-ext check-template {audit}` for the full audit."
             )
         policy = policy or CheckPolicy()
-        writer = None
+        writer = thumbs = None
         if records_dir is not None and str(records_dir):
             limits = {k: v for k, v in (("max_bytes", max_bytes), ("max_files", max_files)) if v is not None}
             writer = RecordWriter(
                 records_dir, header_record(profile), prefix=f"{records_prefix}-{profile.fingerprint}", **limits
             )
-        return cls(renderer, profile, ConsistencyChecker(renderer, profile, policy), Enforcer(policy), writer, sink)
+            if thumbnails:  # a process's thumbnails take at most what one of its record files may
+                thumbs = ThumbnailWriter(thumbnails_folder(records_dir), max_total_bytes=writer.max_bytes)
+        checker = ConsistencyChecker(renderer, profile, policy)
+        return cls(renderer, profile, checker, Enforcer(policy), writer, sink, thumbnails=thumbs)
 
     def with_writer(self, writer: Records | None) -> RolloutRuntime:
         """The same runtime writing its records through ``writer``."""
@@ -176,7 +185,8 @@ class RolloutRuntime:
         """Records are diagnostics: a record that cannot be built or written (the folder cannot be created on this
         node, the disk is full, ...) is counted in ``records/write_failures`` and training goes on. Each new cause is
         logged at ERROR once per process; repeats of it only count (a read-only folder fails every rollout). False
-        when the record was not written (no writer, or it failed)."""
+        when the record was not written (no writer, or it failed). A written record's images then get their
+        thumbnails (``write_thumbnails``)."""
         if self.writer is None:
             return False
         try:
@@ -194,7 +204,38 @@ class RolloutRuntime:
                     cause,
                 )
             return False
+        self.write_thumbnails(rollout, counters)
         return True
+
+    def write_thumbnails(self, rollout: Rollout, counters: Counter[str]) -> None:
+        """The thumbnails of the rollout's images (after its record: a thumbnail never costs a record). One that
+        cannot be written is counted in ``records/thumbnail_failures`` and each new cause logged at ERROR once per
+        process; the report says the thumbnail is missing."""
+        if self.thumbnails is None or not rollout.pixels:
+            return
+        try:
+            self.thumbnails.write(rollout.pixels)
+        except Exception as exc:  # Pillow raises anything from OSError to DecompressionBombError: never a rollout's
+            counters[THUMBNAIL_FAILURES] += 1
+            cause = f"{type(exc).__name__}: {exc}"
+            kind = "thumbnail " + _failure_kind(exc)  # logged once per kind, not once per image (names differ)
+            if kind not in self.record_failures_logged:
+                self.record_failures_logged.add(kind)
+                log.error(
+                    "verl_ext: could not write an image thumbnail to %s (%s); the record was written, the report "
+                    "shows the thumbnail as missing, each failure is counted in tito/records/thumbnail_failures. "
+                    "Fix: make the folder writable, or set verl_ext.records.thumbnails=false",
+                    self.thumbnails.folder,
+                    cause,
+                )
+
+
+def _failure_kind(exc: Exception) -> str:
+    """A failure's kind without what differs per image (paths and digests): an OSError's type and reason, any
+    other error's type and message with its digests and quoted names blanked."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"{type(exc).__name__}: {exc.strerror}"
+    return f"{type(exc).__name__}: " + re.sub(r"[0-9a-f]{16}|'[^']*'", "…", str(exc))
 
 
 def checked_off(rollout: Rollout) -> CheckResult:

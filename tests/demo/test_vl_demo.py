@@ -75,6 +75,12 @@ def test_report_and_replay_read_the_image_records(
 ) -> None:
     result, _ = vl_demo
     assert result.report is not None and "Engine view: 0 failures" in result.report.read_text()
+    # one thumbnail per distinct image beside the records, embedded in the report beside each image's span
+    digests = {e["digest"] for r in rollouts(result) for e in r["images"]["engine"]}
+    thumbnails = {p.stem for p in (result.out / "records" / "thumbnails").glob("*.png")}
+    assert thumbnails == digests
+    html = result.report.read_text()
+    assert "data:image/png;base64," in html and "thumbnail missing" not in html
     files = sorted(str(f) for f in (result.out / "records").glob("*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(result.out / "tiny-qwen2.5-vl")])
     out = capsys.readouterr().out

@@ -99,7 +99,7 @@ def _prompt(*images: Any) -> list[dict[str, Any]]:
 
 
 def _rollout_lines(tmp_path: Path) -> list[dict[str, Any]]:
-    lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
+    lines = [json.loads(line) for f in (tmp_path / "records").glob("*.jsonl") for line in f.read_text().splitlines()]
     return [line for line in lines if line.get("type") == "rollout"]
 
 

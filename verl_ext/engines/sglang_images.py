@@ -48,6 +48,7 @@ class RebuildCheck:
     rebuilt: int  # len of the ids SGLang's processor gave back
     first_difference: int | None
     detail: str  # the difference in words, or ""
+    in_image: bool = False  # the first difference is in an image's placeholder run (its count), not in text
 
 
 def placeholder_ids(mm_processor: Any) -> tuple[int, ...]:
@@ -98,9 +99,11 @@ def check_images_match_runs(ids: Sequence[int], images: Sequence[Any], pad_id: i
         )
 
 
-def compare_rebuild(held: Sequence[int], rebuilt: Sequence[int], decode: Any = None) -> RebuildCheck:
+def compare_rebuild(
+    held: Sequence[int], rebuilt: Sequence[int], decode: Any = None, placeholders: Sequence[int] = ()
+) -> RebuildCheck:
     """Compare SGLang's rebuilt prompt ids with the ids held; ``decode`` (ids -> text) names the tokens that
-    differ."""
+    differ, ``placeholders`` (the image/video placeholder ids) tell a placeholder count from a text difference."""
     held, rebuilt = [int(i) for i in held], [int(i) for i in rebuilt]
     if held == rebuilt:
         return RebuildCheck(True, len(held), len(rebuilt), None, "")
@@ -114,11 +117,22 @@ def compare_rebuild(held: Sequence[int], rebuilt: Sequence[int], decode: Any = N
         f"at position {at} the prompt holds {shown(ours)}, SGLang's rebuild from the decoded text has "
         f"{shown(theirs)} ({len(held)} ids held, {len(rebuilt)} rebuilt)"
     )
-    return RebuildCheck(False, len(held), len(rebuilt), at, detail)
+    in_image = any(ids and ids[0] in set(placeholders) for ids in (ours, theirs))
+    return RebuildCheck(False, len(held), len(rebuilt), at, detail, in_image)
 
 
 def refusal(request_id: str, check: RebuildCheck) -> ImagePromptRebuildError:
-    """The error for a prompt SGLang would rebuild to other ids."""
+    """The error for a prompt SGLang would rebuild to other ids: a placeholder count SGLang's processor expands
+    otherwise, or a non-canonical tokenization."""
+    if check.in_image:
+        return ImagePromptRebuildError(
+            f"verl_ext SGLang server: request {request_id}: SGLang's processor expands an image of this prompt to "
+            f"another number of placeholder tokens than the prompt holds: {check.detail}. SGLang's image settings "
+            "(the model folder's preprocessor_config.json and SGLang's mm_process_config) disagree with the "
+            "processor verl_ext expanded the image with (verl's, with data.mm_processor_kwargs); make them the "
+            "same (the pixel limits above all: size shortest_edge/longest_edge, min_pixels/max_pixels). The "
+            "request is refused (tito/engine/image_prompt_refused)."
+        )
     return ImagePromptRebuildError(
         f"verl_ext SGLang server: request {request_id}: SGLang 0.5.12 rebuilds the prompt ids of a request with "
         f"images from their decoded text, and this prompt does not survive it: {check.detail}. The prompt holds a "

@@ -147,7 +147,9 @@ async def prove_image_prompt(tokenizer_manager: Any, request: Any, mm_processor:
             "vision block per image, as the model's chat template writes it"
         ) from exc
     tokenizer = getattr(mm_processor, "_tokenizer", None)
-    check = compare_rebuild(ids, list(rebuilt.input_ids), getattr(tokenizer, "decode", None))
+    check = compare_rebuild(
+        ids, list(rebuilt.input_ids), getattr(tokenizer, "decode", None), placeholder_ids(mm_processor)
+    )
     if not check.exact:
         raise refusal(request.rid, check)
 

@@ -121,27 +121,28 @@ def compare_rebuild(
     return RebuildCheck(False, len(held), len(rebuilt), at, detail, in_image)
 
 
-def refusal(request_id: str, check: RebuildCheck) -> ImagePromptRebuildError:
+ROLLOUT_ENDS = "The request is refused and the rollout ends (counted as tito/engine/image_prompt_refused)."
+
+
+def refusal(request_id: str, check: RebuildCheck, consequence: str = ROLLOUT_ENDS) -> ImagePromptRebuildError:
     """The error for a prompt SGLang would rebuild to other ids: a placeholder count SGLang's processor expands
-    otherwise, or a non-canonical tokenization."""
+    otherwise, or a non-canonical tokenization; ``consequence`` says what the caller does with it."""
     if check.in_image:
         return ImagePromptRebuildError(
             f"verl_ext SGLang server: request {request_id}: SGLang's processor expands an image of this prompt to "
             f"another number of placeholder tokens than the prompt holds: {check.detail}. SGLang's image settings "
             "(the model folder's preprocessor_config.json and SGLang's mm_process_config) disagree with the "
             "processor verl_ext expanded the image with (verl's, with data.mm_processor_kwargs); make them the "
-            "same (the pixel limits above all: size shortest_edge/longest_edge, min_pixels/max_pixels). The "
-            "request is refused (tito/engine/image_prompt_refused)."
+            f"same (the pixel limits above all: size shortest_edge/longest_edge, min_pixels/max_pixels). {consequence}"
         )
     return ImagePromptRebuildError(
         f"verl_ext SGLang server: request {request_id}: SGLang 0.5.12 rebuilds the prompt ids of a request with "
         f"images from their decoded text, and this prompt does not survive it: {check.detail}. The prompt holds a "
         "non-canonical tokenization (ids the tokenizer would not write for that text, usually a turn the model "
-        "sampled), so SGLang would compute the turn on other tokens than the trainer trains on. The request is "
-        "refused and the rollout ends (counted as tito/engine/image_prompt_refused). To serve such rollouts "
-        "token-exactly, use an engine that keeps the caller's ids with images (verl_ext_cpu, or vLLM), or keep "
-        "SGLang and accept these rollouts being dropped; a SGLang that keeps ids with images (upstream #26555) "
-        "needs a verl newer than 0.9.1."
+        f"sampled), so SGLang would compute the turn on other tokens than the trainer trains on. {consequence} To "
+        "serve such rollouts token-exactly, use an engine that keeps the caller's ids with images (verl_ext_cpu, "
+        "or vLLM), or keep SGLang and accept these rollouts being dropped; a SGLang that keeps ids with images "
+        "(upstream #26555) needs a verl newer than 0.9.1."
     )
 
 
@@ -155,6 +156,19 @@ def not_rebuilt_by_legacy_path(server_args: Any) -> ImagePromptRebuildError | No
         "actor_rollout_ref.rollout.skip_tokenizer_init=true): without it SGLang hands the prompt's expanded image "
         "placeholders to the processor as they are, which fails or expands them a second time"
     )
+
+
+def collapse_runs(ids: Sequence[int], placeholders: Sequence[int]) -> list[int]:
+    """``ids`` with each run of a placeholder id written once: the unexpanded form SGLang's processor expands on
+    either of its paths (a caller that cannot know whether the server skips tokenizer init sends this)."""
+    keep = set(int(i) for i in placeholders)
+    out: list[int] = []
+    for token in ids:
+        token = int(token)
+        if token in keep and out and out[-1] == token:
+            continue
+        out.append(token)
+    return out
 
 
 def image_list(image_data: Any) -> list[Any]:

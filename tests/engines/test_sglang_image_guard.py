@@ -18,7 +18,7 @@ from verl_ext.engines.sglang_images import (
     placeholder_runs,
     refusal,
 )
-from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
+from verl_ext.plugin.engine_turn import generate_turn
 
 PAD = 151655
 
@@ -62,7 +62,9 @@ class RayLikeError(Exception):
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["in-process", "through-ray"])
-def test_a_refused_image_prompt_ends_the_rollout_counted(wrapped: bool) -> None:
+def test_a_refused_image_prompt_is_counted_and_raised_as_the_servers_error(wrapped: bool) -> None:
+    """engine_turn counts it and hands the loop the server's own error (unwrapped from Ray's), which ends the
+    rollout before the turn (tests/images/test_vl_loop.py)."""
     refused = ImagePromptRebuildError("request r: ... non-canonical tokenization ...")
 
     class Server:
@@ -70,8 +72,9 @@ def test_a_refused_image_prompt_ends_the_rollout_counted(wrapped: bool) -> None:
             raise RayLikeError(refused) if wrapped else refused
 
     counters: Counter[str] = Counter()
-    with pytest.raises(RolloutInterrupted, match="refused a turn with images.*non-canonical tokenization"):
+    with pytest.raises(ImagePromptRebuildError, match="non-canonical tokenization") as info:
         asyncio.run(generate_turn(Server(), "r", [1, PAD, 2], {}, 8, counters, image_data=["img"]))
+    assert info.value is refused
     assert counters == Counter({"engine/image_prompt_refused": 1})
 
 

@@ -14,8 +14,9 @@ back as other ids, and SGLang's logprobs then belong to a prompt the trainer nev
 So before sending, the server runs SGLang's own rebuild (the model's multimodal processor, as the tokenizer manager
 calls it) on the request and compares the ids it gives back with the ids it holds. Any difference **refuses** the
 request (``ImagePromptRebuildError``, nothing sent): SGLang 0.5.12 cannot be given these ids, and flagging a served
-turn would still train a sample whose logprobs were computed on other tokens. The loop ends the rollout and
-counts it (``tito/engine/image_prompt_refused``).
+turn would still train a sample whose logprobs were computed on other tokens. verl_ext's loop ends the rollout
+before that turn (its earlier turns are exact and kept, as when the budget runs out) and counts it
+(``tito/engine/image_prompt_refused``).
 
 The ban: a sampled image or video placeholder id has no image behind it and breaks the trainer's pairing of
 placeholder runs with images (verl's vLLM server bans them; its SGLang server does not). The server bans them
@@ -121,7 +122,10 @@ def compare_rebuild(
     return RebuildCheck(False, len(held), len(rebuilt), at, detail, in_image)
 
 
-ROLLOUT_ENDS = "The request is refused and the rollout ends (counted as tito/engine/image_prompt_refused)."
+ROLLOUT_ENDS = (
+    "The request is refused; verl_ext's loop ends the rollout before this turn (counted as "
+    "tito/engine/image_prompt_refused)."
+)
 
 
 def refusal(request_id: str, check: RebuildCheck, consequence: str = ROLLOUT_ENDS) -> ImagePromptRebuildError:

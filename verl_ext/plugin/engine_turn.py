@@ -126,9 +126,10 @@ async def _generate(
     image_data: list[Any] | None = None,
 ) -> Any:
     """One engine call. A Ray failure (the server crashed or was killed) raises ``RolloutInterrupted`` naming the
-    ``done`` tokens of the turn it loses, and so does an image prompt the SGLang server refused (SGLang would have
-    run it on other ids, sglang_images.py), counted as ``engine/image_prompt_refused``; any other error is raised
-    as it is."""
+    ``done`` tokens of the turn it loses. An image prompt the SGLang server refused (SGLang would have run it on
+    other ids, sglang_images.py; nothing was sent) is counted as ``engine/image_prompt_refused`` and raised as the
+    server's ``ImagePromptRebuildError`` (unwrapped from Ray's error): the loop ends the rollout before that turn.
+    Any other error is raised as it is."""
     try:
         images = {"image_data": image_data} if image_data else {}  # every image of the prompt, in placeholder order
         return await server_manager.generate(
@@ -136,12 +137,11 @@ async def _generate(
         )
     except Exception as exc:
         refused = _image_prompt_refusal(exc)
-        if refused is not None:
+        if refused is not None:  # nothing was sent: the loop ends the rollout before this turn
             counters["engine/image_prompt_refused"] += 1
-            raise RolloutInterrupted(
-                f"verl_ext: the rollout server refused a turn with images; the rollout is dropped, none of its "
-                f"{done} tokens of this turn is trained. {refused}"
-            ) from exc
+            if refused is exc:
+                raise
+            raise refused from exc
         if not _is_ray_failure(exc):
             raise
         counters["engine/server_failures"] += 1

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -217,3 +218,47 @@ def test_a_callers_logit_bias_is_kept_beside_the_ban(vl: Any, images: list[Any],
         str(IMAGE_PAD): float("-inf"),
         str(VIDEO_PAD): float("-inf"),
     }
+
+
+def test_the_gpu_scripts_vl_arm_server_forces_the_screenshot_then_serves_the_image_turn(
+    vl: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The VL arm's server (tests/gpu/run_sglang_grpo.py --arms verl_ext_vl): the forced screenshot call is scored
+    by SGLang (no image yet), the next turn carries the screenshot through the image path (proven, banned)."""
+    import importlib.util
+
+    from test_sglang_server import make_server
+
+    from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV
+    from verl_ext.engines.sglang_server import ForcedFirstTurnTokenExactSGLangServer
+
+    spec = importlib.util.spec_from_file_location(
+        "run_sglang_grpo", Path(__file__).parents[1] / "gpu" / "run_sglang_grpo.py"
+    )
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, script)  # its dataclasses look their module up there
+    spec.loader.exec_module(script)
+    monkeypatch.setenv(SGLANG_FORCE_ENV, script.FORCED_SCREENSHOT_CALL)
+    mm = sglang_mm_processor(vl, vl.config)
+    tm = ScriptedTokenizerManager({IM_END, ENDOFTEXT}, VOCAB, [Script([5]), Script([10, IM_END])], mm_processor=mm)
+    server = make_server(ForcedFirstTurnTokenExactSGLangServer, tm)
+    server.model_config.tokenizer = vl.tokenizer
+    server.config.prompt_length = server.config.response_length = 512
+    server.config.mtp = None
+    user = [{"role": "user", "content": [{"type": "text", "text": "Take a screenshot."}]}]
+    first_text = vl.apply_chat_template(user, tokenize=False, add_generation_prompt=True)
+    prompt = [int(i) for i in vl(text=[first_text], return_tensors="np")["input_ids"][0]]
+    first = generate(server, prompt, None, {**PARAMS, "max_tokens": 64})
+    forced = vl.tokenizer.encode(script.FORCED_SCREENSHOT_CALL, add_special_tokens=False)
+    assert first.token_ids == forced and tm.requests[0].image_data is None
+    shot = make_image(112, 56, 3)
+    call = {"role": "assistant", "content": script.FORCED_SCREENSHOT_CALL.removesuffix("<|im_end|>")}
+    result = {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "screenshot of the top"}]}
+    messages = [*user, call, result]
+    text = vl.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    second = [int(i) for i in vl(text=[text], images=[shot], return_tensors="np")["input_ids"][0]]
+    assert second[: len(prompt) + len(forced)] == prompt + forced
+    out = generate(server, second, [shot])
+    assert out.token_ids == [10, IM_END] and tm.scheduled[1] == second
+    assert tm.requests[1].sampling_params["logit_bias"][str(IMAGE_PAD)] == float("-inf")

@@ -72,7 +72,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from PIL import Image
-    from sglang_shim import load_sglang
+    from sglang_shim import load_sglang, sglang_installed
+
+    if not sglang_installed():
+        print("skipped: sglang 0.5.12 is not installed (make sglang-cpu)")
+        return
     from sglang_standin import sglang_mm_processor
 
     load_sglang(vl=True)

@@ -313,3 +313,77 @@ def test_images_without_the_models_processor_are_refused(vl_parts: dict[str, Any
     engine = SGLangEngine("http://127.0.0.1:9")
     with pytest.raises(EngineRequestError, match="no processor of the served model"):
         asyncio.run(engine.generate(vl_parts["held"], Sampling(8), images=vl_parts["images"]))
+
+
+SAMPLED = [
+    "Sure, hello there!",
+    'I will call {"name": "screenshot", "arguments": {"region": "top"}} now.',
+    "The total is 12,345.67 — café prices rose 3%.",
+    "  indented\n\tcode = f(x) + 1;  ",
+    "Größe: 42 cm; 東京 is in Japan.",
+]
+
+
+def _split_one(tokenizer: Any, ids: list[int], which: int) -> list[int]:
+    """``ids`` with one multi-character token re-encoded as two pieces (a non-canonical split a model may sample),
+    or ``ids`` unchanged when no token splits."""
+    candidates = [i for i, t in enumerate(ids) if len(tokenizer.decode([t])) > 2]
+    if not candidates:
+        return ids
+    at = candidates[which % len(candidates)]
+    text = tokenizer.decode([ids[at]])
+    half = len(text) // 2
+    pieces = tokenizer.encode(text[:half], add_special_tokens=False) + tokenizer.encode(
+        text[half:], add_special_tokens=False
+    )
+    return [*ids[:at], *pieces, *ids[at + 1 :]]
+
+
+def test_the_gateways_rebuild_agrees_with_sglangs_own(vl_parts: dict[str, Any]) -> None:
+    """Property: for prompts holding a sampled turn as a model writes it (canonical, or with one token split) and
+    images of random sizes, the gateway's proof (the model's processor) passes exactly when SGLang's own rebuild
+    (its Qwen-VL processor, legacy path) gives back the prompt's ids."""
+    import asyncio
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from PIL import Image
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang_standin import global_server_args, sglang_mm_processor
+
+    from verl_ext.engines.sglang_images import ImagePromptRebuildError
+
+    processor = vl_parts["processor"]
+    tokenizer = processor.tokenizer
+    mm = sglang_mm_processor(processor, processor.config)
+    engine = SGLangEngine("http://unused:1", processor=processor)
+    sizes = st.tuples(st.integers(28, 140), st.integers(28, 140))
+    outcomes: set[bool] = set()
+
+    @settings(max_examples=14, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(SAMPLED), st.booleans(), st.integers(0, 50), st.lists(sizes, min_size=1, max_size=3))
+    def check(sampled: str, split: bool, which: int, image_sizes: list[tuple[int, int]]) -> None:
+        images = [Image.new("RGB", size, (i * 40, 90, 160)) for i, size in enumerate(image_sizes)]
+        user = {"role": "user", "content": [*({"type": "image"} for _ in images), {"type": "text", "text": "Go."}]}
+        head = processor.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+        head_ids = [int(i) for i in processor(text=[head], images=images, return_tensors="np")["input_ids"][0]]
+        turn = tokenizer.encode(sampled, add_special_tokens=False)
+        turn = _split_one(tokenizer, turn, which) if split else turn
+        tail = tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n")
+        ids = head_ids + turn + tail
+        obj = GenerateReqInput(rid="p", input_ids=list(ids), image_data=list(images), sampling_params={})
+        with global_server_args():
+            rebuilt = asyncio.run(
+                mm.process_mm_data_async(image_data=list(images), input_text=list(ids), request_obj=obj)
+            )
+        sglang_keeps = list(rebuilt.input_ids) == ids
+        try:
+            engine.prove_images(ids, images)
+            proven = True
+        except ImagePromptRebuildError:
+            proven = False
+        assert proven == sglang_keeps, (sampled, split, image_sizes)
+        outcomes.add(proven)
+
+    check()
+    assert outcomes == {True, False}  # both kept and rebuilt-otherwise prompts were met

@@ -16,6 +16,7 @@ MODULES = [
     "verl_ext.check.align",
     "verl_ext.check.policy",
     "verl_ext.core.replay",
+    "verl_ext.engines.sglang_images",
     "verl_ext.engines.sglang_output",
     "verl_ext.gateway.errors",
     "verl_ext.plugin.config_errors",

@@ -33,7 +33,9 @@ _MODULES = (
     "sglang.srt.managers.tokenizer_manager",
     "verl.workers.rollout.sglang_rollout.async_sglang_server",
 )
-_loaded = False
+# SGLang's multimodal processors (Qwen-VL's imports torchvision at module level): only the image tests need them
+_VL_MODULES = ("sglang.srt.multimodal.processors.qwen_vl",)
+_loaded: set[str] = set()
 
 
 def sglang_installed() -> bool:
@@ -73,10 +75,11 @@ def _no_registration(*args: Any, **kwargs: Any) -> None:
     return None
 
 
-def load_sglang() -> None:
-    """Import SGLang's token-path modules and verl's SGLang server once per process."""
-    global _loaded
-    if _loaded:
+def load_sglang(*, vl: bool = False) -> None:
+    """Import SGLang's token-path modules and verl's SGLang server once per process (``vl``: and SGLang's Qwen-VL
+    multimodal processor)."""
+    wanted = [m for m in (*_MODULES, *(_VL_MODULES if vl else ())) if m not in _loaded]
+    if not wanted:
         return
     # transformers modules that ask "is torchvision installed?" at import time: answer before the stand-in exists
     for name in (
@@ -103,15 +106,15 @@ def load_sglang() -> None:
 
     DummyObject.__getattribute__ = registering_getattribute  # type: ignore[method-assign]
     try:
-        for name in _MODULES:
+        for name in wanted:
             importlib.import_module(name)
+            _loaded.add(name)
     finally:
         DummyObject.__getattribute__ = dummy_getattribute  # type: ignore[method-assign]
         sys.meta_path.remove(finder)
         for name in [m for m in sys.modules if m.split(".")[0] == "torchvision"]:
             del sys.modules[name]
         _forget_torchvision_answer()
-    _loaded = True
 
 
 def _forget_torchvision_answer() -> None:

@@ -3,12 +3,16 @@
 Two sources, one output format (``{"output_ids": [...], "meta_info": {...}}``, as SGLang 0.5.12 returns it under
 ``skip_tokenizer_init``):
 
-* ``ScriptedTokenizerManager``: SGLang's own code everywhere except sampling, which needs a GPU. The request is
-  SGLang's ``GenerateReqInput`` (normalised by SGLang), the sampling parameters SGLang's ``SamplingParams``
-  (normalised and verified by SGLang), the finish decided by SGLang's ``Req.check_finished`` as the scripted ids
-  arrive one by one (an abort is ``FINISH_ABORT``, as ``abort_request`` sets it), and the output dict assembled by
-  SGLang's ``TokenizerManager._handle_batch_output`` from a ``BatchTokenIDOutput``, as the scheduler sends it. Only
-  the ids and their logprobs are scripted.
+* ``ScriptedTokenizerManager``: SGLang's own code everywhere except the model, which needs a GPU. The request is
+  SGLang's ``GenerateReqInput`` (normalised by SGLang) turned into the scheduler's request by SGLang's own
+  ``TokenizerManager._tokenize_one_request`` (its ``SamplingParams`` normalised and verified; with images, the
+  model's multimodal processor, SGLang's ``QwenVLImageProcessor`` over the tiny VL processor, rebuilds the prompt
+  ids and they replace the request's, as on a GPU: ``scheduled`` keeps the ids SGLang would run the model on), the
+  finish decided by SGLang's ``Req.check_finished`` as the scripted ids arrive one by one (an abort is
+  ``FINISH_ABORT``, as ``abort_request`` sets it), and the output dict assembled by SGLang's
+  ``TokenizerManager._handle_batch_output`` from a ``BatchTokenIDOutput``, as the scheduler sends it. Only the ids
+  and their logprobs are scripted; or, per step, the ids the model prefers (``Script.prefer``), picked greedily
+  after SGLang's own ``SamplingBatchInfo`` applies the request's logit bias.
 * ``RecordedTokenizerManager``: replays recordings from a GPU run (tests/fixtures/sglang/*.json:
   ``{"case", "request": {GenerateReqInput fields}, "response": {"output_ids", "meta_info"}}``); it checks that the
   server sends the recorded request.
@@ -17,8 +21,9 @@ Two sources, one output format (``{"output_ids": [...], "meta_info": {...}}``, a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,14 +38,16 @@ class Script:
 
     ``abort_after``: the request is aborted (``pause_generation(mode="abort")``) after that many ids.
     ``drop_logprob_entries`` / ``wrong_logprob_id_at``: corrupt the logprob payload the scheduler sends (an engine
-    bug the server must catch). ``cached_tokens``: the radix-cache hit SGLang reports."""
+    bug the server must catch). ``cached_tokens``: the radix-cache hit SGLang reports. ``prefer``: instead of ``ids``,
+    per step the ids the model ranks highest, best first; the step samples greedily after SGLang's logit bias."""
 
-    ids: Sequence[int]
+    ids: Sequence[int] = ()
     logprobs: Sequence[float] | None = None
     abort_after: int | None = None
     drop_logprob_entries: int = 0
     wrong_logprob_id_at: int | None = None
     cached_tokens: int = 0
+    prefer: Sequence[Sequence[int]] | None = None
 
 
 def input_logprob_at(position: int) -> float:
@@ -66,6 +73,62 @@ def input_logprobs(obj: Any, req: Any, vocab_size: int) -> tuple[list[Any], list
     return list(req.input_token_logprobs_val), list(req.input_token_logprobs_idx)
 
 
+@contextlib.contextmanager
+def global_server_args() -> Iterator[None]:
+    """SGLang's sampling and image code read its process-global server args (set by a launched server); the few
+    fields they read, for the length of one request, unless a real value is set."""
+    import sglang.srt.server_args as server_args
+
+    if server_args._global_server_args is not None:
+        yield
+        return
+    server_args._global_server_args = SimpleNamespace(
+        rl_on_policy_target=None, enable_deterministic_inference=False, enable_custom_logit_processor=False
+    )
+    try:
+        yield
+    finally:
+        server_args._global_server_args = None
+
+
+def sglang_mm_processor(processor: Any, hf_config: Any, *, skip_tokenizer_init: bool = True) -> Any:
+    """SGLang's own multimodal processor for a Qwen2/2.5/3-VL model (``QwenVLImageProcessor``) over an HF
+    processor, as SGLang's tokenizer manager builds it (``get_mm_processor``), with its default image settings."""
+    from sglang.srt.multimodal.processors.qwen_vl import QwenVLImageProcessor
+
+    server_args = SimpleNamespace(
+        mm_process_config={},
+        skip_tokenizer_init=skip_tokenizer_init,
+        disable_fast_image_processor=False,
+        keep_mm_feature_on_device=False,
+        tokenizer_worker_num=1,
+    )
+    return QwenVLImageProcessor(hf_config, server_args, processor, None)
+
+
+class _Batch:
+    """The part of SGLang's ``ScheduleBatch`` its ``SamplingBatchInfo`` reads (a weak reference is taken)."""
+
+    def __init__(self, reqs: list[Any]) -> None:
+        self.reqs, self.device = reqs, "cpu"
+
+
+def preferred_pick(req: Any, ranked: Sequence[int], vocab_size: int) -> int:
+    """The greedy pick of one step whose logits rank ``ranked`` highest (best first), after SGLang's own
+    ``SamplingBatchInfo`` applies the request's logit bias and penalties to them."""
+    import torch
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    logits = torch.zeros(1, vocab_size)
+    for rank, token in enumerate(ranked):
+        logits[0, int(token)] = 10.0 - rank
+    batch = _Batch([req])
+    info = SamplingBatchInfo.from_schedule_batch(batch, vocab_size)
+    info.update_penalties()
+    info.apply_logits_bias(logits)
+    return int(torch.argmax(logits, dim=-1)[0])
+
+
 @dataclass
 class ScriptedTokenizerManager:
     eos_token_ids: set[int]
@@ -73,11 +136,16 @@ class ScriptedTokenizerManager:
     scripts: list[Script] = field(default_factory=list)
     weight_version: str = "default"
     requests: list[Any] = field(default_factory=list)  # the GenerateReqInput objects received
+    mm_processor: Any = None  # SGLang's multimodal processor (sglang_mm_processor) for a VL model, else None
+    context_len: int = 32768
+    scheduled: list[list[int]] = field(default_factory=list)  # the prompt ids SGLang runs the model on, per request
 
     def __post_init__(self) -> None:
         from sglang.srt.managers.tokenizer_manager import TokenizerManager
+        from sglang.srt.sampling.sampling_params import SamplingParams
 
-        # SGLang's real TokenizerManager methods over only the state _handle_batch_output reads (no ZMQ, no model).
+        # SGLang's real TokenizerManager methods over only the state _tokenize_one_request and _handle_batch_output
+        # read (no ZMQ, no model).
         tm = TokenizerManager.__new__(TokenizerManager)
         tm.server_args = SimpleNamespace(
             batch_notify_size=16,
@@ -87,12 +155,38 @@ class ScriptedTokenizerManager:
             speculative_algorithm=None,
             enable_lora=False,
             dp_size=1,
+            language_only=False,
+            encoder_transfer_backend=None,
+            limit_mm_data_per_request=None,
+            allow_auto_truncate=False,
+            enable_return_hidden_states=False,
+            enable_custom_logit_processor=False,
+            disaggregation_transfer_backend=None,
         )
         tm.rid_to_state = {}
         tm.enable_metrics = False
         tm.dump_requests_folder = None
         tm.crash_dump_folder = None
+        tm.tokenizer = None  # skip_tokenizer_init
+        tm.mm_processor = self.mm_processor
+        arch = ["Qwen2_5_VLForConditionalGeneration" if self.mm_processor is not None else "Qwen3ForCausalLM"]
+        tm.model_config = SimpleNamespace(hf_config=SimpleNamespace(architectures=arch), vocab_size=self.vocab_size)
+        tm.context_len = self.context_len
+        tm.max_req_input_len = self.context_len - 1
+        tm.num_reserved_tokens = 0
+        tm.validate_total_tokens = True
+        tm.is_generation = True
+        tm.preferred_sampling_params = None
+        tm.sampling_params_class = SamplingParams
         self.tm = tm
+
+    @property
+    def server_args(self) -> Any:
+        return self.tm.server_args
+
+    @property
+    def max_req_input_len(self) -> int:
+        return int(self.tm.max_req_input_len)
 
     def generate_request(self, obj: Any, request: Any = None) -> AsyncIterator[dict[str, Any]]:
         return self._generate(obj)
@@ -101,33 +195,39 @@ class ScriptedTokenizerManager:
         from sglang.srt.managers.io_struct import BatchTokenIDOutput
         from sglang.srt.managers.schedule_batch import FINISH_ABORT, Req
         from sglang.srt.managers.tokenizer_manager import ReqState
-        from sglang.srt.sampling.sampling_params import SamplingParams
 
         self.requests.append(obj)
         obj.normalize_batch_and_arguments()
-        if obj.input_ids is None:
-            raise ValueError("The engine initialized with skip_tokenizer_init=True cannot accept text prompts.")
-        sampling = SamplingParams(**(obj.sampling_params or {}))
-        sampling.normalize(None)
-        sampling.verify(self.vocab_size)
+        state = ReqState([], False, asyncio.Event(), obj, time_stats=_time_stats())
+        self.tm.rid_to_state[obj.rid] = state  # SGLang registers the request before tokenizing it
+        with global_server_args():
+            tokenized = await self.tm._tokenize_one_request(obj)  # SGLang's own: with images, its ids replace ours
+        sampling = tokenized.sampling_params
+        self.scheduled.append(list(tokenized.input_ids))
         req = Req(
             obj.rid,
             "",
-            list(obj.input_ids),
+            list(tokenized.input_ids),
             sampling,
             return_logprob=obj.return_logprob,
             eos_token_ids=set(self.eos_token_ids),
             vocab_size=self.vocab_size,
         )
         script = self.scripts.pop(0)
-        default = [-0.5 - 0.01 * i for i in range(len(script.ids))]
+        steps = len(script.prefer) if script.prefer is not None else len(script.ids)
+        default = [-0.5 - 0.01 * i for i in range(steps)]
         lps = list(script.logprobs) if script.logprobs is not None else default
-        for i, token in enumerate(script.ids):
+        for i in range(steps):
             if script.abort_after is not None and i == script.abort_after:
                 req.to_finish = FINISH_ABORT()
                 req.check_finished()
                 break
-            req.output_ids.append(int(token))
+            if script.prefer is not None:
+                with global_server_args():
+                    token = preferred_pick(req, script.prefer[i], self.vocab_size)
+            else:
+                token = int(script.ids[i])
+            req.output_ids.append(token)
             req.check_finished()
             if req.finished():
                 break
@@ -154,7 +254,7 @@ class ScriptedTokenizerManager:
             skip_special_tokens=[sampling.skip_special_tokens],
             spaces_between_special_tokens=[sampling.spaces_between_special_tokens],
             no_stop_trim=[sampling.no_stop_trim],
-            prompt_tokens=[len(obj.input_ids)],
+            prompt_tokens=[len(tokenized.input_ids)],
             reasoning_tokens=[0],
             completion_tokens=[len(out)],
             cached_tokens=[script.cached_tokens],
@@ -178,8 +278,6 @@ class ScriptedTokenizerManager:
             placeholder_tokens_val=[None],
             retraction_counts=[0],
         )
-        state = ReqState([], False, asyncio.Event(), obj, time_stats=_time_stats())
-        self.tm.rid_to_state[obj.rid] = state
         await self.tm._handle_batch_output(recv)
         yield state.out_list[-1]
 

@@ -222,3 +222,168 @@ def test_an_unreachable_server_is_named(tiny_qwen3_dir: Path, capsys: pytest.Cap
     assert main(["gateway", "--model", str(tiny_qwen3_dir), "--sglang-url", url]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and f"--sglang-url: no SGLang server answers at {url}" in err, err
+
+
+# Images: a VL model behind SGLang's own HTTP app, its multimodal processor (SGLang's QwenVLImageProcessor over the
+# tiny VL processor) rebuilding each request's ids as on a GPU.
+
+IMAGE_PAD, VIDEO_PAD, IM_END = 151655, 151656, 151645
+HELLO, HEL, LO = 23811, 11338, 385  # Qwen2.5: " hello"; " hel" + "lo" is a non-canonical split of it
+
+
+@pytest.fixture(scope="module")
+def vl_parts(tokenizer_dirs: dict[str, Path]) -> dict[str, Any]:
+    from PIL import Image
+
+    from verl_ext.demo.vl_model import build_vl_processor
+
+    load_sglang(vl=True)
+    processor = build_vl_processor(tokenizer_dirs["qwen2.5"])
+    images = [Image.new("RGB", (56, 56), (10, 20, 30)), Image.new("RGB", (56, 112), (40, 50, 60))]
+    messages = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Say hello to it."}]},
+        {"role": "assistant", "content": '<tool_call>\n{"name": "screenshot", "arguments": {}}\n</tool_call>'},
+        {"role": "tool", "content": [{"type": "image"}, {"type": "text", "text": "the screen"}]},
+    ]
+    text = processor.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    held = [int(i) for i in processor(text=[text], images=images, return_tensors="np")["input_ids"][0]]
+    return {"processor": processor, "images": images, "held": held}
+
+
+def vl_sglang(parts: dict[str, Any], *scripts: Script) -> ScriptedTokenizerManager:
+    from sglang_standin import sglang_mm_processor
+
+    mm = sglang_mm_processor(parts["processor"], parts["processor"].config)
+    return ScriptedTokenizerManager(EOS, VOCAB, list(scripts), mm_processor=mm)
+
+
+def test_images_reach_sglang_over_http_and_sglang_keeps_the_ids(vl_parts: dict[str, Any]) -> None:
+    """PNG data URLs in placeholder order, each run written once; SGLang's own rebuild (its /generate, its
+    tokenizer manager and Qwen-VL processor loading the data URLs) runs the model on exactly the session's ids."""
+    import asyncio
+
+    from verl_ext.engines.sglang_images import collapse_runs
+    from verl_ext.gateway.engine import Sampling
+
+    held, images = vl_parts["held"], vl_parts["images"]
+    tm = vl_sglang(vl_parts, Script([10, IM_END]))
+    with sglang_server(tm) as sglang:
+        engine = SGLangEngine(sglang.url, processor=vl_parts["processor"])
+        out = asyncio.run(engine.generate(held, Sampling(8), images=images))
+    assert out.token_ids == (10, IM_END)
+    (sent,) = tm.requests
+    assert list(sent.input_ids) == collapse_runs(held, [IMAGE_PAD]) and len(sent.input_ids) < len(held)
+    assert [u[:22] for u in sent.image_data] == ["data:image/png;base64,"] * 2
+    assert tm.scheduled == [held]
+    assert sent.sampling_params["logit_bias"] == {str(IMAGE_PAD): -1e9, str(VIDEO_PAD): -1e9}
+
+
+def test_a_non_canonical_image_prompt_is_refused_before_sending(
+    vl_parts: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gateway's own rebuild (the model's processor) refuses it; with that check made to pass (the mutation),
+    SGLang's rebuild runs the model on other ids than the session holds."""
+    import asyncio
+
+    from verl_ext.engines.sglang_images import ImagePromptRebuildError, RebuildCheck
+    from verl_ext.gateway import sglang_engine
+    from verl_ext.gateway.engine import Sampling
+
+    held = vl_parts["held"]
+    at = held.index(HELLO)
+    prompt = [*held[:at], HEL, LO, *held[at + 1 :]]
+    tm = vl_sglang(vl_parts, Script([10, IM_END]))
+    with sglang_server(tm) as sglang:
+        engine = SGLangEngine(sglang.url, processor=vl_parts["processor"])
+        with pytest.raises(ImagePromptRebuildError, match=rf"at position {at} .*non-canonical.*engine_error"):
+            asyncio.run(engine.generate(prompt, Sampling(8), images=vl_parts["images"]))
+        assert tm.requests == []
+        monkeypatch.setattr(sglang_engine, "compare_rebuild", lambda *a, **k: RebuildCheck(True, 0, 0, None, ""))
+        tm.scripts.append(Script([10, IM_END]))
+        with pytest.raises(EngineRequestError, match="ran the image prompt as"):  # caught after: counts differ
+            asyncio.run(engine.generate(prompt, Sampling(8), images=vl_parts["images"]))
+    assert tm.scheduled == [held]  # SGLang re-encoded " hello" canonically
+
+
+def test_images_without_the_models_processor_are_refused(vl_parts: dict[str, Any]) -> None:
+    import asyncio
+
+    from verl_ext.gateway.engine import Sampling
+
+    engine = SGLangEngine("http://127.0.0.1:9")
+    with pytest.raises(EngineRequestError, match="no processor of the served model"):
+        asyncio.run(engine.generate(vl_parts["held"], Sampling(8), images=vl_parts["images"]))
+
+
+SAMPLED = [
+    "Sure, hello there!",
+    'I will call {"name": "screenshot", "arguments": {"region": "top"}} now.',
+    "The total is 12,345.67 — café prices rose 3%.",
+    "  indented\n\tcode = f(x) + 1;  ",
+    "Größe: 42 cm; 東京 is in Japan.",
+]
+
+
+def _split_one(tokenizer: Any, ids: list[int], which: int) -> list[int]:
+    """``ids`` with one multi-character token re-encoded as two pieces (a non-canonical split a model may sample),
+    or ``ids`` unchanged when no token splits."""
+    candidates = [i for i, t in enumerate(ids) if len(tokenizer.decode([t])) > 2]
+    if not candidates:
+        return ids
+    at = candidates[which % len(candidates)]
+    text = tokenizer.decode([ids[at]])
+    half = len(text) // 2
+    pieces = tokenizer.encode(text[:half], add_special_tokens=False) + tokenizer.encode(
+        text[half:], add_special_tokens=False
+    )
+    return [*ids[:at], *pieces, *ids[at + 1 :]]
+
+
+def test_the_gateways_rebuild_agrees_with_sglangs_own(vl_parts: dict[str, Any]) -> None:
+    """Property: for prompts holding a sampled turn as a model writes it (canonical, or with one token split) and
+    images of random sizes, the gateway's proof (the model's processor) passes exactly when SGLang's own rebuild
+    (its Qwen-VL processor, legacy path) gives back the prompt's ids."""
+    import asyncio
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+    from PIL import Image
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang_standin import global_server_args, sglang_mm_processor
+
+    from verl_ext.engines.sglang_images import ImagePromptRebuildError
+
+    processor = vl_parts["processor"]
+    tokenizer = processor.tokenizer
+    mm = sglang_mm_processor(processor, processor.config)
+    engine = SGLangEngine("http://unused:1", processor=processor)
+    sizes = st.tuples(st.integers(28, 140), st.integers(28, 140))
+    outcomes: set[bool] = set()
+
+    @settings(max_examples=14, derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(SAMPLED), st.booleans(), st.integers(0, 50), st.lists(sizes, min_size=1, max_size=3))
+    def check(sampled: str, split: bool, which: int, image_sizes: list[tuple[int, int]]) -> None:
+        images = [Image.new("RGB", size, (i * 40, 90, 160)) for i, size in enumerate(image_sizes)]
+        user = {"role": "user", "content": [*({"type": "image"} for _ in images), {"type": "text", "text": "Go."}]}
+        head = processor.apply_chat_template([user], tokenize=False, add_generation_prompt=True)
+        head_ids = [int(i) for i in processor(text=[head], images=images, return_tensors="np")["input_ids"][0]]
+        turn = tokenizer.encode(sampled, add_special_tokens=False)
+        turn = _split_one(tokenizer, turn, which) if split else turn
+        tail = tokenizer.encode("<|im_end|>\n<|im_start|>user\nAnd?<|im_end|>\n<|im_start|>assistant\n")
+        ids = head_ids + turn + tail
+        obj = GenerateReqInput(rid="p", input_ids=list(ids), image_data=list(images), sampling_params={})
+        with global_server_args():
+            rebuilt = asyncio.run(
+                mm.process_mm_data_async(image_data=list(images), input_text=list(ids), request_obj=obj)
+            )
+        sglang_keeps = list(rebuilt.input_ids) == ids
+        try:
+            engine.prove_images(ids, images)
+            proven = True
+        except ImagePromptRebuildError:
+            proven = False
+        assert proven == sglang_keeps, (sampled, split, image_sizes)
+        outcomes.add(proven)
+
+    check()
+    assert outcomes == {True, False}  # both kept and rebuilt-otherwise prompts were met

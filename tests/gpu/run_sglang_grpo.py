@@ -7,6 +7,15 @@ the tool, so every trajectory's first assistant turn is forced to a calculator c
 sampled. Every rollout then has at least two engine calls and a tool result, which ``--min-turns 2`` asserts.
 
     python tests/gpu/run_sglang_grpo.py --out build/gpu [--steps 3] [--min-turns 2] [--model DIR] [--dry-run]
+                                        [--arms verl_ext stock verl_ext_vl]
+
+The VL arm (``verl_ext_vl``, not in the default arms) runs verl_ext's loop and SGLang server on a tiny random
+Qwen2.5-VL (the real Qwen2.5 tokenizer with the VL template and processor settings of tests/fixtures/vl) with the
+screenshot tool (verl_ext/demo/screenshot_tool.py): the forced first turn asks for a screenshot, so every rollout's
+second engine call carries an image through the server's image path (SGLang's rebuild of the ids proven before
+sending, placeholders banned). It needs torchvision on the node (verl builds the processor with AutoProcessor, and
+SGLang's Qwen-VL processor imports it). It also fails on a rollout without an image, and on any image prompt the
+server refused (``tito/engine/image_prompt_refused``).
 
 ``--dry-run`` does everything up to the GPU and stops: the model folder and its tokenizer, the dataset against the
 batch size, each arm's trainer command composed with verl's own Hydra config, the server class each arm's replica
@@ -38,6 +47,9 @@ sys.path.insert(0, str(REPO))
 
 from verl_ext.demo.run import parse_step_line, shipped_tokenizers  # noqa: E402
 from verl_ext.engines.forced_turn import FORCED_TOOL_CALL, SGLANG_FORCE_ENV  # noqa: E402
+
+# the VL arm's forced first turn: a screenshot call (a 112x56 image comes back), closed as a turn the model ended
+FORCED_SCREENSHOT_CALL = '<tool_call>\n{"name": "screenshot", "arguments": {"region": "top"}}\n</tool_call><|im_end|>'
 from verl_ext.engines.sglang_output import SWITCH_ENV  # noqa: E402
 
 TRAIN_BATCH = 16  # data.train_batch_size: prompts per step
@@ -47,16 +59,28 @@ ROLLOUTS_PER_STEP = TRAIN_BATCH * ROLLOUT_N
 
 @dataclass(frozen=True)
 class Arm:
-    """One side of the comparison: the agent loop and whether verl_ext's SGLang server replaces verl's."""
+    """One side of the comparison: the agent loop, whether verl_ext's SGLang server replaces verl's, and whether
+    it runs the VL model with the screenshot tool."""
 
     loop: str
     verl_ext_server: bool
+    vl: bool = False
+
+    @property
+    def forced_turn(self) -> str:
+        return FORCED_SCREENSHOT_CALL if self.vl else FORCED_TOOL_CALL
+
+    @property
+    def tool_path(self) -> Path:
+        return REPO / "verl_ext" / "demo" / ("screenshot_tool.py" if self.vl else "tools.py")
 
 
 ARMS = {
     "verl_ext": Arm(loop="verl_ext_tool_agent", verl_ext_server=True),
     "stock": Arm(loop="verl_ext_audited_tool_agent", verl_ext_server=False),
+    "verl_ext_vl": Arm(loop="verl_ext_tool_agent", verl_ext_server=True, vl=True),
 }
+DEFAULT_ARMS = ("verl_ext", "stock")  # the VL arm needs torchvision on the node: asked for by name
 
 # What one GPU node with the offline bundle (scripts/gpu/) runs with: each override and why it is needed.
 GPU_OVERRIDES: tuple[tuple[str, str], ...] = (
@@ -71,6 +95,13 @@ GPU_OVERRIDES: tuple[tuple[str, str], ...] = (
     ("ray_kwargs.ray_init.num_cpus=64", "TransferQueue and the pools each ask Ray for CPUs"),
     ("+ray_kwargs.ray_init.include_dashboard=false", "the dashboard build is trimmed from the Ray wheel"),
 )
+# The VL arm's additions, each with its reason (by reading SGLang 0.5.12 and verl 0.9.1; not yet run on a GPU).
+VL_OVERRIDES: tuple[tuple[str, str], ...] = (
+    (
+        "+actor_rollout_ref.rollout.engine_kwargs.sglang.mm_attention_backend=sdpa",
+        "SGLang's vision tower defaults to FA3 on Hopper (layers/attention/vision.py), trimmed from sglang-kernel",
+    ),
+)
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -81,7 +112,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, default=None, help="a local model folder (default: tiny random Qwen3)")
     parser.add_argument("--min-turns", type=int, default=2, help="assistant turns every rollout must have")
     parser.add_argument("--seed", type=int, default=0, help="data, model and sampling seed (both arms)")
-    parser.add_argument("--arms", nargs="+", choices=sorted(ARMS), default=list(ARMS), help="arms to run, in order")
+    parser.add_argument(
+        "--arms", nargs="+", choices=sorted(ARMS), default=list(DEFAULT_ARMS), help="arms to run, in order"
+    )
     parser.add_argument("--dry-run", action="store_true", help="check everything up to the GPU, then stop")
     args = parser.parse_args(argv)
     if args.steps < 1 or args.min_turns < 1:
@@ -91,9 +124,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def prepare(out: Path, model: Path | None, steps: int, seed: int) -> dict[str, Path]:
-    """The model folder (a tiny random Qwen3 with the shipped Qwen3 tokenizer unless ``model`` is given) and a
-    dataset with a full batch of fresh prompts for every step (verl drops an incomplete batch)."""
+def prepare(
+    out: Path, model: Path | None, steps: int, seed: int, arms: Sequence[str] = DEFAULT_ARMS
+) -> dict[str, Path]:
+    """The model folder (a tiny random Qwen3 with the shipped Qwen3 tokenizer unless ``model`` is given), the VL
+    arm's (a tiny random Qwen2.5-VL with the shipped Qwen2.5 tokenizer, the VL template and processor settings;
+    ``vl_model``, only when that arm runs) and a dataset with a full batch of fresh prompts for every step (verl
+    drops an incomplete batch)."""
     from verl_ext.demo.data import write_dataset
 
     out.mkdir(parents=True, exist_ok=True)
@@ -104,11 +141,26 @@ def prepare(out: Path, model: Path | None, steps: int, seed: int) -> dict[str, P
 
             build_tiny_qwen3(model, shipped_tokenizers()["qwen3"], seed=seed)
     data = write_dataset(out / "data", n_train=TRAIN_BATCH * steps, n_val=2, seed=seed)
-    return {"model": model, "train": data["train"], "val": data["val"]}
+    paths = {"model": model, "train": data["train"], "val": data["val"]}
+    if any(ARMS[name].vl for name in arms):
+        vl_model = out / "tiny-vl"
+        if not (vl_model / "config.json").is_file():
+            from verl_ext.demo.vl_model import save_tiny_vl_model
+
+            save_tiny_vl_model(vl_model, shipped_tokenizers()["qwen2.5"])
+        paths["vl_model"] = vl_model
+    return paths
 
 
-def command(paths: dict[str, Path], out: Path, steps: int, loop: str, seed: int) -> list[str]:
-    """``python -m verl.trainer.main_ppo`` with the run's overrides (the same for both arms but the loop)."""
+def model_of(paths: dict[str, Path], arm: Arm) -> Path:
+    """The model folder an arm trains."""
+    return paths["vl_model"] if arm.vl else paths["model"]
+
+
+def command(paths: dict[str, Path], out: Path, steps: int, arm: Arm, seed: int) -> list[str]:
+    """``python -m verl.trainer.main_ppo`` with the run's overrides (the same for every arm but the loop, and the
+    VL arm's model and tool)."""
+    loop = arm.loop
     return [
         sys.executable,
         "-m",
@@ -121,8 +173,9 @@ def command(paths: dict[str, Path], out: Path, steps: int, loop: str, seed: int)
         "data.max_prompt_length=512",
         "data.max_response_length=256",
         f"data.seed={seed}",
-        f"actor_rollout_ref.model.path={paths['model']}",
-        "actor_rollout_ref.model.use_remove_padding=true",
+        f"actor_rollout_ref.model.path={model_of(paths, arm)}",
+        # verl's Qwen2.5-VL remove-padding attention (models/transformers/qwen2_vl.py) needs flash-attn's varlen kernels
+        f"actor_rollout_ref.model.use_remove_padding={'false' if arm.vl else 'true'}",
         "actor_rollout_ref.actor.strategy=fsdp2",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={TRAIN_BATCH}",
         f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={TRAIN_BATCH}",
@@ -141,7 +194,7 @@ def command(paths: dict[str, Path], out: Path, steps: int, loop: str, seed: int)
         "actor_rollout_ref.rollout.multi_turn.enable=true",
         "actor_rollout_ref.rollout.multi_turn.format=hermes",
         "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'verl_ext' / 'demo' / 'tools.py'}",
+        f"actor_rollout_ref.rollout.multi_turn.function_tool_path={arm.tool_path}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={loop}",
         "actor_rollout_ref.rollout.agent.num_workers=2",
         f"reward.custom_reward_function.path={REPO / 'verl_ext' / 'demo' / 'reward.py'}",
@@ -156,17 +209,19 @@ def command(paths: dict[str, Path], out: Path, steps: int, loop: str, seed: int)
         f"+verl_ext.records.dir={out / 'records'}",
         f"hydra.run.dir={out / 'hydra'}",
         *(override for override, _why in GPU_OVERRIDES),
+        *(override for override, _why in (VL_OVERRIDES if arm.vl else ())),
     ]
 
 
-def arm_env(arm: Arm, base: dict[str, str] | None = None, force_text: str = FORCED_TOOL_CALL) -> dict[str, str]:
-    """The trainer's environment for one arm: the server switch, the forced first turn, offline Hugging Face.
-    Ray's workers inherit it (the replica reads the hook where it picks the server class)."""
+def arm_env(arm: Arm, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The trainer's environment for one arm: the server switch, the forced first turn (a screenshot call on the VL
+    arm), offline Hugging Face. Ray's workers inherit it (the replica reads the hook where it picks the server
+    class)."""
     env = dict(os.environ if base is None else base)
     env.update(
         {
             SWITCH_ENV: "1" if arm.verl_ext_server else "0",
-            SGLANG_FORCE_ENV: force_text,
+            SGLANG_FORCE_ENV: arm.forced_turn,
             "HF_HUB_OFFLINE": "1",
             "TOKENIZERS_PARALLELISM": "false",
         }
@@ -202,16 +257,24 @@ def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Se
     from verl_ext.plugin.preflight import PreflightError, check_config
 
     lines = []
-    tokenizer = AutoTokenizer.from_pretrained(str(paths["model"]))
-    config = AutoConfig.from_pretrained(str(paths["model"]))
-    force_ids = tokenizer.encode(FORCED_TOOL_CALL, add_special_tokens=False)
-    eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
-    if not force_ids or force_ids[-1] not in eos or "<tool_call>" not in tokenizer.decode(force_ids):
-        raise SystemExit(f"the forced turn does not tokenize to a tool call ending in an eos id {eos}: {force_ids}")
-    lines.append(f"model {paths['model']}: vocab {config.vocab_size}, forced turn {len(force_ids)} ids")
+    checked: set[Path] = set()
     for name in arms:
         arm = ARMS[name]
-        cfg = compose(command(paths, out / name, steps, arm.loop, seed))
+        model = model_of(paths, arm)
+        if model not in checked:
+            checked.add(model)
+            tokenizer = AutoTokenizer.from_pretrained(str(model))
+            config = AutoConfig.from_pretrained(str(model)).get_text_config()
+            force_ids = tokenizer.encode(arm.forced_turn, add_special_tokens=False)
+            eos = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+            if not force_ids or force_ids[-1] not in eos or "<tool_call>" not in tokenizer.decode(force_ids):
+                raise SystemExit(
+                    f"the forced turn does not tokenize to a tool call ending in an eos id {eos}: {force_ids}"
+                )
+            lines.append(f"model {model}: vocab {config.vocab_size}, forced turn {len(force_ids)} ids")
+            if arm.vl:
+                lines.append(vl_preflight(model))
+        cfg = compose(command(paths, out / name, steps, arm, seed))
         batch = int(cfg.data.train_batch_size)
         rows = len(pd.read_parquet(paths["train"]))
         if rows // batch < steps:
@@ -233,6 +296,27 @@ def preflight(paths: dict[str, Path], out: Path, steps: int, seed: int, arms: Se
     return lines
 
 
+def vl_preflight(model: Path) -> str:
+    """The VL arm's image side, as verl_ext's loop will see it: the model folder's processor probed with its chat
+    template (placeholder, expansion), and the screenshot the forced call returns expanded by it."""
+    from verl_ext.core.images import ImageTokens, probe_vision
+    from verl_ext.core.rendering import ChatRenderer
+    from verl_ext.demo.screenshot_tool import screen
+    from verl_ext.runtime.images import blank_image, load_processor
+
+    loaded = load_processor(model)
+    processor = loaded.processor
+    profile = probe_vision(ChatRenderer(processor.tokenizer), processor, blank_image)
+    tokens = ImageTokens(profile, processor)
+    shot = screen("top")
+    expanded = tokens.expand(shot)
+    return (
+        f"vl model {model}: processor {type(processor).__name__} ({loaded.how}), placeholder id "
+        f"{profile.placeholder_id}, the forced screenshot ({shot.width}x{shot.height}) -> grid "
+        f"{list(expanded.grid)}, {expanded.length} placeholders"
+    )
+
+
 def rollout_shapes(records_dir: Path) -> list[dict[str, int]]:
     """Per rollout record (verl_ext's JSONL records): engine calls, tool calls and tool results."""
     shapes = []
@@ -247,6 +331,7 @@ def rollout_shapes(records_dir: Path) -> list[dict[str, int]]:
                     "engine_calls": len(obj.get("engine_calls") or []),
                     "tool_calls": sum(len(m.get("tool_calls") or []) for m in messages if m.get("role") == "assistant"),
                     "tool_results": sum(m.get("role") == "tool" for m in messages),
+                    "images": len(obj.get("images") or []),
                 }
             )
     return shapes
@@ -282,6 +367,9 @@ def summarize(steps_seen: dict[int, dict[str, float]], shapes: list[dict[str, in
         "rollouts_recorded": len(shapes),
         "tool_calls": sum(s["tool_calls"] for s in shapes),
         "rollouts_without_tool_result": sum(s["tool_results"] == 0 for s in shapes),
+        "rollouts_without_image": sum(s.get("images", 0) == 0 for s in shapes),
+        "images": sum(s.get("images", 0) for s in shapes),
+        "image_prompts_refused": sum(m.get("tito/engine/image_prompt_refused", 0.0) for m in every),
         "timed_steps": len(timed),
         "gen_seconds_per_step": gen / max(len(timed), 1),
         "step_seconds_per_step": step_time / max(len(timed), 1),
@@ -290,7 +378,8 @@ def summarize(steps_seen: dict[int, dict[str, float]], shapes: list[dict[str, in
 
 
 def turn_problems(name: str, arm: dict[str, Any], min_turns: int) -> list[str]:
-    """What breaks ``--min-turns``: a rollout with fewer engine calls, or one without a tool result."""
+    """What breaks ``--min-turns``: a rollout with fewer engine calls, or one without a tool result; on the VL arm
+    also a rollout without an image and an image prompt the server refused."""
     problems = []
     if arm["rollouts_recorded"] == 0:
         problems.append(f"{name}: no rollout records were written (is verl_ext's loop on?)")
@@ -298,6 +387,11 @@ def turn_problems(name: str, arm: dict[str, Any], min_turns: int) -> list[str]:
         problems.append(f"{name}: a rollout has {arm['engine_calls_per_rollout_min']} engine calls (< {min_turns})")
     if min_turns > 1 and arm["rollouts_without_tool_result"]:
         problems.append(f"{name}: {arm['rollouts_without_tool_result']} rollouts have no tool result")
+    if ARMS[name].vl and arm["rollouts_recorded"]:
+        if arm["rollouts_without_image"]:
+            problems.append(f"{name}: {arm['rollouts_without_image']} rollouts have no image (the screenshot)")
+        if arm["image_prompts_refused"]:
+            problems.append(f"{name}: {arm['image_prompts_refused']:g} image prompts refused by the server")
     return problems
 
 
@@ -309,7 +403,7 @@ def run_arm(name: str, paths: dict[str, Path], out: Path, steps: int, seed: int)
     steps_seen: dict[int, dict[str, float]] = {}
     started = time.monotonic()
     with log.open("w", encoding="utf-8") as fh:
-        cmd = command(paths, out, steps, arm.loop, seed)
+        cmd = command(paths, out, steps, arm, seed)
         fh.write(" ".join(cmd) + "\n")
         proc = subprocess.Popen(
             cmd, env=arm_env(arm), cwd=out, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -340,6 +434,7 @@ def report(summary: dict[str, Any]) -> str:
         ("turns per rollout (verl num_turns)", "num_turns_mean", "{:.2f}"),
         ("engine calls per rollout (min)", "engine_calls_per_rollout_min", "{:g}"),
         ("tool calls", "tool_calls", "{:g}"),
+        ("images", "images", "{:g}"),
         ("generation s per step", "gen_seconds_per_step", "{:.2f}"),
         ("step s per step", "step_seconds_per_step", "{:.2f}"),
         ("response tokens / s", "response_tokens_per_second", "{:.0f}"),
@@ -357,7 +452,7 @@ def report(summary: dict[str, Any]) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     out = args.out.resolve()
-    paths = prepare(out, args.model, args.steps, args.seed)
+    paths = prepare(out, args.model, args.steps, args.seed, args.arms)
     for line in preflight(paths, out, args.steps, args.seed, args.arms):
         print("preflight:", line, flush=True)
     if args.dry_run:
@@ -372,8 +467,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         summary["step_time_ratio_verl_ext_over_stock"] = ours["step_seconds_per_step"] / stock["step_seconds_per_step"]
     problems = [p for name in args.arms for p in turn_problems(name, summary[name], args.min_turns)]
-    if summary.get("verl_ext", {}).get("engine_view_failures"):
-        problems.append("verl_ext: engine-view failures (must be 0)")
+    for name in args.arms:
+        if ARMS[name].verl_ext_server and summary[name].get("engine_view_failures"):
+            problems.append(f"{name}: engine-view failures (must be 0)")
     summary["problems"] = problems
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(report(summary))

@@ -1,7 +1,8 @@
 """CPU, in CI: everything tests/gpu/run_sglang_grpo.py does short of the GPU (its ``--dry-run``), so the script runs
 unmodified on a GPU node: arguments, the model folder built from the shipped tokenizer's folder, a full batch of
 data per step, each arm's overrides composed with verl's own config, the server class each arm's replica launches
-(with the forced first turn) and the per-rollout turn check behind ``--min-turns``."""
+(with the forced first turn) and the per-rollout turn check behind ``--min-turns``; and the VL arm's wiring (its
+tiny VL model folder, processor probe and forced screenshot, overrides, image checks) as far as CPU allows."""
 
 from __future__ import annotations
 
@@ -37,18 +38,28 @@ def run_script(*args: str) -> subprocess.CompletedProcess[str]:
 def test_the_script_runs_unmodified_up_to_the_gpu(tmp_path: Path) -> None:
     """The script itself, as a GPU node runs it, with --dry-run: it builds the model from the tokenizer folder
     (it once passed a tokenizer object: OSError) and a dataset with a full batch per step (it once wrote 8 rows
-    for a batch of 16: StopIteration at the first step), and composes both arms with verl's config."""
-    run = run_script("--out", str(tmp_path), "--steps", "3", "--dry-run")
+    for a batch of 16: StopIteration at the first step), and composes every arm with verl's config. The VL arm:
+    the tiny Qwen2.5-VL folder built from the shipped tokenizer and the VL fixture, its processor probed as
+    verl_ext's loop will (placeholder, the forced screenshot's expansion), the forced screenshot call tokenized by
+    it, on verl_ext's server."""
+    run = run_script("--out", str(tmp_path), "--steps", "3", "--dry-run", "--arms", "verl_ext", "stock", "verl_ext_vl")
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     lines = [line for line in run.stdout.splitlines() if line.startswith("preflight:")]
     assert any("verl_ext: loop verl_ext_tool_agent, server ForcedFirstTurnTokenExactSGLangServer" in x for x in lines)
     assert any("stock: loop verl_ext_audited_tool_agent, server ForcedFirstTurnStockSGLangServer" in x for x in lines)
+    vl_arm = "verl_ext_vl: loop verl_ext_tool_agent, server ForcedFirstTurnTokenExactSGLangServer"
+    assert any(vl_arm in x for x in lines)
     arms = [x for x in lines if ", server " in x]
-    assert len(arms) == 2 and all(x.endswith("3 batches of 16 for 3 steps") for x in arms)
+    assert len(arms) == 3 and all(x.endswith("3 batches of 16 for 3 steps") for x in arms)
     checked = [x for x in lines if "options checked before Ray starts" in x]  # verl_ext's own preflight, per arm
-    assert len(checked) == 2 and all("agent_name column" in x for x in checked)
+    assert len(checked) == 3 and all("agent_name column" in x for x in checked)
     model = tmp_path / "tiny-qwen3"
     assert (model / "config.json").is_file() and (model / "tokenizer.json").is_file()
+    vl_model = tmp_path / "tiny-vl"
+    assert any(f"model {vl_model}: vocab 151936, forced turn" in x for x in lines)
+    assert any("placeholder id 151655, the forced screenshot (112x56) -> grid [1, 4, 8], 8 placeholders" in x
+               for x in lines)  # fmt: skip
+    assert (vl_model / "preprocessor_config.json").is_file() and (vl_model / "chat_template.jinja").is_file()
     assert not (tmp_path / "summary.json").exists()  # nothing ran
 
 
@@ -90,20 +101,35 @@ def test_every_arm_carries_the_gpu_overrides_and_the_forced_turn(script: ModuleT
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.sampling_backend=pytorch",
         "+actor_rollout_ref.rollout.engine_kwargs.sglang.grammar_backend=none",
     }
+    paths["vl_model"] = tmp_path / "vl"
     for name, arm in script.ARMS.items():
-        cmd = script.command(paths, tmp_path / name, 3, arm.loop, seed=7)
+        cmd = script.command(paths, tmp_path / name, 3, arm, seed=7)
         assert needed <= set(cmd)
         assert f"+verl_ext.records.dir={tmp_path / name / 'records'}" in cmd  # the turn check reads them
         assert "data.seed=7" in cmd and "actor_rollout_ref.rollout.seed=7" in cmd  # the same for both arms
         env = script.arm_env(arm, base={})
-        assert env[SGLANG_FORCE_ENV] == FORCED_TOOL_CALL
-        assert env[SWITCH_ENV] == ("1" if name == "verl_ext" else "0")
+        assert env[SGLANG_FORCE_ENV] == (script.FORCED_SCREENSHOT_CALL if arm.vl else FORCED_TOOL_CALL)
+        assert env[SWITCH_ENV] == ("0" if name == "stock" else "1")
+        vl_only = {o for o, _ in script.VL_OVERRIDES}
+        assert bool(vl_only & set(cmd)) is arm.vl and (vl_only <= set(cmd) or not arm.vl)
+        model = paths["vl_model"] if arm.vl else paths["model"]
+        assert f"actor_rollout_ref.model.path={model}" in cmd
+        tools = "screenshot_tool.py" if arm.vl else "tools.py"
+        assert any(o.startswith("actor_rollout_ref.rollout.multi_turn.function_tool_path=") and o.endswith(tools)
+                   for o in cmd)  # fmt: skip
+        assert f"actor_rollout_ref.model.use_remove_padding={'false' if arm.vl else 'true'}" in cmd
 
 
-def write_records(path: Path, shapes: list[tuple[int, int]]) -> None:
-    """Rollout records with (engine calls, tool results) each; a header line first, as verl_ext writes them."""
+def test_the_vl_arm_is_asked_for_by_name(script: ModuleType) -> None:
+    assert script.parse_args([]).arms == ["verl_ext", "stock"]
+    assert script.parse_args(["--arms", "verl_ext_vl"]).arms == ["verl_ext_vl"]
+
+
+def write_records(path: Path, shapes: list[tuple[int, ...]]) -> None:
+    """Rollout records with (engine calls, tool results[, images]) each; a header line first, as verl_ext writes
+    them."""
     lines = [json.dumps({"type": "header", "version": 1})]
-    for calls, results in shapes:
+    for calls, results, *images in shapes:
         messages = [{"role": "user", "content": "q"}]
         for i in range(calls):
             messages.append(
@@ -111,7 +137,10 @@ def write_records(path: Path, shapes: list[tuple[int, int]]) -> None:
             )
             if i < results:
                 messages.append({"role": "tool", "content": "84"})
-        lines.append(json.dumps({"type": "rollout", "messages": messages, "engine_calls": [{}] * calls}))
+        record = {"type": "rollout", "messages": messages, "engine_calls": [{}] * calls}
+        if images:
+            record["images"] = [{"digest": f"d{i}"} for i in range(images[0])]
+        lines.append(json.dumps(record))
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -140,3 +169,16 @@ def test_summary_times_the_steps_after_the_first(script: ModuleType) -> None:
     assert s["timed_steps"] == 1 and s["gen_seconds_per_step"] == 2.0 and s["step_seconds_per_step"] == 5.0
     assert s["response_tokens_per_second"] == pytest.approx(100.0 * script.ROLLOUTS_PER_STEP / 2.0)
     assert s["rollout_probs_diff_max"] == 4e-8 and s["template_view_findings"] == {"unknown": 1.0}
+
+
+def test_the_vl_arm_fails_without_an_image_or_on_a_refused_image_prompt(script: ModuleType, tmp_path: Path) -> None:
+    write_records(tmp_path / "a.jsonl", [(2, 1, 1), (2, 1, 1)])
+    good = script.summarize({1: {}}, script.rollout_shapes(tmp_path))
+    assert good["images"] == 2 and script.turn_problems("verl_ext_vl", good, 2) == []
+    assert script.turn_problems("verl_ext", good, 2) == []
+    write_records(tmp_path / "b.jsonl", [(2, 1, 0)])  # a screenshot that never reached the record
+    refused = script.summarize({1: {"tito/engine/image_prompt_refused": 1.0}}, script.rollout_shapes(tmp_path))
+    problems = script.turn_problems("verl_ext_vl", refused, 2)
+    assert any("1 rollouts have no image" in p for p in problems)
+    assert any("1 image prompts refused by the server" in p for p in problems)
+    assert script.turn_problems("verl_ext", refused, 2) == []  # the text arms have no image to miss

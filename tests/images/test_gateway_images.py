@@ -319,7 +319,7 @@ def test_gateway_vision_names_why_images_are_refused(
 ) -> None:
     from verl_ext.gateway.local import gateway_vision
 
-    class TextEngine:  # an engine that takes no images (the SGLang engine's path has none yet)
+    class TextEngine:  # an engine that takes no images
         max_context = None
 
     class ImageEngine(TextEngine):

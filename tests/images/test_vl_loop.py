@@ -185,3 +185,33 @@ def test_prompt_images_are_decoded_and_a_bad_one_is_refused_naming_it(
     bad = [{"role": "user", "content": [{"type": "text", "text": "x"}, {"type": "image", "image": b"\x89PNG cut"}]}]
     with pytest.raises(OptionsError, match=r"messages\[0\]\.content\[1\] is not a usable image: the bytes cannot"):
         _run(loop, bad)
+
+
+def test_an_image_prompt_the_sglang_server_refuses_ends_the_rollout_before_that_turn(
+    tiny_vl_dir: Path, vl_processor: Any, tmp_path: Path
+) -> None:
+    """verl_ext's SGLang server refuses a turn whose image prompt SGLang would rebuild to other ids
+    (tests/engines/test_sglang_server_images.py); the loop ends the rollout before that turn, keeps its exact
+    earlier turns (the check passes) and counts it."""
+    from verl_ext.engines.sglang_images import ImagePromptRebuildError
+    from verl_ext.plugin import metrics_sink
+
+    metrics_sink.drain()
+    loop, server = _loop(tiny_vl_dir, vl_processor, tmp_path)
+    inner = server.generate
+
+    async def refusing(request_id: str, **kw: Any) -> Any:
+        if kw.get("image_data"):  # the turn after the screenshot: the server refuses it, nothing is sampled
+            server.requests.append({"refused": True})
+            raise ImagePromptRebuildError("request r: ... a non-canonical tokenization ...")
+        return await inner(request_id, **kw)
+
+    loop.server_manager.generate = refusing
+    out = _run(loop, [{"role": "user", "content": "Take a screenshot."}])
+    verdict = out.extra_fields["verl_ext_check"]
+    assert verdict["ok"], verdict
+    assert server.requests[-1] == {"refused": True} and len(server.requests) == 2
+    pad = vl_processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    assert out.response_ids.count(pad) == 8 and out.response_mask[-1] == 0  # ends on the screenshot's tool result
+    assert out.multi_modal_data["images"][0].size == (56, 112)
+    assert metrics_sink.drain().get("tito/engine/image_prompt_refused") == 1.0

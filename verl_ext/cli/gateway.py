@@ -117,6 +117,7 @@ def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
             seed=args.seed,
             engine=engine,
             renderer=renderer,
+            processor=getattr(engine, "processor", None),
         )
     except BaseException:  # a refused option: the port is free again at once (the CLI's tests run in one process)
         sock.close()
@@ -139,11 +140,20 @@ def shutdown_summary(gateway: Gateway) -> str:
 
 def _sglang_engine(url: str, model_dir: str) -> SGLangEngine:
     """The SGLang engine at ``url``, checked to answer before the gateway starts."""
+    from pathlib import Path
+
     from verl_ext.core.errors import EngineRequestError, OptionsError
     from verl_ext.gateway.sglang_engine import SGLangEngine, model_context
+    from verl_ext.runtime.images import load_processor
 
+    processor = None
+    if (Path(model_dir) / "preprocessor_config.json").is_file():  # a VL model: its images are proven with it
+        try:
+            processor = load_processor(model_dir).processor
+        except OptionsError:
+            processor = None  # the gateway's own load names the cause on every image request
     try:
-        engine = SGLangEngine(url, max_context=model_context(model_dir))
+        engine = SGLangEngine(url, max_context=model_context(model_dir), processor=processor)
         engine.check_reachable()
     except EngineRequestError as exc:
         raise OptionsError(f"--sglang-url: {exc}") from exc

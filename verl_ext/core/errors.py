@@ -12,7 +12,8 @@ to the code that raises them (the module is named in brackets) and subclass ``Ve
     │   ├── OptionsError             an option or command-line argument is unknown or has a bad value
     │   │   └── HarnessSpecError     [plugin.harness_options] the gateway loop's harness cannot run
     │   ├── EngineRequestError       an engine request verl_ext's engines cannot serve
-    │   │   └── StopStringError      [engines.sglang_output] a stop string sent to SGLang's token-in server
+    │   │   ├── StopStringError      [engines.sglang_output] a stop string sent to SGLang's token-in server
+│   │   └── ImagePromptRebuildError [engines.sglang_images] an image prompt SGLang would rebuild to other ids
     │   ├── RecordError              [core.replay] a replay record is malformed
     │   ├── PreflightError           [plugin.config_errors] the config or dataset would fail or bypass verl_ext
     │   ├── UnknownLoopError         [plugin.loop_routing] default_agent_loop names no registered agent loop

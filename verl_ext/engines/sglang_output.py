@@ -5,9 +5,9 @@ The server is registered by the plugin for ``actor_rollout_ref.rollout.name=sgla
 compares it in its weight sync, adapters and config checks). It is switched on by the same setting as verl_ext's loop
 (``rollout.agent.default_agent_loop`` naming ``verl_ext_tool_agent`` or a subclass, as the ``warn`` and ``strict``
 presets do; the ``audit`` preset keeps verl's server); ``VERL_EXT_SGLANG_SERVER`` = ``1``/``0`` forces it on or off.
-Everything but ``generate`` is verl's own: launch, weight sync, sleep/wake, abort/resume, profiling. Multimodal,
-prefill/decode-disaggregated, teacher prompt-logprob and routing-replay requests are handed to verl's ``generate``
-unchanged.
+Everything but ``generate`` is verl's own: launch, weight sync, sleep/wake, abort/resume, profiling. Requests with
+images are served here too (sglang_images.py); video, prefill/decode-disaggregated, teacher prompt-logprob and
+routing-replay requests are handed to verl's ``generate`` unchanged.
 
 What ``generate`` does differently from verl 0.9.1's:
 

@@ -12,6 +12,16 @@ from collections.abc import Callable
 from typing import Any
 
 from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV, forced_generation, forced_prefix, scoring_request
+from verl_ext.engines.sglang_images import (
+    ImagePromptRebuildError,
+    ban_placeholders,
+    check_images_match_runs,
+    compare_rebuild,
+    image_list,
+    not_rebuilt_by_legacy_path,
+    placeholder_ids,
+    refusal,
+)
 from verl_ext.engines.sglang_output import build_request, forced_switch, server_class_name, token_output_fields
 
 log = logging.getLogger("verl_ext.engines")
@@ -43,15 +53,18 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
         bootstrap_port: int | None = None,
         bootstrap_room: int | None = None,
     ) -> Any:
-        """verl's ``generate``, token-exact: one SGLang request built from the prompt ids, answered with the ids and
-        logprobs SGLang sampled and its finish reason (see ``token_output_fields``). Requests verl_ext does not change
-        (images, disaggregation, prompt logprobs, routing replay, LoRA adapters) go to verl's own ``generate``."""
+        """verl's ``generate``, token-exact: one SGLang request built from the prompt ids (and the prompt's images,
+        ``image_data``, one per placeholder run in order, as verl's server manager passes them), answered with the
+        ids and logprobs SGLang sampled and its finish reason (see ``token_output_fields``). A request with images
+        is sent only once SGLang's own rebuild of its ids is proven to give them back (``prove_image_prompt``); a
+        multimodal model never samples an image or video placeholder (sglang_images.py). Requests verl_ext does not
+        change (videos, disaggregation, prompt logprobs, routing replay, LoRA adapters) go to verl's own
+        ``generate``."""
         from sglang.srt.managers.io_struct import GenerateReqInput
         from verl.workers.rollout.replica import TokenOutput
 
         delegate = (
-            image_data is not None
-            or video_data is not None
+            video_data is not None
             or bootstrap_room is not None
             or getattr(self, "_disaggregation_role", None) == "prefill"
             or "prompt_logprobs" in sampling_params
@@ -77,6 +90,13 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
             prompt_length=self.config.prompt_length,
             max_model_len=self.config.max_model_len,
         )
+        mm_processor = getattr(self.tokenizer_manager, "mm_processor", None)
+        if mm_processor is not None:  # a multimodal model: never sample a placeholder, with or without images
+            ban_placeholders(request["sampling_params"], placeholder_ids(mm_processor))
+        images = image_list(image_data)
+        if images:
+            request["image_data"] = images
+            await prove_image_prompt(self.tokenizer_manager, GenerateReqInput(**request), mm_processor)
         output = await self.tokenizer_manager.generate_request(GenerateReqInput(**request), None).__anext__()
         fields = token_output_fields(
             output,
@@ -96,6 +116,42 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
         if reject_request:
             log.warning("verl_ext SGLang server: reject_request=True is not supported by SGLang 0.5.12; ignored")
         await super().abort_all_requests()
+
+
+async def prove_image_prompt(tokenizer_manager: Any, request: Any, mm_processor: Any) -> None:
+    """Run SGLang's own rebuild of an image request's prompt ids (its multimodal processor, called as its
+    tokenizer manager calls it) and refuse the request unless it gives back exactly the ids sent
+    (``ImagePromptRebuildError``; see sglang_images.py). Costs one more pass of SGLang's image processor over
+    the request's images."""
+    if mm_processor is None:
+        raise ImagePromptRebuildError(
+            "verl_ext SGLang server: the request holds images but SGLang serves this model as text-only (it has "
+            "no multimodal processor for it); serve a vision-language model, or send no images"
+        )
+    refused = not_rebuilt_by_legacy_path(tokenizer_manager.server_args)
+    if refused is not None:
+        raise refused
+    ids = list(request.input_ids)
+    check_images_match_runs(ids, request.image_data, getattr(mm_processor.mm_tokens, "image_token_id", None))
+    try:
+        rebuilt = await mm_processor.process_mm_data_async(
+            image_data=list(request.image_data),
+            input_text=list(ids),
+            request_obj=request,
+            max_req_input_len=getattr(tokenizer_manager, "max_req_input_len", None),
+        )
+    except Exception as exc:  # SGLang would fail the same way on the request itself: say so before sending it
+        raise ImagePromptRebuildError(
+            f"verl_ext SGLang server: request {request.rid}: SGLang's multimodal processor cannot rebuild this image "
+            f"prompt ({type(exc).__name__}: {exc}); check that every image decodes and that the prompt holds one "
+            "vision block per image, as the model's chat template writes it"
+        ) from exc
+    tokenizer = getattr(mm_processor, "_tokenizer", None)
+    check = compare_rebuild(
+        ids, list(rebuilt.input_ids), getattr(tokenizer, "decode", None), placeholder_ids(mm_processor)
+    )
+    if not check.exact:
+        raise refusal(request.rid, check)
 
 
 class _ForcedFirstTurn:

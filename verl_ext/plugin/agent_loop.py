@@ -37,6 +37,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import generate_turn
 from verl_ext.plugin.image_loop import image_sample, prompt_images_decoded, refuse_images_without_vision, vision_for
@@ -213,7 +214,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         async def read(ids: Sequence[int]) -> ParsedTurn:
             return await self._parse(list(ids), ro.turn, ro.counters, ro.active)
 
-        turn = await self.rt.turn(ro.calls, ro.prompt_ids, remaining, ro.stop_ids, generate, read)
+        try:
+            turn = await self.rt.turn(ro.calls, ro.prompt_ids, remaining, ro.stop_ids, generate, read)
+        except ImagePromptRebuildError as exc:
+            # SGLang would have run this turn on other ids than the trajectory's (engine_turn counted it); nothing
+            # was sent. The rollout ends before the turn, as when its budget runs out: its earlier turns are exact.
+            log.warning("verl_ext: the rollout ends before turn %d: %s", ro.turn, exc)
+            return False
         ro.calls.append(turn.call)
         if len(turn.output.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": turn.output.segments})

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.core.errors import VerlExtError
+from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.engines.sglang_output import ABORT_REASONS, ENGINE_FIELD
 
 log = logging.getLogger("verl_ext.plugin")
@@ -125,13 +126,22 @@ async def _generate(
     image_data: list[Any] | None = None,
 ) -> Any:
     """One engine call. A Ray failure (the server crashed or was killed) raises ``RolloutInterrupted`` naming the
-    ``done`` tokens of the turn it loses; any other error is raised as it is."""
+    ``done`` tokens of the turn it loses. An image prompt the SGLang server refused (SGLang would have run it on
+    other ids, sglang_images.py; nothing was sent) is counted as ``engine/image_prompt_refused`` and raised as the
+    server's ``ImagePromptRebuildError`` (unwrapped from Ray's error): the loop ends the rollout before that turn.
+    Any other error is raised as it is."""
     try:
         images = {"image_data": image_data} if image_data else {}  # every image of the prompt, in placeholder order
         return await server_manager.generate(
             request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **images
         )
     except Exception as exc:
+        refused = _image_prompt_refusal(exc)
+        if refused is not None:  # nothing was sent: the loop ends the rollout before this turn
+            counters["engine/image_prompt_refused"] += 1
+            if refused is exc:
+                raise
+            raise refused from exc
         if not _is_ray_failure(exc):
             raise
         counters["engine/server_failures"] += 1
@@ -140,6 +150,14 @@ async def _generate(
             f"dropped, none of its {done} tokens of this turn is trained. Check the rollout server's log "
             "(an engine crash, out of memory, or a killed actor)."
         ) from exc
+
+
+def _image_prompt_refusal(exc: BaseException) -> ImagePromptRebuildError | None:
+    """The server's refusal of an image prompt: raised in process, or the cause of the Ray error it came in."""
+    for candidate in (getattr(exc, "cause", None), exc):
+        if isinstance(candidate, ImagePromptRebuildError):
+            return candidate
+    return None
 
 
 def _is_ray_failure(exc: BaseException) -> bool:

@@ -90,7 +90,8 @@ class ServerManagerEngine:
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling, images: Sequence[Any] = ()) -> Sampled:
         """One turn with verl's rollout sampling parameters (a harness's temperature does not change the policy's
         sampling), the gateway's budget and stop ids; ``images``: every image of the prompt in placeholder order,
-        passed as verl's ``image_data`` (as verl_ext_tool_agent passes them)."""
+        passed as verl's ``image_data`` (as verl_ext_tool_agent passes them); the result's ``images`` is that list,
+        for the engine call's record."""
         params = dict(self.session_params.get(_SESSION.get() or "", self.sampling_params))
         stops = set(params.get("stop_token_ids") or ()) | set(sampling.stop_ids)
         if stops:
@@ -104,7 +105,11 @@ class ServerManagerEngine:
             self.counters,
             image_data=list(images) or None,
         )
-        sampled = Sampled(tuple(int(i) for i in out.token_ids), None if out.log_probs is None else tuple(out.log_probs))
+        sampled = Sampled(
+            tuple(int(i) for i in out.token_ids),
+            None if out.log_probs is None else tuple(out.log_probs),
+            None if out.images is None else tuple(out.images),  # the image_data verl's server manager was given
+        )
         session = _SESSION.get()
         if session is not None:
             key = (len(prompt_ids), sampled.token_ids)  # a call's prompt length and output name it in its session

@@ -240,3 +240,28 @@ def test_images_in_prompts_and_tool_results_give_no_defect(
     assert result.ok, result.summary()
     assert result.image_calls_unchecked == ""  # each engine call's images compared with its prompt's
     assert len(ro.trajectory.image_spans) == len(prompt) + sum(map(len, tools))
+
+
+def test_a_call_departing_from_the_previous_calls_images_digests_from_there(images: Any) -> None:
+    """A call whose images differ from the previous call's at some place (another object there) digests from that
+    place on and keeps the digests before it; the same picture as another object is kept by digest."""
+    a, b, c = images(30, 30, 1), images(40, 30, 2), images(30, 40, 3)
+    digested: list[Any] = []
+    import verl_ext.check.inputs as inputs
+
+    real = inputs.image_digest
+    inputs.image_digest = lambda im: digested.append(im) or real(im)  # type: ignore[assignment]
+    try:
+        calls = EngineCalls()
+        calls.record([1, 2], [3], None, "stop", images=[a, b])
+        calls.record([1, 2, 3, 4], [5], None, "stop", images=[a, c, b])
+        calls.record([1, 2, 3, 4, 5, 6], [7], None, "stop", images=[a, c, b.copy()])  # b's pixels, another object
+    finally:
+        inputs.image_digest = real  # type: ignore[assignment]
+    assert [id(x) for x in digested[2:4]] == [id(c), id(b)] and len(digested) == 5
+    assert [(k.images_kept, k.images_added) for k in calls] == [
+        (0, (real(a), real(b))),
+        (1, (real(c), real(b))),
+        (3, ()),
+    ]
+    assert calls[2].image_digests == (real(a), real(c), real(b))

@@ -6,6 +6,7 @@ verl_ext's own agent loop and any other (verl's stock ``tool_agent`` included).
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -376,8 +377,11 @@ class EngineCalls(Sequence[EngineCall]):
         same = 0
         if last is not None and known is not None:
             n = min(len(last), len(images))
-            while same < n and images[same] is last[same]:
-                same += 1
+            if all(map(operator.is_, images[:n], last[:n])):  # the common case (the same objects so far), at C speed
+                same = n
+            else:
+                while images[same] is last[same]:
+                    same += 1
         return (known[:same] if same and known is not None else ()) + tuple(map(image_digest, images[same:]))
 
     def append(self, call: EngineCall) -> None:

@@ -72,6 +72,16 @@ _SESSION: ContextVar[str | None] = ContextVar("verl_ext_gateway_session", defaul
 CallKey = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, output ids) of one engine call
 
 
+def _refuse_row_images_without_vision(gateway: Any, raw_prompt: Sequence[Any]) -> None:
+    """A row whose prompt holds images, for a gateway without an image side, is refused as verl_ext_tool_agent
+    refuses it: never a row's images dropped (the untrained sample renders the prompt)."""
+    if gateway.vision is None and has_images(list(raw_prompt)):
+        raise OptionsError(
+            f"{AGENT_NAME}: the row's prompt holds images, but {gateway.no_images}; serve a "
+            "vision-language model, or remove the images from the data"
+        )
+
+
 class ServerManagerEngine:
     """The gateway's engine over verl's rollout server: the sampling parameters verl gave the session's row (a
     validation row's are not a training row's), one whole turn per call, every image of the prompt with it."""
@@ -231,12 +241,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             # (v0's AgentLoopWorker) takes one output per row
             raise OptionsError(f"{V0_TRAINER_REFUSED} (this rollout's worker passed no session_id: not v1's)")
         worker = await self._worker(sampling_params)
-        if worker.gateway.vision is None and has_images(list(kwargs["raw_prompt"])):
-            # as verl_ext_tool_agent refuses it: never a row's images dropped (the untrained sample renders the prompt)
-            raise OptionsError(
-                f"{AGENT_NAME}: the row's prompt holds images, but {worker.gateway.no_images}; serve a "
-                "vision-language model, or remove the images from the data"
-            )
+        _refuse_row_images_without_vision(worker.gateway, kwargs["raw_prompt"])
         session_id = uuid4().hex
         worker.records.rows[session_id] = {
             "step": training_step(kwargs, None),

@@ -138,6 +138,12 @@ def test_gateway_agent_hands_engine_and_trainer_every_image(
     (line,) = _rollout_lines(tmp_path)
     assert [s["digest"] for s in line["images"]["trainer"]] == sent
     assert [(s["position"], s["length"]) for s in line["images"]["engine"]] == runs
+    # and each engine call's images, as passed to verl's server manager: compared with its prompt's runs
+    assert [c["images"] for c in line["engine_calls"]] == [
+        {"kept": 0, "added": sent[:1]},
+        {"kept": 1, "added": sent[1:]},
+    ]
+    assert line["check"]["image_calls_unchecked"] == ""
 
     # verl's worker computes the trainer's inputs from this output (AgentLoopWorker's own functions)
     import torch
@@ -179,10 +185,22 @@ def test_an_image_dropped_for_the_trainer_or_the_engine_is_caught(
     assert m["tito/engine_view_failures"] == 1 and m["tito/engine_view/image_dropped"] == 1
     monkeypatch.undo()
 
-    # the defect on the engine's side: a call given one image fewer than its prompt's placeholder runs is refused
-    # by the engine, the harness gets the error, and nothing of the rollout is trained
+    # the defect on the engine's side, one the engine serves: a call given its images swapped (the CPU engine, as
+    # verl's own check, compares only the total placeholder count); the image view names the call
     real_turn = gateway_loop.generate_turn
 
+    async def swapping_turn(*args: Any, image_data: list[Any] | None = None, **kwargs: Any) -> Any:
+        return await real_turn(*args, image_data=None if image_data is None else image_data[::-1], **kwargs)
+
+    monkeypatch.setattr(gateway_loop, "generate_turn", swapping_turn)
+    out = _run(loop, _prompt(make_image(100, 100, 1)), screen=make_image(56, 112, 2))
+    assert not out.extra_fields["verl_ext_check"]["engine_ok"]
+    m = metrics_sink.drain()
+    assert m["tito/engine_view/image_engine_mismatch"] == 1, m
+    monkeypatch.undo()
+
+    # the defect on the engine's side: a call given one image fewer than its prompt's placeholder runs is refused
+    # by the engine, the harness gets the error, and nothing of the rollout is trained
     async def dropping_turn(*args: Any, image_data: list[Any] | None = None, **kwargs: Any) -> Any:
         return await real_turn(*args, image_data=(image_data or [])[:-1] or None, **kwargs)
 

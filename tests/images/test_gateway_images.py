@@ -133,6 +133,13 @@ def _assert_images_served(gateway: Any, session: str, images: list[Any]) -> None
     (record,) = _records(gateway, session)
     parts = [p for m in record["messages"] if isinstance(m["content"], list) for p in m["content"]]
     assert [p["digest"] for p in parts if p["type"] == "image"] == [image_digest(i) for i in images]
+    # every engine call's record holds the images it was given, and the image view compared them with its prompt's
+    from verl_ext.check.record import RolloutRecord, recorded_call_images
+
+    assert result.result.image_calls_unchecked == "" and record["check"]["image_calls_unchecked"] == ""
+    per_call = recorded_call_images(RolloutRecord.from_json(record).engine_calls)
+    assert all(digests is not None for _, digests in per_call)
+    assert per_call[-1][1] == tuple(image_digest(i) for i in images)
 
 
 def test_openai_image_url_in_prompt_and_tool_result(
@@ -208,6 +215,34 @@ def test_openai_image_url_in_prompt_and_tool_result(
     out = capsys.readouterr().out
     assert "2 of 2 image part(s) give no placeholder count" in out and "recorded stream: not compared" in out
     assert "DIFFERS" not in out
+
+
+def test_an_engine_call_handed_its_images_swapped_is_caught(serve_vl: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The defect: the gateway hands its engine a call's images in another order. The CPU engine (as verl's own count
+    check) compares only the total placeholder count and serves it; the image view names the call."""
+    from verl_ext.gateway.service import Gateway
+
+    real = Gateway._generate
+
+    async def swapping(self: Any, session: Any, prompt: Any, sampling: Any, images: Any = None) -> Any:
+        return await real(self, session, prompt, sampling, None if images is None else list(images)[::-1])
+
+    monkeypatch.setattr(Gateway, "_generate", swapping)
+    gateway, server = serve_vl([SHOT, DONE])
+    sdk = openai.OpenAI(base_url=f"{server.url}/sessions/s/v1", api_key="x", max_retries=0)
+    user = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(make_image(100, 100, 1))}}]}
+    reply = sdk.chat.completions.create(model="m", messages=[user], tools=TOOLS, max_tokens=48)
+    call = reply.choices[0].message.tool_calls[0]
+    tool = {
+        "role": "tool",
+        "tool_call_id": call.id,
+        "content": [{"type": "image_url", "image_url": {"url": data_url(make_image(56, 112, 2))}}],
+    }
+    messages = [user, reply.choices[0].message.model_dump(exclude_none=True), tool]
+    sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=48)
+    end(server, "s")
+    (result,) = [r for r in gateway.results if r.session == "s"]
+    assert [(f.kind.value, f.turn) for f in result.result.engine_failures] == [("image_engine_mismatch", 1)]
 
 
 def _without_counts(line: dict[str, Any]) -> dict[str, Any]:

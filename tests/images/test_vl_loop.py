@@ -104,6 +104,14 @@ def test_screenshot_tool_images_reach_engine_and_trainer(tiny_vl_dir: Path, vl_p
         "digest": line["images"]["engine"][0]["digest"],
         "tokens": 16,
     }
+    # each engine call's record holds the images it was given (the first call one, the second the same plus one),
+    # and the image view compared each call's with its prompt's placeholder runs
+    digests = [s["digest"] for s in line["images"]["engine"]]
+    assert [c["images"] for c in line["engine_calls"]][:2] == [
+        {"kept": 0, "added": digests[:1]},
+        {"kept": 1, "added": digests[1:]},
+    ]
+    assert line["check"]["image_calls_unchecked"] == ""
     # verl's worker computes the trainer's inputs from this output (AgentLoopWorker's own functions)
     from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 
@@ -116,6 +124,35 @@ def test_screenshot_tool_images_reach_engine_and_trainer(tiny_vl_dir: Path, vl_p
     assert mm["image_grid_thw"].tolist() == [[1, 8, 8], [1, 8, 4]]
     positions = AgentLoopWorker._compute_position_ids(worker, ids, torch.ones_like(ids), mm)
     assert tuple(positions.shape) == (1, 4, len(stream))
+
+
+def test_an_engine_call_given_its_images_swapped_is_caught(
+    tiny_vl_dir: Path, vl_processor: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The defect: the loop hands the engine a call's images in another order. The CPU engine (as verl's own count
+    check) only compares the total placeholder count, so it serves the call; the image view names the call."""
+    import verl_ext.plugin.agent_loop as agent_loop
+
+    real_turn = agent_loop.generate_turn
+
+    async def swapping_turn(*args: Any, image_data: list[Any] | None = None, **kwargs: Any) -> Any:
+        return await real_turn(*args, image_data=None if image_data is None else image_data[::-1], **kwargs)
+
+    monkeypatch.setattr(agent_loop, "generate_turn", swapping_turn)
+    loop, server = _loop(tiny_vl_dir, vl_processor, tmp_path)
+    prompt = [
+        {
+            "role": "user",
+            "content": [{"type": "image", "image": make_image(100, 100, 1)}, {"type": "text", "text": "Look."}],
+        }
+    ]
+    out = _run(loop, prompt)
+    assert [len(r["images"]) for r in server.requests][:2] == [1, 2]  # the engine served the swapped call
+    verdict = out.extra_fields["verl_ext_check"]
+    assert not verdict["engine_ok"], verdict
+    line = json.loads((next(tmp_path.glob("*.jsonl"))).read_text().splitlines()[-1])
+    kinds = {(f["kind"], f["turn"]) for f in line["check"]["engine_failures"]}
+    assert ("image_engine_mismatch", 1) in kinds, line["check"]["engine_failures"]
 
 
 def test_images_for_a_text_only_model_are_refused(tiny_vl_dir: Path, vl_processor: Any, tmp_path: Path) -> None:

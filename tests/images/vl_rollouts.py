@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.image_view import image_evidence, messages_for_record
-from verl_ext.check.inputs import EngineCall, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.inputs import EngineCall, EngineCalls, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.images import ImageTokens
@@ -53,18 +53,24 @@ class VLRollout:
     """A driven image rollout: the trajectory, its engine calls, and the images handed to the trainer."""
 
     trajectory: ImageTrajectory
-    calls: list[EngineCall]
+    calls: list[EngineCall]  # each with the digests of the images it was given (EngineCalls.record's images)
     images: list[Any]
 
     def sample(self) -> TrainerSample:
         return trainer_sample_from_trajectory(self.trajectory)
 
-    def rollout(self, sample: TrainerSample | None = None, images: list[Any] | None = None) -> Rollout:
-        """The check's ``Rollout`` (``sample`` and the trainer's ``images`` replaced to inject a defect)."""
+    def rollout(
+        self,
+        sample: TrainerSample | None = None,
+        images: list[Any] | None = None,
+        calls: list[EngineCall] | None = None,
+    ) -> Rollout:
+        """The check's ``Rollout`` (``sample``, the trainer's ``images`` or the engine ``calls`` replaced to inject
+        a defect)."""
         t = self.trajectory
         evidence = image_evidence(t, self.images if images is None else images)
         return Rollout.of(
-            self.calls,
+            self.calls if calls is None else calls,
             sample or self.sample(),
             messages_for_record(t.messages, t.image_spans),
             t.tools,
@@ -78,19 +84,20 @@ def drive(
     renderer: ChatRenderer, tokens: ImageTokens, prompt_images: list[Any], tool_images: list[list[Any]]
 ) -> VLRollout:
     """A screenshot-tool rollout: the prompt with ``prompt_images``, one tool call per entry of ``tool_images``
-    (each result holding those images), then a final answer."""
+    (each result holding those images), then a final answer. Each engine call is recorded with the images a loop
+    passes with it (every image of the prompt, in placeholder order)."""
     t = ImageTrajectory(renderer, image_tokens=tokens)
-    calls: list[EngineCall] = []
+    calls = EngineCalls()
     prompt = t.start([{"role": "user", "content": image_parts(prompt_images, "What is on the screen?")}], TOOLS)
     turns = [(CALL_TEXT.format(region=f"r{k}"), call_message(f"r{k}")) for k in range(len(tool_images))]
     turns.append(("It shows a screen.<|im_end|>", {"role": "assistant", "content": "It shows a screen."}))
     for k, (text, message) in enumerate(turns):
         out = renderer.encode(text)
         logprobs = [-0.01 * (k + 1)] * len(out)
-        calls.append(EngineCall.of(prompt, out, logprobs, "stop"))
+        calls.record(prompt, out, logprobs, "stop", images=list(t.images))
         t.add_sampled(out, logprobs, "stop", message)
         if k < len(tool_images):
             tool = {"role": "tool", "content": image_parts(tool_images[k], f"screenshot {k}")}
             prompt = t.append_messages([tool])
     t.finish()
-    return VLRollout(t, calls, list(t.images))
+    return VLRollout(t, list(calls), list(t.images))

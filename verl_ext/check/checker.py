@@ -13,8 +13,8 @@ from verl_ext.check.align import BudgetExceeded
 from verl_ext.check.context_message import name_context_messages
 from verl_ext.check.engine_view import check_engine_view
 from verl_ext.check.findings import ENGINE_OUTPUT_FAILURES, Cause, CheckResult, FailureKind, Finding, Span
-from verl_ext.check.image_view import expanding_images, rollout_image_failures
-from verl_ext.check.inputs import EngineCall, TrainerSample
+from verl_ext.check.image_view import expanding_images, rollout_image_view
+from verl_ext.check.inputs import EngineCall, TrainerSample, engine_call_images
 from verl_ext.check.locate import Locator
 from verl_ext.check.lost_messages import lost_message_findings
 from verl_ext.check.policy import CheckPolicy
@@ -100,9 +100,9 @@ class ConsistencyChecker:
             vocab_size=self._vocab_size,
             stop_ids=self.profile.stop_id_set,
         )
-        image_failures = rollout_image_failures(rollout.extra, sample)  # () for a rollout without images
-        if image_failures:
-            ev = dataclasses.replace(ev, failures=ev.failures + image_failures)
+        images = rollout_image_view(rollout.extra, sample, engine_call_images(calls))  # empty without images
+        if images.failures:
+            ev = dataclasses.replace(ev, failures=ev.failures + images.failures)
         findings: list[Finding] = []
         ran_template = False
         skipped = ""
@@ -131,6 +131,7 @@ class ConsistencyChecker:
             repairs=Counter(rollout.repairs),
             seconds=time.perf_counter() - started,
             template_view_skipped=skipped,
+            image_calls_unchecked=images.unchecked,
         )
 
     def _with_template_view(

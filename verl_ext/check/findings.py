@@ -261,6 +261,9 @@ class FailureKind(StrEnum):
     IMAGE_EXPANSION = "image_expansion"  # a placeholder run's length is not what its image's grid implies
     IMAGE_TRAINED = "image_trained"  # an image's placeholder tokens carry loss mask 1
     IMAGE_SPAN = "image_span"  # a placeholder run not where the engine's prompt held it (or an image it never saw)
+    # an engine call was given other images than its prompt's placeholder runs hold (one more or fewer, another
+    # image, another order): its record of the images it was given against the trajectory's spans
+    IMAGE_ENGINE_MISMATCH = "image_engine_mismatch"
 
 
 # The failures that are the engine's output itself being invalid (rather than the rollout changing it).
@@ -334,6 +337,10 @@ class CheckResult:
     # Why the template view stopped before its end (its time budget ran out); "" when it ran or was not drawn.
     # A skipped rollout keeps its engine view and turn-end findings; ``check_skipped`` in tito/ counts them.
     template_view_skipped: str = ""
+    # Why the image view could not compare each engine call's images with its prompt's placeholder runs (the calls
+    # hold no record of the images they were given: a loop or a record from before they were recorded); "" when it
+    # could, or the rollout has no image evidence. Not a failure: the view says what it could not see.
+    image_calls_unchecked: str = ""
 
     @property
     def engine_ok(self) -> bool:
@@ -369,6 +376,8 @@ class CheckResult:
             parts.append(f"truncated ({self.lost_sampled_tokens} sampled tokens lost)")
         if self.template_view_skipped:
             parts.append(f"template view skipped: {self.template_view_skipped}")
+        if self.image_calls_unchecked:
+            parts.append(f"image view: {self.image_calls_unchecked}")
         return "; ".join(parts)
 
     def verdict_fields(self) -> dict[str, Any]:

@@ -10,15 +10,24 @@ position after it, silently when the totals still match. Per image, the view che
   the image the trainer receives implies;
 - none of its tokens is trained (mask 0).
 
+And per engine call, from the call's own record of the images it was given (``EngineCall.image_digests``: the
+digests of the list the loop passed as ``image_data``), that it was given exactly the images whose placeholder runs
+its prompt holds (the spans before the prompt's end), in order: an engine handed another image, one more or fewer,
+or the right ones in another order reads every placeholder run after the first wrong one against the wrong pixels,
+and an engine that does not refuse a count mismatch (SGLang's legacy path) says nothing. A call without that record
+(a loop or a record from before it was kept) is not compared, and the view says so (``ImageView.unchecked``)
+instead of passing it.
+
 Every failure is an ``EngineFailure`` (a bug, never allowed). The view reads plain data (``ImageEvidence``): the
 loop computes the digests and grids with the processor; this module imports the token core only.
 """
 
 from __future__ import annotations
 
+import bisect
 import copy
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -186,10 +195,74 @@ def _first_unmatched(engine: Sequence[ImageSpan], runs: Sequence[tuple[int, int]
     return len(engine) if len(runs) > len(engine) else None
 
 
-def rollout_image_failures(extra: Mapping[str, Any], sample: TrainerSample) -> tuple[EngineFailure, ...]:
-    """The image view of a rollout whose record extras hold ``images`` (``ImageEvidence.to_json``); () without."""
+# Per engine call: its prompt length and the digests of the images it was given, in order (None: not recorded), as
+# ``engine_call_images`` (live calls) and ``recorded_call_images`` (a record's) read them.
+CallImages = Iterable[tuple[int, tuple[str, ...] | None]]
+
+
+def engine_image_failures(spans: Sequence[ImageSpan], calls: CallImages) -> tuple[tuple[EngineFailure, ...], int, int]:
+    """Per call, its images against the images whose placeholder runs its prompt holds (``spans`` whose run ends at
+    or before the prompt's end, in position order): the first difference, named with the call, the image's index
+    and both digests. Also returns how many calls were compared and how many hold no record of their images."""
+    ordered = sorted(spans, key=lambda s: s.position)
+    ends = [s.position + s.length for s in ordered]
+    failures: list[EngineFailure] = []
+    compared = unrecorded = 0
+    for k, (prompt_length, given) in enumerate(calls):
+        if given is None:
+            unrecorded += 1
+            continue
+        compared += 1
+        held = ordered[: bisect.bisect_right(ends, prompt_length)]
+        want = [s.digest for s in held]
+        if list(given) == want:
+            continue
+        i = next((j for j, (a, b) in enumerate(zip(given, want, strict=False)) if a != b), min(len(given), len(want)))
+        counts = f"engine call {k} was given {len(given)} image(s) where its prompt holds {len(want)} image run(s)"
+        if i < len(given) and i < len(want):
+            what = f"its image {i} is not its prompt's image {i}"
+        elif i < len(want):
+            what = f"its prompt's image {i} was not given"
+        else:
+            what = f"its image {i} has no placeholder run in its prompt"
+        engine = given[i] if i < len(given) else "none"
+        prompt = want[i] if i < len(want) else "none"
+        failures.append(
+            EngineFailure(
+                FailureKind.IMAGE_ENGINE_MISMATCH,
+                k,
+                held[i].position if i < len(held) else None,
+                f"{counts}: {what} (image {i}: engine call's digest {engine}, prompt's digest {prompt})",
+            )
+        )
+    return tuple(failures), compared, unrecorded
+
+
+@dataclass(frozen=True)
+class ImageView:
+    """The image view's result for one rollout: its failures, and why it could not compare some engine calls'
+    images ("" when it compared every call's, or the rollout has no image evidence)."""
+
+    failures: tuple[EngineFailure, ...] = ()
+    unchecked: str = ""
+
+
+def rollout_image_view(extra: Mapping[str, Any], sample: TrainerSample, calls: CallImages) -> ImageView:
+    """The image view of a rollout whose record extras hold ``images`` (``ImageEvidence.to_json``), with each engine
+    call's record of its images (``calls``); empty without ``images``."""
     obj = extra.get("images")
-    return () if obj is None else check_image_view(ImageEvidence.from_json(obj), sample)
+    if obj is None:
+        return ImageView()
+    evidence = ImageEvidence.from_json(obj)
+    per_call, compared, unrecorded = engine_image_failures(evidence.engine, calls)
+    unchecked = ""
+    if unrecorded:
+        unchecked = (
+            f"no per-call evidence: {unrecorded} of {compared + unrecorded} engine call(s) hold no record of the "
+            "images they were given (a loop, or a record, from before it was kept), so which images those calls "
+            "were given is not checked; the trainer's images are compared with the trajectory's image spans only"
+        )
+    return ImageView(check_image_view(evidence, sample) + per_call, unchecked)
 
 
 class _ImageExpandingRenderer(ChatRenderer):
@@ -295,19 +368,29 @@ class ImageReplay:
         return {"count": self.count, "expanded": self.expanded, "note": self.note}
 
 
-def image_replay(messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]) -> ImageReplay | None:
-    """What replay can do with the images of a record's ``messages`` (``extra``: the record's extras); None for a
-    record without image parts."""
+def image_replay(
+    messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any], engine_calls: Sequence[Any] = ()
+) -> ImageReplay | None:
+    """What replay can do with the images of a record's ``messages`` (``extra``: the record's extras;
+    ``engine_calls``: its ``RecordedCall``s, whose ``images`` say what each call was given); None for a record
+    without image parts."""
     lengths = [p.get("tokens") for m in messages for p in _parts(m) if _image_part(p)]
     if not lengths:
         return None
     n = len(lengths)
+    unrecorded = sum(1 for c in engine_calls if getattr(c, "images", None) is None)
+    per_call = (
+        f"; {unrecorded} of {len(engine_calls)} engine call(s) hold no record of the images they were given (a "
+        "record from before schema version 4): the image view had no per-call evidence for them"
+        if unrecorded
+        else ""
+    )
     if extra.get("images") is not None and all(isinstance(k, int) and k > 0 for k in lengths):
         return ImageReplay(
             n,
             True,
             f"{n} image(s) replayed at the placeholder counts the record holds ({', '.join(map(str, lengths))}); the "
-            "record holds digests, not pixels, so no image was re-expanded by the processor",
+            "record holds digests, not pixels, so no image was re-expanded by the processor" + per_call,
         )
     missing = sum(1 for k in lengths if not isinstance(k, int) or k <= 0)
     why = (
@@ -319,7 +402,7 @@ def image_replay(messages: Sequence[Mapping[str, Any]], extra: Mapping[str, Any]
         n,
         False,
         f"{why}, and the record holds no pixels: each image block is replayed as the template writes it, not as the "
-        "processor expanded it, so the replayed stream is not compared with the recorded one",
+        "processor expanded it, so the replayed stream is not compared with the recorded one" + per_call,
     )
 
 

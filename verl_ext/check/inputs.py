@@ -6,12 +6,14 @@ verl_ext's own agent loop and any other (verl's stock ``tool_agent`` included).
 
 from __future__ import annotations
 
+import operator
 from array import array
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, overload
 
 from verl_ext.core.errors import TrajectoryError
+from verl_ext.core.images import image_digest
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.trajectory import TokenTrajectory
 
@@ -62,11 +64,27 @@ class EngineCall:
     The prompt is kept packed, and a call recorded after another (``EngineCalls.record``) keeps only what its prompt
     adds to that call's prompt + output: ``prompt_ids`` rebuilds the whole prompt on demand (O(prompt): read it once,
     not per call; the engine view reads the chain in one pass). A rollout of n turns so holds its prompts in O(stream)
-    memory instead of O(n x stream). Equal calls (same prompt, output, logprobs and finish reason) compare equal
-    however they were built.
+    memory instead of O(n x stream). Equal calls (same prompt, output, logprobs, finish reason and images) compare
+    equal however they were built.
+
+    The images the call was given (a vision-language model's ``image_data``) are kept as digests, the same way: a
+    call after another keeps how many of that call's images it starts with (``images_kept``) and the digests of the
+    rest (``images_added``), so a rollout whose every call repeats the images so far plus new ones holds each
+    digest once. ``image_digests`` rebuilds the whole list; None: the call's images were not recorded (a text loop,
+    or a loop from before they were).
     """
 
-    __slots__ = ("_after", "_shared", "_tail", "finish_reason", "logprobs", "output_ids", "prompt_length")
+    __slots__ = (
+        "_after",
+        "_images_added",
+        "_images_kept",
+        "_shared",
+        "_tail",
+        "finish_reason",
+        "logprobs",
+        "output_ids",
+        "prompt_length",
+    )
 
     def __init__(
         self,
@@ -77,14 +95,21 @@ class EngineCall:
         *,
         after: EngineCall | None = None,
         shared: int = 0,
+        images_kept: int = 0,
+        images_added: tuple[str, ...] | None = None,
     ) -> None:
         """A call whose prompt is ``prompt_ids``; or, with ``after``, the first ``shared`` ids of ``after``'s prompt +
         output followed by ``prompt_ids`` (``EngineCalls`` builds these). Ids and logprobs are kept as given (tuples
-        of ints and floats): use ``EngineCall.of`` to convert."""
+        of ints and floats): use ``EngineCall.of`` to convert. The call was given the first ``images_kept`` images of
+        ``after`` (0 without it) then the images whose digests are ``images_added`` (None: not recorded)."""
         if after is not None and not 0 <= shared <= after.output_end:
             raise ValueError(f"an engine call sharing {shared} ids of a call of {after.output_end}")
         self._after = after if shared else None
         self._shared = shared if after is not None else 0
+        if images_kept and (images_added is None or self._after is None or images_kept > self._after.image_count):
+            raise ValueError(f"an engine call keeping {images_kept} images of a call that has fewer (or none)")
+        self._images_kept = images_kept
+        self._images_added = images_added
         self._tail = _packed(prompt_ids)
         self.prompt_length: int = self._shared + len(self._tail)
         self.output_ids: tuple[int, ...] = tuple(output_ids)  # stop token included when the engine stopped on one
@@ -99,14 +124,17 @@ class EngineCall:
         output_ids: Sequence[int],
         logprobs: Sequence[float] | None = None,
         finish_reason: str = "stop",
+        image_digests: Sequence[str] | None = None,
     ) -> EngineCall:
-        """From any sequences (lists, arrays): ids become ints, logprobs floats, the finish reason its string. The
-        whole prompt is copied (packed): a loop records its calls with ``EngineCalls.record`` instead."""
+        """From any sequences (lists, arrays): ids become ints, logprobs floats, the finish reason its string;
+        ``image_digests``: the digests of the images the call was given, in order (None: not recorded). The whole
+        prompt is copied (packed): a loop records its calls with ``EngineCalls.record`` instead."""
         return cls(
             prompt_ids,
             _as_ints(output_ids),
             None if logprobs is None else _as_floats(logprobs),
             str(finish_reason),
+            images_added=None if image_digests is None else tuple(map(str, image_digests)),
         )
 
     @property
@@ -123,6 +151,36 @@ class EngineCall:
     def tail(self) -> Sequence[int]:
         """The prompt's ids after the ``shared`` ones (packed; read-only by contract)."""
         return self._tail
+
+    @property
+    def images_kept(self) -> int:
+        """How many of ``after``'s images this call was given first (0 without ``after``)."""
+        return self._images_kept
+
+    @property
+    def images_added(self) -> tuple[str, ...] | None:
+        """The digests of the images this call was given after the kept ones; None: its images were not recorded."""
+        return self._images_added
+
+    @property
+    def image_count(self) -> int:
+        """How many images the call was given (0 when they were not recorded)."""
+        return self._images_kept + len(self._images_added or ())
+
+    @property
+    def image_digests(self) -> tuple[str, ...] | None:
+        """The digests of every image the call was given, in the order it was given them (rebuilt from the chain of
+        calls: O(chain) per read; ``engine_call_images`` reads a log's in one pass); None: not recorded."""
+        if self._images_added is None:
+            return None
+        parts = [self._images_added]
+        need, call = self._images_kept, self._after  # the first ``need`` images of ``call`` come before
+        while need and call is not None and call._images_added is not None:  # the constructor keeps the chain whole
+            if need > call._images_kept:
+                parts.append(call._images_added[: need - call._images_kept])
+                need = call._images_kept
+            call = call._after
+        return tuple(d for part in reversed(parts) for d in part)
 
     @property
     def prompt_ids(self) -> tuple[int, ...]:
@@ -169,9 +227,14 @@ class EngineCall:
         output_ids: Sequence[int] | None = None,
         logprobs: Sequence[float] | None | Literal[False] = False,
         finish_reason: str | None = None,
+        image_digests: Sequence[str] | None | Literal[False] = False,
     ) -> EngineCall:
-        """This call with another output, logprobs (None: none) or finish reason; the same prompt, kept as it is
-        (``dataclasses.replace`` for an ``EngineCall``, which is no dataclass: it keeps its prompt as a chain)."""
+        """This call with another output, logprobs (None: none), finish reason or images (their digests; None: not
+        recorded); the same prompt, kept as it is (``dataclasses.replace`` for an ``EngineCall``, which is no
+        dataclass: it keeps its prompt as a chain)."""
+        kept, added = self._images_kept, self._images_added
+        if image_digests is not False:
+            kept, added = 0, None if image_digests is None else tuple(image_digests)
         return EngineCall(
             self._tail,
             self.output_ids if output_ids is None else tuple(output_ids),
@@ -179,10 +242,12 @@ class EngineCall:
             self.finish_reason if finish_reason is None else finish_reason,
             after=self._after,
             shared=self._shared,
+            images_kept=kept,
+            images_added=added,
         )
 
     def _key(self) -> tuple[Any, ...]:
-        return (self.prompt_ids, self.output_ids, self.logprobs, self.finish_reason)
+        return (self.prompt_ids, self.output_ids, self.logprobs, self.finish_reason, self.image_digests)
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, EngineCall):
@@ -192,6 +257,7 @@ class EngineCall:
             and self.output_ids == other.output_ids
             and self.logprobs == other.logprobs
             and self.finish_reason == other.finish_reason
+            and self.image_digests == other.image_digests
             and self.prompt_ids == other.prompt_ids
         )
 
@@ -199,15 +265,17 @@ class EngineCall:
         return hash(self._key())
 
     def __repr__(self) -> str:
+        images = "" if self._images_added is None else f", images=<{self.image_count}>"
         return (
             f"EngineCall(prompt_ids=<{self.prompt_length} ids>, output_ids={self.output_ids!r}, "
-            f"logprobs={self.logprobs!r}, finish_reason={self.finish_reason!r})"
+            f"logprobs={self.logprobs!r}, finish_reason={self.finish_reason!r}{images})"
         )
 
 
 class EngineCalls(Sequence[EngineCall]):
     """One rollout's engine calls, recorded as they happen: ``calls.record(prompt_ids, output_ids, logprobs,
-    finish_reason)`` after each generate call. A sequence of ``EngineCall`` (what the check and the record read).
+    finish_reason, images=...)`` after each generate call. A sequence of ``EngineCall`` (what the check and the record
+    read).
 
     Each call keeps only what its prompt adds to the previous call's prompt + output, so recording costs O(new ids)
     per turn and the log holds O(stream) ids however many turns. The prompt's earlier ids are read once: when the
@@ -216,16 +284,24 @@ class EngineCalls(Sequence[EngineCall]):
     any other prompt (a stock loop's list) is compared with the previous call's prompt + output at C speed, and
     where it departs from them (a re-tokenized history) the call keeps the rest. The engine view then compares
     every call, at every position, with the final stream, in one pass over the chain.
+
+    ``images`` (a vision-language loop: the very list passed to the engine as ``image_data``) is kept the same way,
+    as digests: an image object the previous call was given at the same place is not digested again (the loops
+    pass the trajectory's image objects, never changed in place), so a call that repeats the previous call's images
+    plus new ones digests and keeps only the new ones.
     """
 
-    __slots__ = ("_calls", "_last_full", "_last_prompt", "_pending")
+    __slots__ = ("_calls", "_last_digests", "_last_full", "_last_images", "_last_prompt", "_pending")
 
     def __init__(self, calls: Iterable[EngineCall] = ()) -> None:
         self._calls: list[EngineCall] = []
         self._last_prompt: PromptIds | None = None  # the last call's prompt, when it was a trajectory's view
         # The last call's prompt + output, kept up to date while prompts come as plain sequences (a stock loop's).
         self._last_full: array[int] | None = None
-        self._pending: tuple[EngineCall, PromptIds | None, array[int] | None] | None = None  # from next_call
+        # The last call's images as given (the objects, for the identity test) and their digests, when built here.
+        self._last_images: tuple[Any, ...] | None = None
+        self._last_digests: tuple[str, ...] | None = None
+        self._pending: _Pending | None = None  # from next_call
         for call in calls:
             self.append(call)
 
@@ -235,9 +311,10 @@ class EngineCalls(Sequence[EngineCall]):
         output_ids: Sequence[int],
         logprobs: Sequence[float] | None = None,
         finish_reason: str = "stop",
+        images: Sequence[Any] | None = None,
     ) -> EngineCall:
         """Record one generate call (``EngineCall.of``'s conversions) and return it."""
-        call = self.next_call(prompt_ids, output_ids, logprobs, finish_reason)
+        call = self.next_call(prompt_ids, output_ids, logprobs, finish_reason, images)
         self.append(call)
         return call
 
@@ -247,40 +324,74 @@ class EngineCalls(Sequence[EngineCall]):
         output_ids: Sequence[int],
         logprobs: Sequence[float] | None = None,
         finish_reason: str = "stop",
+        images: Sequence[Any] | None = None,
     ) -> EngineCall:
         """The call ``record`` would record, without recording it: ``append`` it once the turn is kept (the
-        gateway's branch does)."""
+        gateway's branch does). ``images``: the images the call was given, in the order given (None: not
+        recorded; ``()``: none)."""
         output = _as_ints(output_ids)
         lps = None if logprobs is None else _as_floats(logprobs)
         previous = self._calls[-1] if self._calls else None
         view = prompt_ids if isinstance(prompt_ids, PromptIds) else None
         full: array[int] | None = None
         if previous is None:
-            call = EngineCall(prompt_ids, output, lps, str(finish_reason))
+            tail, shared = prompt_ids, 0
         elif view is not None and self._last_prompt is not None and view.extends(self._last_prompt):
             # The same append-only stream, at least as long: its first ``len(last)`` ids are the previous prompt;
             # only the ids after it are read (and compared with the previous output).
             n = len(self._last_prompt)
             shared = n + _common_length(view[n : n + len(previous.output_ids)], previous.output_ids)
-            call = EngineCall(view[shared:], output, lps, str(finish_reason), after=previous, shared=shared)
+            tail = view[shared:]
         else:
             # ``_last_full`` is grown into this call's prompt + output below: taken, so that a second next_call
             # before an append does not read it changed.
             known, self._last_full = (self._last_full if self._last_full is not None else previous.stream()), None
             shared = _common_length(prompt_ids, known)
-            call = EngineCall(prompt_ids[shared:], output, lps, str(finish_reason), after=previous, shared=shared)
-            full = _grown(known, shared, call.tail, output)
+            tail = prompt_ids[shared:]
+            full = _grown(known, shared, tail, output)
+        given = None if images is None else tuple(images)
+        digests = None if given is None else self._digests(given)
+        kept = 0
+        if digests is not None and previous is not None and shared:  # ``after`` is the previous call
+            before = self._last_digests if self._last_digests is not None else previous.image_digests
+            kept = 0 if before is None else _common_length(before, digests)
+        call = EngineCall(
+            tail,
+            output,
+            lps,
+            str(finish_reason),
+            after=previous,
+            shared=shared,
+            images_kept=kept,
+            images_added=None if digests is None else digests[kept:],
+        )
         if previous is None and view is None:
             full = _grown(array("i"), 0, call.tail, output)
-        self._pending = (call, view, full)
+        self._pending = _Pending(call, view, full, given, digests)
         return call
+
+    def _digests(self, images: tuple[Any, ...]) -> tuple[str, ...]:
+        """The digests of ``images``: those the previous call was given at the same place (the same objects) are
+        taken from it, only the others are digested."""
+        last, known = self._last_images, self._last_digests
+        same = 0
+        if last is not None and known is not None:
+            n = min(len(last), len(images))
+            if all(map(operator.is_, images[:n], last[:n])):  # the common case (the same objects so far), at C speed
+                same = n
+            else:
+                while images[same] is last[same]:
+                    same += 1
+        return (known[:same] if same and known is not None else ()) + tuple(map(image_digest, images[same:]))
 
     def append(self, call: EngineCall) -> None:
         """Add a call built elsewhere (by ``next_call``, or another log's: a gateway fork replays its parent's)."""
         pending, self._pending = self._pending, None
-        built_here = pending is not None and pending[0] is call
-        self._last_prompt = pending[1] if built_here else None  # type: ignore[index]
-        self._last_full = pending[2] if built_here else None  # type: ignore[index]
+        if pending is not None and pending.call is call:
+            self._last_prompt, self._last_full = pending.view, pending.full
+            self._last_images, self._last_digests = pending.images, pending.digests
+        else:
+            self._last_prompt = self._last_full = self._last_images = self._last_digests = None
         self._calls.append(call)
 
     def __len__(self) -> int:
@@ -300,6 +411,36 @@ class EngineCalls(Sequence[EngineCall]):
 
     def __repr__(self) -> str:
         return f"EngineCalls({len(self._calls)} calls)"
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """What ``EngineCalls.next_call`` knew of the call it built, taken over by ``append`` when that call is kept."""
+
+    call: EngineCall
+    view: PromptIds | None  # its prompt, when a trajectory's view
+    full: array[int] | None  # its prompt + output, when grown here
+    images: tuple[Any, ...] | None  # the image objects it was given
+    digests: tuple[str, ...] | None  # and their digests
+
+
+def engine_call_images(calls: Iterable[EngineCall]) -> Iterator[tuple[int, tuple[str, ...] | None]]:
+    """Per call, its prompt length and the digests of the images it was given (None: not recorded), in one pass: a
+    call that keeps the previous call's images is rebuilt from that call's list, not from its chain."""
+    previous: EngineCall | None = None
+    before: tuple[str, ...] | None = None
+    for call in calls:
+        added = call.images_added
+        if added is None:
+            digests = None
+        elif not call.images_kept:
+            digests = added
+        elif call.after is previous and before is not None:
+            digests = before[: call.images_kept] + added
+        else:
+            digests = call.image_digests
+        yield call.prompt_length, digests
+        previous, before = call, digests
 
 
 def _grown(ids: array[int] | list[int], keep: int, *parts: Sequence[int]) -> array[int] | None:

@@ -33,9 +33,13 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
 - 2: a float that is not finite is written as the string ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``
   (valid JSON). Float fields (logprobs) read those strings back as floats, so a record round-trips exactly; a
   non-finite float anywhere else (a tool argument in a message) stays that string.
-- 3 (current): ``response_length``, the trainer's cap on the response, so replay cuts its stream where the trainer
+- 3: ``response_length``, the trainer's cap on the response, so replay cuts its stream where the trainer
   cut it (a turn that filled the budget gets a synthetic close past the cap, which is not trained). Lines of
   versions 1 and 2 lack it and still load (replay then infers the cut, ``check.replay_diff``).
+- 4 (current): the images each engine call was given, as digests (``engine_calls[k].images``: ``{"kept": n,
+  "added": [...]}``, the first ``n`` images of the call before it then these; only on calls whose loop recorded
+  them), and the check's ``image_calls_unchecked``. Lines of versions 1 to 3 lack them and still load; the image
+  view then says it had no per-call evidence.
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
 The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.
@@ -54,7 +58,7 @@ from typing import TYPE_CHECKING, Any
 
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import CheckResult, Span
-from verl_ext.check.inputs import EngineCall, TrainerSample, rollout_assistants
+from verl_ext.check.inputs import EngineCall, TrainerSample, engine_call_images, rollout_assistants
 from verl_ext.core.engine_output import NAN_HAPPENED
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.messages import json_type
@@ -198,7 +202,7 @@ class Rollout:
             kinds=self.token_kinds,
             turn_of=self.turn_of,
             repairs=tuple(dict(r) for r in self.repair_log),
-            engine_calls=tuple(RecordedCall.of(c) for c in self.calls),
+            engine_calls=recorded_calls(self.calls),
             check=RecordedCheck.of(result),
             extra=dict(self.extra),
             template_clock=self.template_clock,
@@ -230,25 +234,75 @@ def turns_of(calls: Sequence[EngineCall] | Sequence[RecordedCall], n: int) -> tu
 
 
 @dataclass(frozen=True)
+class RecordedImages:
+    """The images one engine call was given, as the record holds them: the first ``kept`` images of the call before
+    it in the record, then the images whose digests are ``added`` (a rollout whose calls repeat the images so far
+    plus new ones holds each digest once)."""
+
+    kept: int
+    added: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class RecordedCall:
-    """One engine call as the record holds it: its prompt is the stream's first ``prompt_length`` tokens."""
+    """One engine call as the record holds it: its prompt is the stream's first ``prompt_length`` tokens; ``images``
+    the images it was given (None: not recorded, as in records before schema version 4 and text loops)."""
 
     prompt_length: int
     output_ids: tuple[int, ...]
     logprobs: tuple[float, ...] | None
     finish_reason: str
+    images: RecordedImages | None = None
 
     @classmethod
-    def of(cls, call: EngineCall) -> RecordedCall:
-        return cls(call.prompt_length, call.output_ids, call.logprobs, call.finish_reason)
+    def of(cls, call: EngineCall, images: RecordedImages | None = None) -> RecordedCall:
+        return cls(call.prompt_length, call.output_ids, call.logprobs, call.finish_reason, images)
 
     @property
     def output_start(self) -> int:
         return self.prompt_length
 
     def to_json(self) -> dict[str, Any]:
-        """One of a record line's ``engine_calls``: one key per field, in field order."""
-        return _json_fields(self)
+        """One of a record line's ``engine_calls``: one key per field, in field order (``images`` only where
+        recorded: a text rollout's lines are as before)."""
+        out = _json_fields(self)
+        if self.images is None:
+            del out["images"]
+        else:
+            out["images"] = {"kept": self.images.kept, "added": list(self.images.added)}
+        return out
+
+
+def recorded_calls(calls: Sequence[EngineCall]) -> tuple[RecordedCall, ...]:
+    """``calls`` as the record holds them: each call's images relative to the call before it in ``calls``."""
+    out: list[RecordedCall] = []
+    before: tuple[str, ...] | None = None
+    for call, (_, digests) in zip(calls, engine_call_images(calls), strict=True):
+        images = None
+        if digests is not None:
+            kept = 0
+            if before is not None:
+                n = min(len(before), len(digests))
+                while kept < n and before[kept] == digests[kept]:
+                    kept += 1
+            images = RecordedImages(kept, digests[kept:])
+        out.append(RecordedCall.of(call, images))
+        before = digests
+    return tuple(out)
+
+
+def recorded_call_images(calls: Sequence[RecordedCall]) -> list[tuple[int, tuple[str, ...] | None]]:
+    """Per recorded call, its prompt length and the digests of the images it was given (None: not recorded), as
+    ``engine_call_images`` reads live calls (the image view's input)."""
+    out: list[tuple[int, tuple[str, ...] | None]] = []
+    before: tuple[str, ...] | None = None
+    for call in calls:
+        digests = None
+        if call.images is not None:
+            digests = (before or ())[: call.images.kept] + call.images.added
+        out.append((call.prompt_length, digests))
+        before = digests
+    return out
 
 
 _CALL_KEYS = frozenset(f.name for f in fields(RecordedCall))
@@ -303,6 +357,7 @@ class RecordedCheck:
     repairs: Mapping[str, int]
     seconds: float
     template_view_skipped: str = ""
+    image_calls_unchecked: str = ""
 
     @classmethod
     def of(cls, result: CheckResult) -> RecordedCheck:
@@ -365,6 +420,7 @@ class RecordedCheck:
             repairs={str(k): f.count(f"repairs.{k}", v) for k, v in f.dict("repairs", default={}).items()},
             seconds=f.float("seconds", default=0.0),
             template_view_skipped=f.str("template_view_skipped", default=""),
+            image_calls_unchecked=f.str("image_calls_unchecked", default=""),
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -544,6 +600,7 @@ class RolloutRecord:
                     output_ids=g.ints("output_ids", default=()),
                     logprobs=g.floats("logprobs", default=None),
                     finish_reason=g.str("finish_reason", default="stop"),
+                    images=_recorded_images(g, where, k, calls[-1].images if calls else None),
                 )
             )
         if "check" not in obj or not isinstance(obj["check"], dict):
@@ -874,6 +931,22 @@ class _Fields:
                 raise RecordError(f'{self.where}: {self._key(key)!r} key {k!r} is not a message index (write "1")')
             out[int(k)] = getattr(inner, read)(k)
         return out
+
+
+def _recorded_images(g: _Fields, where: str, k: int, before: RecordedImages | None) -> RecordedImages | None:
+    """An engine call's ``images`` (``{"kept": n, "added": [digests]}``), type-checked; ``n`` at most the images of
+    the call before it (``before``: its record; None: it has none)."""
+    raw = g.dict("images", default=None)
+    if raw is None:
+        return None
+    f = _Fields(raw, where, f"engine_calls[{k}].images")
+    f.only(("kept", "added"), "an engine call's images")
+    kept = f.int("kept", default=0) or 0
+    added = f.strs("added", default=())
+    room = 0 if before is None else before.kept + len(before.added)
+    if not 0 <= kept <= room:
+        raise f.error("kept", f"an integer from 0 to {room} (the images of the engine call before it)", kept)
+    return RecordedImages(kept, tuple(added))
 
 
 def _is_int(value: Any) -> bool:

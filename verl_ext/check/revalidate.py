@@ -5,6 +5,9 @@ object is only what the check said when it was written. ``verl-ext report`` and 
 view again on what the record holds (the engine calls, the trainer's stream, mask and logprobs) and add every failure
 the stored verdict does not name, so a NaN logprob in a stored engine call is never "0 engine-view failures".
 
+The image view runs again too, on the record's image evidence and each engine call's record of its images (a
+record from before those were kept is compared without them, as the live check would).
+
 What cannot be re-checked from the record alone is left to the stored verdict: the trainer's logprobs are compared
 with the engine's at no tolerance (``logprob_atol`` is the run's setting, which the record does not hold), and the
 engine's prompts are the stream's prefixes by construction (the record stores each prompt as a length).
@@ -18,8 +21,9 @@ from collections.abc import Collection
 
 from verl_ext.check.engine_view import check_engine_view
 from verl_ext.check.findings import EngineFailure, FailureKind
+from verl_ext.check.image_view import rollout_image_view
 from verl_ext.check.inputs import EngineCall, TrainerSample
-from verl_ext.check.record import RecordedFailure, RolloutRecord
+from verl_ext.check.record import RecordedFailure, RolloutRecord, recorded_call_images
 from verl_ext.core.engine_output import validate_engine_output
 
 REVALIDATED = "found re-validating the stored engine calls (the stored verdict did not report it): "
@@ -59,18 +63,6 @@ def engine_view_failures(
     prompt is the stream's first ``prompt_length`` tokens. Where a call's prompt reaches past the stream (the
     trainer cut the response), the record does not hold that prompt: only each call's own output is validated."""
     stream = record.input_ids
-    if any(c.prompt_length > len(stream) for c in record.engine_calls):
-        return tuple(
-            EngineFailure(FailureKind(p.kind.value), k, c.prompt_length + p.index, p.detail)
-            for k, c in enumerate(record.engine_calls)
-            for p in validate_engine_output(
-                c.output_ids, c.logprobs, vocab_size, stop_ids=stop_ids, finish_reason=c.finish_reason
-            )
-        )
-    calls = [
-        EngineCall(tuple(stream[: c.prompt_length]), c.output_ids, c.logprobs, c.finish_reason)
-        for c in record.engine_calls
-    ]
     p = record.prompt_length
     sample = TrainerSample(
         prompt_ids=tuple(stream[:p]),
@@ -78,5 +70,29 @@ def engine_view_failures(
         response_mask=tuple(record.loss_mask[p:]),
         response_logprobs=None if record.trainer_logprobs is None else tuple(record.trainer_logprobs[p:]),
     )
+    images = _image_failures(record, sample)
+    if any(c.prompt_length > len(stream) for c in record.engine_calls):
+        return images + tuple(
+            EngineFailure(FailureKind(problem.kind.value), k, c.prompt_length + problem.index, problem.detail)
+            for k, c in enumerate(record.engine_calls)
+            for problem in validate_engine_output(
+                c.output_ids, c.logprobs, vocab_size, stop_ids=stop_ids, finish_reason=c.finish_reason
+            )
+        )
+    calls = [
+        EngineCall(tuple(stream[: c.prompt_length]), c.output_ids, c.logprobs, c.finish_reason)
+        for c in record.engine_calls
+    ]
     view = check_engine_view(calls, sample, math.inf, None, vocab_size=vocab_size, stop_ids=stop_ids)
-    return view.failures
+    return view.failures + images
+
+
+def _image_failures(record: RolloutRecord, sample: TrainerSample) -> tuple[EngineFailure, ...]:
+    """The image view of the record (() without image evidence); evidence that is not the image view's shape is a
+    ``record`` failure naming it, not a traceback."""
+    try:
+        return rollout_image_view(record.extra, sample, recorded_call_images(record.engine_calls)).failures
+    except (KeyError, TypeError, ValueError) as exc:
+        why = f"{type(exc).__name__}: {exc}"
+        detail = f"the record's 'images' evidence cannot be read ({why}); the image view did not run"
+        return (EngineFailure(FailureKind.RECORD, None, None, detail),)

@@ -114,7 +114,7 @@ def _replay_one(
         print(f"replaying {where}: {len(item.record.messages)} messages, {n_sampled} sampled ids ...", file=sys.stderr)
         sys.stderr.flush()
     extra = item.recorded.extra if item.recorded is not None else {}
-    images = image_replay(item.record.messages, extra)
+    images = image_replay(item.record.messages, extra, item.recorded.engine_calls if item.recorded is not None else ())
     t = replay(replay_renderer(renderer, images, extra), item.record, stops)
     done = _Replayed(item, t, check_invariants(t), images=images)
     if item.recorded is not None:

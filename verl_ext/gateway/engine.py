@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 
 @dataclass(frozen=True)
@@ -26,10 +26,13 @@ SAMPLING_DEFAULTS: dict[str, object] = {"top_k": None, "repetition_penalty": 1.0
 
 @dataclass(frozen=True)
 class Sampled:
-    """What the engine returned: the ids as sampled (a stop id kept), one logprob per id."""
+    """What the engine returned: the ids as sampled (a stop id kept), one logprob per id; ``images``: the images it
+    passed on with the call, as it passed them (None: it does not say, and the gateway records the list it handed
+    the engine). The engine call's record keeps their digests."""
 
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...] | None
+    images: tuple[Any, ...] | None = None
 
 
 class Engine(Protocol):

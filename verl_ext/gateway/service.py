@@ -9,6 +9,7 @@ message holding an image is a 400 naming ``no_images``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -26,7 +27,7 @@ from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
-from verl_ext.gateway.engine import SAMPLING_DEFAULTS, Engine, Sampling
+from verl_ext.gateway.engine import SAMPLING_DEFAULTS, Engine, Sampled, Sampling
 from verl_ext.gateway.errors import GatewayError, bad_request, session_finished, unknown_session
 from verl_ext.gateway.images import TextOnlyTrajectory
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
@@ -293,16 +294,24 @@ class Gateway:
     async def _generate(
         self, session: Session, prompt: Sequence[int], sampling: Sampling, images: Sequence[Any] | None = None
     ) -> Any:
-        """The engine's turn for ``prompt`` (with its images, when it holds any); an engine that fails ends the
-        session (its record says why) with a 503."""
+        """The engine's turn for ``prompt`` (with its images, when it holds any; ``images`` None: a text branch); an
+        engine that fails ends the session (its record says why) with a 503. Its ``images`` are the images the
+        engine call was given (the engine's own account where it gives one), for the call's record."""
         try:
             if images:
-                return await self.engine.generate(prompt, sampling, images=list(images))
-            return await self.engine.generate(prompt, sampling)
+                out = await self.engine.generate(prompt, sampling, images=list(images))
+            else:
+                out = await self.engine.generate(prompt, sampling)
         except Exception as exc:
             session.ended = f"the engine failed: {type(exc).__name__}: {exc}"
             self._conclude(session)
             raise GatewayError(503, session.ended, type="server_error", code="engine_error") from exc
+        if images is None or getattr(out, "images", None) is not None:
+            return out  # a text branch (nothing to record), or the engine said what it passed on
+        # the engine call's record keeps the digests of what the engine was handed
+        if isinstance(out, Sampled):
+            return dataclasses.replace(out, images=tuple(images))
+        return Sampled(tuple(out.token_ids), None if out.log_probs is None else tuple(out.log_probs), tuple(images))
 
     def end(
         self,

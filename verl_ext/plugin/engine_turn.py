@@ -40,6 +40,10 @@ class TurnOutput:
     stop_reason: str | None
     extra_fields: dict[str, Any]  # the first call's (verl merges turns' fields from the first)
     segments: list[dict[str, Any]] = field(default_factory=list)  # one per engine call
+    # The images passed to the server manager as ``image_data`` with each of the turn's engine calls (the same list
+    # each time); None: none were passed for a loop that sends no images (a text model), [] for a VL loop's prompt
+    # without any. The engine call's record keeps their digests.
+    images: list[Any] | None = None
 
 
 def _incomplete(out: Any) -> bool:
@@ -66,17 +70,18 @@ async def generate_turn(
     counters: Counter[str],
     image_data: list[Any] | None = None,
 ) -> TurnOutput:
-    """Ask the engine for one turn of at most ``budget`` tokens, continuing it while the engine returns it partial."""
+    """Ask the engine for one turn of at most ``budget`` tokens, continuing it while the engine returns it partial.
+    ``image_data``: every image of the prompt, in placeholder order (None: a loop without images); the output's
+    ``images`` is the list passed."""
     ids: list[int] = []
     logprobs: list[float] | None = []
     segments: list[dict[str, Any]] = []
     first_extra: dict[str, Any] | None = None
     out: Any = None
+    sent = None if image_data is None else list(image_data)  # what every call of the turn passes, and records
     for attempt in range(1 + MAX_CONTINUATIONS):
         params = {**sampling_params, "max_tokens": budget - len(ids)}
-        out = await _generate(
-            server_manager, request_id, [*prompt_ids, *ids], params, len(ids), counters, image_data=image_data
-        )
+        out = await _generate(server_manager, request_id, [*prompt_ids, *ids], params, len(ids), counters, sent)
         new = [int(i) for i in out.token_ids]
         extra = dict(out.extra_fields or {})
         first_extra = extra if first_extra is None else first_extra
@@ -113,7 +118,7 @@ async def generate_turn(
         )
     if len(segments) > 1:
         counters["engine/continued_turns"] += 1
-    return TurnOutput(ids, logprobs, out.stop_reason, first_extra or {}, segments)
+    return TurnOutput(ids, logprobs, out.stop_reason, first_extra or {}, segments, sent)
 
 
 async def _generate(

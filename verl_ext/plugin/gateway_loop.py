@@ -72,6 +72,16 @@ _SESSION: ContextVar[str | None] = ContextVar("verl_ext_gateway_session", defaul
 CallKey = tuple[tuple[int, ...], tuple[int, ...]]  # (prompt ids, output ids) of one engine call
 
 
+def _refuse_row_images_without_vision(gateway: Any, raw_prompt: Sequence[Any]) -> None:
+    """A row whose prompt holds images, for a gateway without an image side, is refused as verl_ext_tool_agent
+    refuses it: never a row's images dropped (the untrained sample renders the prompt)."""
+    if gateway.vision is None and has_images(list(raw_prompt)):
+        raise OptionsError(
+            f"{AGENT_NAME}: the row's prompt holds images, but {gateway.no_images}; serve a "
+            "vision-language model, or remove the images from the data"
+        )
+
+
 class ServerManagerEngine:
     """The gateway's engine over verl's rollout server: the sampling parameters verl gave the session's row (a
     validation row's are not a training row's), one whole turn per call, every image of the prompt with it."""
@@ -90,7 +100,8 @@ class ServerManagerEngine:
     async def generate(self, prompt_ids: Sequence[int], sampling: Sampling, images: Sequence[Any] = ()) -> Sampled:
         """One turn with verl's rollout sampling parameters (a harness's temperature does not change the policy's
         sampling), the gateway's budget and stop ids; ``images``: every image of the prompt in placeholder order,
-        passed as verl's ``image_data`` (as verl_ext_tool_agent passes them)."""
+        passed as verl's ``image_data`` (as verl_ext_tool_agent passes them); the result's ``images`` is that list,
+        for the engine call's record."""
         params = dict(self.session_params.get(_SESSION.get() or "", self.sampling_params))
         stops = set(params.get("stop_token_ids") or ()) | set(sampling.stop_ids)
         if stops:
@@ -104,7 +115,11 @@ class ServerManagerEngine:
             self.counters,
             image_data=list(images) or None,
         )
-        sampled = Sampled(tuple(int(i) for i in out.token_ids), None if out.log_probs is None else tuple(out.log_probs))
+        sampled = Sampled(
+            tuple(int(i) for i in out.token_ids),
+            None if out.log_probs is None else tuple(out.log_probs),
+            None if out.images is None else tuple(out.images),  # the image_data verl's server manager was given
+        )
         session = _SESSION.get()
         if session is not None:
             key = (len(prompt_ids), sampled.token_ids)  # a call's prompt length and output name it in its session
@@ -226,12 +241,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             # (v0's AgentLoopWorker) takes one output per row
             raise OptionsError(f"{V0_TRAINER_REFUSED} (this rollout's worker passed no session_id: not v1's)")
         worker = await self._worker(sampling_params)
-        if worker.gateway.vision is None and has_images(list(kwargs["raw_prompt"])):
-            # as verl_ext_tool_agent refuses it: never a row's images dropped (the untrained sample renders the prompt)
-            raise OptionsError(
-                f"{AGENT_NAME}: the row's prompt holds images, but {worker.gateway.no_images}; serve a "
-                "vision-language model, or remove the images from the data"
-            )
+        _refuse_row_images_without_vision(worker.gateway, kwargs["raw_prompt"])
         session_id = uuid4().hex
         worker.records.rows[session_id] = {
             "step": training_step(kwargs, None),

@@ -41,6 +41,9 @@ ENGINE_FIXES: dict[str, str] = {
     "ban sampling the image pad id).",
     "image_span": "An image's placeholder run is not where the engine's prompt held it: do not re-tokenize or edit "
     "prompts that hold images. " + SWITCH + ".",
+    "image_engine_mismatch": "An engine call was given other images than its prompt's placeholder runs hold (another "
+    "image, one more or fewer, another order): pass every image of the prompt, in placeholder order, as image_data "
+    "with each call (verl_ext_tool_agent does; docs/vl-models.md).",
 }
 
 TRUNCATION_FIX = (

@@ -135,12 +135,14 @@ class RolloutRuntime:
         logprobs: Sequence[float] | None,
         max_tokens: int,
         stop_ids: Sequence[int],
+        images: Sequence[Any] | None = None,
     ) -> tuple[EngineCall, FinishReason]:
         """The record of one engine call and how it ended, judged from its ids (not the engine's label), built by
-        the rollout's log ``calls`` (what its prompt adds to the previous call's) and not yet appended to it: the
-        caller appends it once the turn is kept."""
+        the rollout's log ``calls`` (what its prompt adds to the previous call's; ``images``: the images the call was
+        given, kept as digests, None: not recorded) and not yet appended to it: the caller appends it once the turn
+        is kept."""
         finish = judge_finish(output_ids, max_tokens, stop_ids, self.profile)
-        return calls.next_call(prompt_ids, output_ids, logprobs, finish), finish
+        return calls.next_call(prompt_ids, output_ids, logprobs, finish, images), finish
 
     async def turn(
         self,
@@ -152,11 +154,13 @@ class RolloutRuntime:
         read: Callable[[Sequence[int]], Awaitable[ParsedTurn]],
     ) -> Turn[G]:
         """One turn: ``generate(max_tokens)`` (the caller's engine), the engine call (built by the rollout's log
-        ``calls``) and its finish, the output's problems, and ``read(ids)`` (the caller's tool-call reader) unless the
-        output is invalid. The caller keeps the turn and appends its call to ``calls`` (``Turn.keep``, or its own log
-        that calls ``keep_sampled``)."""
+        ``calls``, with the images the engine hook says it sent: its output's ``images``) and its finish, the
+        output's problems, and ``read(ids)`` (the caller's tool-call reader) unless the output is invalid. The caller
+        keeps the turn and appends its call to ``calls`` (``Turn.keep``, or its own log that calls
+        ``keep_sampled``)."""
         out = await generate(max_tokens)
-        call, finish = self.engine_call(calls, prompt_ids, out.token_ids, out.log_probs, max_tokens, stop_ids)
+        images = getattr(out, "images", None)  # what the hook passed the engine (None: a text loop, not recorded)
+        call, finish = self.engine_call(calls, prompt_ids, out.token_ids, out.log_probs, max_tokens, stop_ids, images)
         problems = self.output_problems(call.output_ids, call.logprobs)
         parsed = None if problems else await read(call.output_ids)
         return Turn(call, finish, out, problems, parsed)

@@ -17,7 +17,9 @@ from verl_ext.core.turn_parse import ParsedTurn
 
 
 class Generated(Protocol):
-    """What an engine hook returns: the ids as sampled (a stop id kept) and one logprob per id (or None)."""
+    """What an engine hook returns: the ids as sampled (a stop id kept) and one logprob per id (or None). A hook that
+    sends images also has ``images``: the images it passed the engine with the call, in the order passed (the
+    engine call's record keeps their digests; absent or None: not recorded)."""
 
     @property
     def token_ids(self) -> Sequence[int]: ...

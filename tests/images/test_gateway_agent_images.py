@@ -14,30 +14,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vl_rollouts import make_image
+from vl_rollouts import ImageRecordingServer, make_image, verl_vl_config
 
 from verl_ext.core.images import image_digest
 from verl_ext.plugin import metrics_sink
 
 SHOT = '<tool_call>\n{"name": "screenshot", "arguments": {"region": "top"}}\n</tool_call><|im_end|>'
 PAD = "<|image_pad|>"
-
-
-class ImageRecordingServer:
-    """verl's server-manager interface over an in-process CPU server; records each call's prompt, images, output."""
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self.requests: list[dict[str, Any]] = []
-
-    async def generate(
-        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], image_data: Any = None
-    ) -> Any:
-        request = {"prompt_ids": list(prompt_ids), "images": list(image_data or [])}
-        self.requests.append(request)
-        out = await self.server.generate(prompt_ids, sampling_params, request_id, image_data=image_data)
-        request["output_ids"] = list(out.token_ids)
-        return out
 
 
 @pytest.fixture(scope="module")
@@ -51,22 +34,12 @@ def vl_server(tiny_vl_dir: Path) -> Any:
 @pytest.fixture
 def gateway_vl_loop(tiny_vl_dir: Path, vl_processor: Any, vl_server: Any, tmp_path: Path) -> Any:
     """``make()`` -> (verl_ext_gateway_agent loop, its recording server); records under tmp_path/records."""
-    import verl.trainer
-    from hydra import compose, initialize_config_dir
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
 
-    overrides = [
-        f"actor_rollout_ref.model.path={tiny_vl_dir}",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        "actor_rollout_ref.rollout.prompt_length=512",
-        "actor_rollout_ref.rollout.response_length=160",
-    ]
-    with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)  # verl's own config, as main_ppo composes it
+    cfg = verl_vl_config(tiny_vl_dir, 160)
 
     def make() -> tuple[Any, ImageRecordingServer]:
         server = ImageRecordingServer(vl_server)

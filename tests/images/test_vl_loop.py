@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from vl_rollouts import make_image
+from vl_rollouts import ImageRecordingServer, make_image, verl_vl_config
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT_TOOL = REPO / "verl_ext" / "demo" / "screenshot_tool.py"
@@ -26,8 +26,6 @@ def _loop(
     tools: Path = SCREENSHOT_TOOL,
     force: str = CALL,
 ) -> tuple[Any, Any]:
-    import verl.trainer
-    from hydra import compose, initialize_config_dir
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.tools.function_tool import load_function_tools_from_path
     from verl.utils.dataset.rl_dataset import RLHFDataset
@@ -35,16 +33,7 @@ def _loop(
     from verl_ext.engines.cpu import CPUGenerationServer
     from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
 
-    overrides = [
-        f"actor_rollout_ref.model.path={tiny_vl_dir}",
-        "actor_rollout_ref.rollout.multi_turn.enable=true",
-        "actor_rollout_ref.rollout.multi_turn.format=hermes",
-        "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3",
-        "actor_rollout_ref.rollout.prompt_length=512",
-        f"actor_rollout_ref.rollout.response_length={response_length}",
-    ]
-    with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
-        cfg = compose(config_name="ppo_trainer", overrides=overrides)  # verl's own config, as main_ppo composes it
+    cfg = verl_vl_config(tiny_vl_dir, response_length, "actor_rollout_ref.rollout.multi_turn.max_assistant_turns=3")
     server = ImageRecordingServer(
         CPUGenerationServer(str(tiny_vl_dir), prompt_length=512, response_length=response_length, force_text=force)
     )
@@ -60,18 +49,6 @@ def _loop(
         verl_ext={"records": {"dir": str(tmp_path)}},
     )
     return loop, server
-
-
-class ImageRecordingServer:
-    """The harness's recording server, with the images of each call."""
-
-    def __init__(self, server: Any) -> None:
-        self.server = server
-        self.requests: list[dict[str, Any]] = []
-
-    async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict, image_data: Any = None):
-        self.requests.append({"prompt_ids": list(prompt_ids), "images": list(image_data or [])})
-        return await self.server.generate(prompt_ids, sampling_params, request_id, image_data=image_data)
 
 
 def _run(loop: Any, prompt: list[dict[str, Any]]) -> Any:

@@ -101,3 +101,39 @@ def drive(
             prompt = t.append_messages([tool])
     t.finish()
     return VLRollout(t, list(calls), list(t.images))
+
+
+class ImageRecordingServer:
+    """verl's server-manager interface over an in-process CPU server; records each call's prompt, images, output."""
+
+    def __init__(self, server: Any) -> None:
+        self.server = server
+        self.requests: list[dict[str, Any]] = []
+
+    async def generate(
+        self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], image_data: Any = None
+    ) -> Any:
+        request = {"prompt_ids": list(prompt_ids), "images": list(image_data or [])}
+        self.requests.append(request)
+        out = await self.server.generate(prompt_ids, sampling_params, request_id, image_data=image_data)
+        request["output_ids"] = list(out.token_ids)
+        return out
+
+
+def verl_vl_config(tiny_vl_dir: Any, response_length: int, *overrides: str) -> Any:
+    """verl's own trainer config (``ppo_trainer``, composed as main_ppo composes it) for the tiny VL model, multi-turn
+    hermes, a 512-token prompt and ``response_length``; ``overrides`` after."""
+    from pathlib import Path
+
+    import verl.trainer
+    from hydra import compose, initialize_config_dir
+
+    base = [
+        f"actor_rollout_ref.model.path={tiny_vl_dir}",
+        "actor_rollout_ref.rollout.multi_turn.enable=true",
+        "actor_rollout_ref.rollout.multi_turn.format=hermes",
+        "actor_rollout_ref.rollout.prompt_length=512",
+        f"actor_rollout_ref.rollout.response_length={response_length}",
+    ]
+    with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[*base, *overrides])

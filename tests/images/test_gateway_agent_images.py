@@ -9,12 +9,17 @@ does."""
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vl_rollouts import ImageRecordingServer, make_image, verl_vl_config
+from vl_rollouts import (
+    ImageRecordingServer,
+    assert_each_call_recorded_its_images,
+    make_image,
+    verl_trainer_inputs,
+    verl_vl_config,
+)
 
 from verl_ext.core.images import image_digest
 from verl_ext.plugin import metrics_sink
@@ -112,22 +117,10 @@ def test_gateway_agent_hands_engine_and_trainer_every_image(
     assert [s["digest"] for s in line["images"]["trainer"]] == sent
     assert [(s["position"], s["length"]) for s in line["images"]["engine"]] == runs
     # and each engine call's images, as passed to verl's server manager: compared with its prompt's runs
-    assert [c["images"] for c in line["engine_calls"]] == [
-        {"kept": 0, "added": sent[:1]},
-        {"kept": 1, "added": sent[1:]},
-    ]
-    assert line["check"]["image_calls_unchecked"] == ""
-
+    assert_each_call_recorded_its_images(line, sent)
     # verl's worker computes the trainer's inputs from this output (AgentLoopWorker's own functions)
-    import torch
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-
-    worker = types.SimpleNamespace(processor=vl_processor, tokenizer=vl_processor.tokenizer, mm_processor_kwargs={})
-    worker._get_mm_processor_kwargs = types.MethodType(AgentLoopWorker._get_mm_processor_kwargs, worker)
-    ids = torch.tensor([stream])
-    mm = AgentLoopWorker._compute_multi_modal_inputs(worker, out, ids)
+    mm, positions = verl_trainer_inputs(vl_processor, out, stream)
     assert mm["image_grid_thw"].tolist() == [[1, 8, 8], [1, 8, 4]]
-    positions = AgentLoopWorker._compute_position_ids(worker, ids, torch.ones_like(ids), mm)
     assert tuple(positions.shape) == (1, 4, len(stream))
 
 

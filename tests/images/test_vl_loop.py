@@ -6,12 +6,17 @@ functions compute multi_modal_inputs and mrope position_ids from the output."""
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
-from vl_rollouts import ImageRecordingServer, make_image, verl_vl_config
+from vl_rollouts import (
+    ImageRecordingServer,
+    assert_each_call_recorded_its_images,
+    make_image,
+    verl_trainer_inputs,
+    verl_vl_config,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SCREENSHOT_TOOL = REPO / "verl_ext" / "demo" / "screenshot_tool.py"
@@ -81,25 +86,11 @@ def test_screenshot_tool_images_reach_engine_and_trainer(tiny_vl_dir: Path, vl_p
         "digest": line["images"]["engine"][0]["digest"],
         "tokens": 16,
     }
-    # each engine call's record holds the images it was given (the first call one, the second the same plus one),
-    # and the image view compared each call's with its prompt's placeholder runs
-    digests = [s["digest"] for s in line["images"]["engine"]]
-    assert [c["images"] for c in line["engine_calls"]][:2] == [
-        {"kept": 0, "added": digests[:1]},
-        {"kept": 1, "added": digests[1:]},
-    ]
-    assert line["check"]["image_calls_unchecked"] == ""
+    # each engine call's record holds the images it was given (the first call one, the second the same plus one)
+    assert_each_call_recorded_its_images(line, [s["digest"] for s in line["images"]["engine"]])
     # verl's worker computes the trainer's inputs from this output (AgentLoopWorker's own functions)
-    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-
-    worker = types.SimpleNamespace(processor=vl_processor, tokenizer=vl_processor.tokenizer, mm_processor_kwargs={})
-    worker._get_mm_processor_kwargs = types.MethodType(AgentLoopWorker._get_mm_processor_kwargs, worker)
-    import torch
-
-    ids = torch.tensor([stream])
-    mm = AgentLoopWorker._compute_multi_modal_inputs(worker, out, ids)
+    mm, positions = verl_trainer_inputs(vl_processor, out, stream)
     assert mm["image_grid_thw"].tolist() == [[1, 8, 8], [1, 8, 4]]
-    positions = AgentLoopWorker._compute_position_ids(worker, ids, torch.ones_like(ids), mm)
     assert tuple(positions.shape) == (1, 4, len(stream))
 
 

@@ -137,3 +137,28 @@ def verl_vl_config(tiny_vl_dir: Any, response_length: int, *overrides: str) -> A
     ]
     with initialize_config_dir(config_dir=str(Path(verl.trainer.__file__).parent / "config"), version_base=None):
         return compose(config_name="ppo_trainer", overrides=[*base, *overrides])
+
+
+def verl_trainer_inputs(processor: Any, out: Any, stream: list[int]) -> tuple[Any, Any]:
+    """What verl's worker computes for the trainer from an agent loop's output, with ``AgentLoopWorker``'s own
+    functions: ``multi_modal_inputs`` and the position ids."""
+    import types
+
+    import torch
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    worker = types.SimpleNamespace(processor=processor, tokenizer=processor.tokenizer, mm_processor_kwargs={})
+    worker._get_mm_processor_kwargs = types.MethodType(AgentLoopWorker._get_mm_processor_kwargs, worker)
+    ids = torch.tensor([stream])
+    mm = AgentLoopWorker._compute_multi_modal_inputs(worker, out, ids)
+    return mm, AgentLoopWorker._compute_position_ids(worker, ids, torch.ones_like(ids), mm)
+
+
+def assert_each_call_recorded_its_images(line: dict[str, Any], digests: list[str]) -> None:
+    """A record of two engine calls given one image, then the same plus one: each call's images are recorded (as
+    kept + added digests) and the image view compared them with its prompt's placeholder runs."""
+    assert [c["images"] for c in line["engine_calls"]][:2] == [
+        {"kept": 0, "added": digests[:1]},
+        {"kept": 1, "added": digests[1:]},
+    ]
+    assert line["check"]["image_calls_unchecked"] == ""

@@ -63,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_gateway_parser(sub)
 
+    _add_demo_parser(sub)
+    return parser
+
+
+def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
+    """`verl-ext demo`'s options."""
     demo = sub.add_parser(
         "demo",
         help="run verl's GRPO trainer on CPU with verl_ext (a tiny random Qwen3 or Qwen2.5-VL), print tito/ metrics, "
@@ -86,7 +92,6 @@ def build_parser() -> argparse.ArgumentParser:
         "the screenshot tool, an image in every prompt and tool result (with --loop tool)",
     )
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for verl's trainer")
-    return parser
 
 
 def _add_template_options(p: argparse.ArgumentParser) -> None:

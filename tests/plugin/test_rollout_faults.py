@@ -69,9 +69,12 @@ def test_an_interrupted_turn_is_continued_as_one_turn(make_loop, how: str) -> No
 def test_a_turn_that_keeps_aborting_ends_the_rollout_with_an_error(make_loop) -> None:
     loop, server = make_loop(response_length=16)
     loop.server_manager = InterruptingServer(server, keep=2, interruptions=100, how="abort")
+    metrics_sink.drain()
     with pytest.raises(RolloutInterrupted, match="half turn"):
         run_loop(loop, PROMPT)
     assert len(loop.server_manager.calls) == 1 + MAX_CONTINUATIONS
+    # the dropped rollout's counters still reach verl's logger
+    assert metrics_sink.drain()["tito/engine/interrupted_turns"] == 1
 
 
 class _Stuck:
@@ -119,8 +122,10 @@ def test_rollout_server_actor_killed_mid_rollout_is_a_clear_error(make_loop, ray
         finally:
             await killer
 
+    metrics_sink.drain()
     with pytest.raises(RolloutInterrupted, match="rollout server failed"):
         loop.loop.run_until_complete(rollout())
+    assert metrics_sink.drain()["tito/engine/server_failures"] == 1
 
 
 def test_a_reward_function_that_raises_stops_the_step_with_its_error(tiny_qwen3_dir) -> None:

@@ -39,7 +39,7 @@ from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
-from verl_ext.plugin.engine_turn import generate_turn
+from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
 from verl_ext.plugin.image_loop import image_sample, prompt_images_decoded, refuse_images_without_vision, vision_for
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
@@ -119,8 +119,12 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         rt = self.rt
         messages = [dict(m) for m in kwargs["raw_prompt"]]
         ro = self._start(messages, sampling_params, kwargs)
-        while await self._turn(ro):
-            pass
+        try:
+            while await self._turn(ro):
+                pass
+        except RolloutInterrupted:
+            metrics_sink.count(ro.counters)  # the rollout is dropped, but what happened to it is counted
+            raise
         t = ro.trajectory
         t.finish()
 

@@ -68,7 +68,7 @@ def test_vl_demo_command_names_the_screenshot_tool_and_the_vl_settings(tmp_path:
     assert vl[-1] == "x=1"  # the user's overrides come last, so they win
 
 
-def test_demo_refuses_choices_it_has_not(capsys: pytest.CaptureFixture[str]) -> None:
+def test_demo_refuses_choices_it_has_not(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     from verl_ext.cli.main import main as cli
     from verl_ext.core.errors import OptionsError
     from verl_ext.demo.run import check_choices
@@ -77,5 +77,7 @@ def test_demo_refuses_choices_it_has_not(capsys: pytest.CaptureFixture[str]) -> 
         check_choices("gateway", "qwen2.5-vl")
     with pytest.raises(OptionsError, match="model must be one of"):
         check_choices("tool", "llama")
-    assert cli(["demo", "--model", "qwen2.5-vl", "--loop", "gateway", "--out", "build/never"]) == 2
+    out = tmp_path / "never"
+    assert cli(["demo", "--model", "qwen2.5-vl", "--loop", "gateway", "--out", str(out)]) == 2
     assert "--loop tool only" in capsys.readouterr().err
+    assert not out.exists()  # refused before the output folder is made

@@ -14,9 +14,9 @@ def run_demo_command(args: argparse.Namespace) -> int:
     """``verl-ext demo``: run the CPU GRPO demo; exit code 1 when any step had an engine-view failure."""
     if args.steps < 1:
         raise OptionsError(f"--steps must be at least 1, got {args.steps}")
-    check_output_folder(args.out, "--out")  # before the model, the data and the trainer: a wrong path costs nothing
     loop, model = args.loop, args.model
-    check_choices(loop, model)
+    check_choices(loop, model)  # before the output folder is made: a refused choice leaves nothing behind
+    check_output_folder(args.out, "--out")  # before the model, the data and the trainer: a wrong path costs nothing
     harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
     trainer = f"{counted(args.steps, 'GRPO step')} of verl's {args.trainer} trainer on CPU"
     print(

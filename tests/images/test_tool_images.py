@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from verl_ext.runtime.images import MAX_TOOL_IMAGE_BYTES, UnusableImage, tool_image
+from verl_ext.runtime.images import MAX_IMAGE_BYTES, UnusableImage, tool_image
 
 
 def _png(width: int = 30, height: int = 20) -> bytes:
@@ -53,7 +53,7 @@ def test_what_is_no_image_is_refused_with_its_cause(value: object, cause: str) -
 
 def test_oversized_images_are_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(UnusableImage, match="over 20 MiB"):
-        tool_image(b"\0" * (MAX_TOOL_IMAGE_BYTES + 1))
+        tool_image(b"\0" * (MAX_IMAGE_BYTES + 1))
     monkeypatch.setattr(Image, "MAX_IMAGE_PIXELS", 100)  # Pillow's decompression-bomb limit, made small
     with pytest.raises(UnusableImage, match="too large to decode"):
         tool_image(_png(300, 300))

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import io
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -28,8 +27,8 @@ from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer, Message
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.errors import bad_request
+from verl_ext.runtime.images import MAX_IMAGE_BYTES, ImageTooLarge, UnusableImage, decode_image_bytes
 
-MAX_IMAGE_BYTES = 20 * 2**20  # OpenAI's and Anthropic's per-image limit for inline images
 # media type -> the Pillow format name its bytes must decode as
 SERVED_FORMATS = {
     "image/png": "PNG",
@@ -75,8 +74,6 @@ def image_from_url(url: Any, where: str) -> Any:
 def decode_image(media_type: Any, data: Any, where: str) -> Any:
     """The RGB Pillow image of base64 ``data`` declared as ``media_type`` (400 naming ``where`` when it is not
     one the gateway serves)."""
-    from PIL import Image, UnidentifiedImageError
-
     kind = str(media_type).strip().lower()
     if kind not in SERVED_FORMATS:
         raise bad_request(
@@ -94,14 +91,11 @@ def decode_image(media_type: Any, data: Any, where: str) -> Any:
     except (binascii.Error, ValueError) as exc:
         raise bad_request(where, f"{where}: the image data is not valid base64 ({exc})") from None
     try:
-        with Image.open(io.BytesIO(raw)) as opened:
-            found = opened.format
-            opened.load()
-            image = opened.convert("RGB")  # what the image processor converts to; the digest is of these pixels
-    except Image.DecompressionBombError as exc:
-        raise bad_request(where, f"{where}: the image is too large to decode ({exc}); send a smaller one") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise bad_request(where, f"{where}: the bytes cannot be decoded as an image ({exc})") from None
+        image, found = decode_image_bytes(raw)
+    except ImageTooLarge as exc:
+        raise bad_request(where, f"{where}: {exc}; send a smaller one") from None
+    except UnusableImage as exc:
+        raise bad_request(where, f"{where}: {exc}") from None
     if found != SERVED_FORMATS[kind]:
         raise bad_request(where, f"{where}: declared {kind} but the bytes are {found or 'of no known format'}")
     return image

@@ -39,25 +39,45 @@ from verl_ext.core.rendering import ChatRenderer
 _VISION: LruCache[tuple[int, str], tuple[Any, ImageTokens]] = LruCache("image profiles", 16)
 
 
-MAX_TOOL_IMAGE_BYTES = 20 * 2**20  # as the gateway's inline images (OpenAI's and Anthropic's per-image limit)
+MAX_IMAGE_BYTES = 20 * 2**20  # OpenAI's and Anthropic's per-image limit for inline images; tools' images too
 
 
 class UnusableImage(ValueError):
-    """A tool answered with an image the model's processor cannot read; the message says what it was and why."""
+    """An image the model's processor cannot read; the message says what it was and why."""
+
+
+class ImageTooLarge(UnusableImage):
+    """An image over Pillow's decompression-bomb limit."""
+
+
+def decode_image_bytes(raw: bytes | bytearray) -> tuple[Any, str | None]:
+    """The RGB Pillow image of an image file's bytes (decoded now, whole) and the format Pillow read. Raises
+    ``ImageTooLarge`` over Pillow's decompression-bomb limit, ``UnusableImage`` for bytes it cannot decode."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(io.BytesIO(raw)) as opened:
+            found = opened.format
+            opened.load()
+            return opened.convert("RGB"), found  # what the image processor converts to; the digest is of these
+    except Image.DecompressionBombError as exc:
+        raise ImageTooLarge(f"the image is too large to decode ({exc})") from None
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
+        raise UnusableImage(f"the bytes cannot be decoded as an image ({exc})") from None
 
 
 def tool_image(image: Any) -> Any:
     """A tool's image as the processor reads it: a Pillow image (decoded now, so a truncated file fails here, not
     in the processor), or PNG/JPEG/... bytes or a local file path decoded to one. Raises ``UnusableImage`` naming
     the problem for anything else: another type, a URL (nothing is fetched), bytes or a file Pillow cannot decode,
-    one over ``MAX_TOOL_IMAGE_BYTES`` or Pillow's decompression-bomb limit."""
-    from PIL import Image, UnidentifiedImageError
+    one over ``MAX_IMAGE_BYTES`` or Pillow's decompression-bomb limit."""
+    from PIL import Image
 
     if isinstance(image, Image.Image):
         try:
             image.load()
         except Image.DecompressionBombError as exc:
-            raise UnusableImage(f"the image is too large to decode ({exc})") from None
+            raise ImageTooLarge(f"the image is too large to decode ({exc})") from None
         except (OSError, ValueError, SyntaxError) as exc:
             raise UnusableImage(f"the image cannot be decoded ({exc})") from None
         return image
@@ -67,23 +87,16 @@ def tool_image(image: Any) -> Any:
         path = Path(image)
         if not path.is_file():
             raise UnusableImage(f"{str(image)[:120]!r} is not a file")
-        if path.stat().st_size > MAX_TOOL_IMAGE_BYTES:
-            raise UnusableImage(f"{path} is over {MAX_TOOL_IMAGE_BYTES // 2**20} MiB")
+        if path.stat().st_size > MAX_IMAGE_BYTES:
+            raise UnusableImage(f"{path} is over {MAX_IMAGE_BYTES // 2**20} MiB")
         image = path.read_bytes()
     if not isinstance(image, bytes | bytearray):
         raise UnusableImage(
             f"a {type(image).__name__} is not an image; return a PIL image, the image file's bytes or a local path"
         )
-    if len(image) > MAX_TOOL_IMAGE_BYTES:
-        raise UnusableImage(f"the image is over {MAX_TOOL_IMAGE_BYTES // 2**20} MiB")
-    try:
-        with Image.open(io.BytesIO(image)) as opened:
-            opened.load()
-            return opened.convert("RGB")
-    except Image.DecompressionBombError as exc:
-        raise UnusableImage(f"the image is too large to decode ({exc})") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise UnusableImage(f"the bytes cannot be decoded as an image ({exc})") from None
+    if len(image) > MAX_IMAGE_BYTES:
+        raise UnusableImage(f"the image is over {MAX_IMAGE_BYTES // 2**20} MiB")
+    return decode_image_bytes(image)[0]
 
 
 def blank_image(width: int, height: int) -> Any:

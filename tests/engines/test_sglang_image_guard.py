@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
+from verl_ext.core.images import placeholder_runs
 from verl_ext.engines.sglang_images import (
     BANNED,
     ImagePromptRebuildError,
     ban_placeholders,
     check_images_match_runs,
     compare_rebuild,
-    placeholder_runs,
     refusal,
 )
 from verl_ext.plugin.engine_turn import generate_turn

@@ -34,7 +34,7 @@ from typing import Any
 from verl_ext.check.findings import EngineFailure, FailureKind
 from verl_ext.check.inputs import TrainerSample
 from verl_ext.core.image_trajectory import ImageSpan, ImageTrajectory
-from verl_ext.core.images import IMAGE_PART_TYPES, image_digest, part_image
+from verl_ext.core.images import IMAGE_PART_TYPES, image_digest, part_image, placeholder_runs
 from verl_ext.core.rendering import ChatRenderer, Message, Rendered
 
 
@@ -77,21 +77,6 @@ class ImageEvidence:
                 for t in obj["trainer"]
             ),
         )
-
-
-def placeholder_runs(stream: Sequence[int], placeholder_id: int) -> list[tuple[int, int]]:
-    """(position, length) of each run of ``placeholder_id`` in ``stream``, in order."""
-    runs: list[tuple[int, int]] = []
-    k, n = 0, len(stream)
-    while k < n:
-        if stream[k] != placeholder_id:
-            k += 1
-            continue
-        start = k
-        while k < n and stream[k] == placeholder_id:
-            k += 1
-        runs.append((start, k - start))
-    return runs
 
 
 def check_image_view(evidence: ImageEvidence, sample: TrainerSample) -> tuple[EngineFailure, ...]:

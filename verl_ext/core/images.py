@@ -110,6 +110,21 @@ def images_in(messages: Sequence[Message]) -> list[Any]:
     return found
 
 
+def placeholder_runs(stream: Sequence[int], placeholder_id: int) -> list[tuple[int, int]]:
+    """(position, length) of each run of ``placeholder_id`` in ``stream``, in order."""
+    runs: list[tuple[int, int]] = []
+    k, n = 0, len(stream)
+    while k < n:
+        if stream[k] != placeholder_id:
+            k += 1
+            continue
+        start = k
+        while k < n and stream[k] == placeholder_id:
+            k += 1
+        runs.append((start, k - start))
+    return runs
+
+
 def has_images(messages: Sequence[Message]) -> bool:
     return bool(images_in(messages))
 

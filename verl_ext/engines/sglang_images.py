@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.core.errors import EngineRequestError
+from verl_ext.core.images import placeholder_runs
 
 BANNED = float("-inf")  # a logit bias that makes an id impossible (SGLang adds it to the logits before softmax)
 
@@ -68,19 +69,6 @@ def ban_placeholders(sampling_params: dict[str, Any], banned_ids: Sequence[int])
     bias = {str(k): float(v) for k, v in dict(sampling_params.get("logit_bias") or {}).items()}
     bias.update({str(int(i)): BANNED for i in banned_ids})
     sampling_params["logit_bias"] = bias
-
-
-def placeholder_runs(ids: Sequence[int], pad_id: int) -> list[tuple[int, int]]:
-    """(start, length) of each run of ``pad_id`` in ``ids``: one per image in an expanded prompt."""
-    runs: list[tuple[int, int]] = []
-    start = None
-    for i, token in enumerate([*ids, None]):
-        if token == pad_id and start is None:
-            start = i
-        elif token != pad_id and start is not None:
-            runs.append((start, i - start))
-            start = None
-    return runs
 
 
 def check_images_match_runs(ids: Sequence[int], images: Sequence[Any], pad_id: int | None) -> None:

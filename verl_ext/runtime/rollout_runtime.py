@@ -196,17 +196,17 @@ class RolloutRuntime:
         try:
             self.writer.write(rollout.record(result))
         except (OSError, TypeError, ValueError) as exc:
-            counters[WRITE_FAILURES] += 1
             cause = f"{type(exc).__name__}: {exc}"
-            if cause not in self.record_failures_logged:
-                self.record_failures_logged.add(cause)
-                log.error(
-                    "verl_ext: could not write a rollout record to %s (%s); training goes on, each failure is "
-                    "counted in tito/records/write_failures. Fix: make verl_ext.records.dir a folder every node "
-                    "can create and write, or set it to null",
-                    self.writer.path,
-                    cause,
-                )
+            self._count_failure(
+                counters,
+                WRITE_FAILURES,
+                cause,
+                "verl_ext: could not write a rollout record to %s (%s); training goes on, each failure is "
+                "counted in tito/records/write_failures. Fix: make verl_ext.records.dir a folder every node "
+                "can create and write, or set it to null",
+                self.writer.path,
+                cause,
+            )
             return False
         self.write_thumbnails(rollout, counters)
         return True
@@ -220,18 +220,24 @@ class RolloutRuntime:
         try:
             self.thumbnails.write(rollout.pixels)
         except Exception as exc:  # Pillow raises anything from OSError to DecompressionBombError: never a rollout's
-            counters[THUMBNAIL_FAILURES] += 1
-            cause = f"{type(exc).__name__}: {exc}"
-            kind = "thumbnail " + _failure_kind(exc)  # logged once per kind, not once per image (names differ)
-            if kind not in self.record_failures_logged:
-                self.record_failures_logged.add(kind)
-                log.error(
-                    "verl_ext: could not write an image thumbnail to %s (%s); the record was written, the report "
-                    "shows the thumbnail as missing, each failure is counted in tito/records/thumbnail_failures. "
-                    "Fix: make the folder writable, or set verl_ext.records.thumbnails=false",
-                    self.thumbnails.folder,
-                    cause,
-                )
+            self._count_failure(
+                counters,
+                THUMBNAIL_FAILURES,
+                "thumbnail " + _failure_kind(exc),  # logged once per kind, not once per image (names differ)
+                "verl_ext: could not write an image thumbnail to %s (%s); the record was written, the report "
+                "shows the thumbnail as missing, each failure is counted in tito/records/thumbnail_failures. "
+                "Fix: make the folder writable, or set verl_ext.records.thumbnails=false",
+                self.thumbnails.folder,
+                f"{type(exc).__name__}: {exc}",
+            )
+
+    def _count_failure(self, counters: Counter[str], counter: str, kind: str, message: str, *args: Any) -> None:
+        """Count a failure in ``counter``; log ``message`` at ERROR the first time this process meets its ``kind``
+        (a read-only folder fails every rollout: repeats only count)."""
+        counters[counter] += 1
+        if kind not in self.record_failures_logged:
+            self.record_failures_logged.add(kind)
+            log.error(message, *args)
 
 
 def _failure_kind(exc: Exception) -> str:

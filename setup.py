@@ -33,7 +33,9 @@ setup(
             "pytest-xdist>=3.5",  # `make test` runs two workers; Ray modules share one (tests/conftest.py)
             "hypothesis>=6",
             "ruff",
-            "openai",
+            # openai-agents 0.4.2 builds usage objects that openai 2.54.0 refuses (InputTokensDetails needs
+            # cache_write_tokens): pinned to the version SGLang 0.5.12 pins, which both accept.
+            "openai==2.6.1",
             "openai-agents==0.4.2",
             "anthropic==2.14.0",  # the gateway's Messages endpoint, tested with the official SDK
         ],

@@ -60,9 +60,10 @@ def test_agents_sdk_agent_keeps_the_engine_ids_without_forking(
     outputs = [i.raw_item for i in result.new_items if type(i).__name__ == "ToolCallOutputItem"]
     assert [o["output"] for o in outputs] == ["42"]  # the SDK ran the calculator on the parsed call
 
+    branches = gateway.sessions["agent"].branches  # the gateway releases a session once it has ended
     (summary,) = gateway.end("agent")
     assert summary.result.ok and summary.result.engine_ok, summary.result
-    assert gateway.counters["forks"] == 0 and len(gateway.sessions["agent"].branches) == 1
+    assert gateway.counters["forks"] == 0 and len(branches) == 1
     _, (record,) = read_records(sorted((tmp_path / "records").glob("*.jsonl")))
     assert record.check.ok and record.check.engine_ok and record.check.num_turns == 2
     assert "fork" not in record.extra["gateway"]

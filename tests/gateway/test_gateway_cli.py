@@ -51,7 +51,7 @@ def test_gateway_command_serves_sessions_and_records_them_on_shutdown(tiny_qwen3
         if process.poll() is None:
             process.kill()
     assert process.returncode == 0, rest
-    assert "2 sessions, 2 branches recorded" in rest and "engine-view failures 0" in rest, rest
+    assert "2 sessions served, 2 branches recorded" in rest and "engine-view failures 0" in rest, rest
     _, rollouts = read_records(sorted(records.glob("*.jsonl")))
     assert sorted(r.extra["gateway"]["session"] for r in rollouts) == ["first", "second"]
     assert [r.extra["gateway"]["ended"] for r in rollouts] == ["ended by the client", "the gateway shut down"]

@@ -72,13 +72,12 @@ def test_a_tool_call_and_its_output_continue_one_branch(serve: Any, gateway_part
     third = create(items)
     assert third.model_extra["verl_ext"]["fork"] is None
 
+    session = gateway.sessions["r"]  # the gateway releases a session once it has ended
     (summary, *_) = gateway.end("r")
     assert summary.result.ok and summary.result.engine_ok and summary.result.num_turns == 3, summary.result
-    assert len(gateway.sessions["r"].branches) == 1
+    assert len(session.branches) == 1
     tokenizer = gateway_parts["tokenizer"]
-    assert list(gateway.sessions["r"].branches[0].calls[0].output_ids) == tokenizer.encode(
-        CALL % "6*7", add_special_tokens=False
-    )
+    assert list(session.branches[0].calls[0].output_ids) == tokenizer.encode(CALL % "6*7", add_special_tokens=False)
 
 
 def test_a_cut_turn_is_incomplete(serve: Any) -> None:

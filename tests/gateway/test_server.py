@@ -162,10 +162,10 @@ def test_64_concurrent_sessions_are_isolated(serve: Any, tmp_path: Path) -> None
 
     asyncio.run(all_sessions())
     for k in range(64):
+        session = gateway.sessions[f"s{k}"]  # the gateway releases a session once it has ended
         summary = end(server, f"s{k}")
         (branch,) = summary["branches"]
         assert branch["engine_ok"] and branch["fork"] is None, branch
-        session = gateway.sessions[f"s{k}"]
         text = gateway.renderer.decode(session.branches[0].trajectory.input_ids)
         assert f"session {k}<" in text and f"result {k}\n" in text  # the user message, the tool result
         others = [j for j in range(64) if j != k and (f"session {j}<" in text or f"result {j}\n" in text)]

@@ -89,6 +89,17 @@ def serve_vl(vl_parts: dict[str, Any], tmp_path: Path) -> Any:
             markers=vl_parts["markers"],
             vision=vl_parts["vision"],
         )
+        # The gateway keeps no result of an ended session (the caller of ``end`` takes them): the tests read them
+        # from what /end concluded, in the order the sessions ended.
+        gateway.taken = []
+        end_session = gateway.end
+
+        def end_and_keep(*args: Any, **kwargs: Any) -> Any:
+            results = end_session(*args, **kwargs)
+            gateway.taken += results
+            return results
+
+        gateway.end = end_and_keep
         server = ServerThread(create_app(gateway, "tiny-vl")).start()
         servers.append(server)
         return gateway, server
@@ -118,7 +129,7 @@ def _records(gateway: Any, session: str) -> list[dict[str, Any]]:
 def _assert_images_served(gateway: Any, session: str, images: list[Any]) -> None:
     """One branch, checked clean, whose stream holds each image expanded to its grid's count, in order, and whose
     record holds their digests."""
-    (result,) = [r for r in gateway.results if r.session == session and r.branch == 0]
+    (result,) = [r for r in gateway.taken if r.session == session and r.branch == 0]
     assert result.result.engine_ok, result.result.engine.failures
     spans = result.rollout.extra["images"]["engine"]
     assert [s["digest"] for s in spans] == [image_digest(i) for i in images]
@@ -241,7 +252,7 @@ def test_an_engine_call_handed_its_images_swapped_is_caught(serve_vl: Any, monke
     messages = [user, reply.choices[0].message.model_dump(exclude_none=True), tool]
     sdk.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=48)
     end(server, "s")
-    (result,) = [r for r in gateway.results if r.session == "s"]
+    (result,) = [r for r in gateway.taken if r.session == "s"]
     assert [(f.kind.value, f.turn) for f in result.result.engine_failures] == [("image_engine_mismatch", 1)]
 
 

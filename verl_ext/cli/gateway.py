@@ -129,12 +129,15 @@ def shutdown_summary(gateway: Gateway) -> str:
     """The line printed on shutdown, once every session has ended: sessions, branches recorded, forks, requests
     refused for the model's context (``context_length_exceeded``), and the engine-view failures among every branch
     checked, the sessions the harness ended itself included."""
-    failures = sum(1 for r in gateway.results if not r.result.engine_ok)
+    c = gateway.counters
     where = f" to {gateway.writer.path}" if gateway.writer else " (no --records: nothing written)"
+    unserved = c["sessions"] - c["sessions_served"]
     return (
-        f"verl-ext gateway: {len(gateway.sessions)} sessions, {len(gateway.results)} branches recorded{where}; "
-        f"forks {gateway.counters['forks']}, context refusals {gateway.counters['context_length_exceeded']}, "
-        f"engine-view failures {failures}"
+        f"verl-ext gateway: {c['sessions_served']} sessions served"
+        + (f" ({unserved} more opened without an engine call)" if unserved else "")
+        + f", {c['branches_recorded']} branches recorded{where}; "
+        f"forks {c['forks']}, context refusals {c['context_length_exceeded']}, "
+        f"expired idle {c['sessions_expired']}, engine-view failures {c['engine_view_failures']}"
     )
 
 

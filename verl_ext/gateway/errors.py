@@ -35,14 +35,18 @@ def bad_request(param: str | None, message: str, code: str = "invalid_value") ->
     return GatewayError(400, message, type="invalid_request_error", param=param, code=code)
 
 
-def unknown_session(session_id: str) -> GatewayError:
-    """404: no session of this id was opened."""
-    return GatewayError(
-        404,
-        f"unknown session {session_id!r}: open it first (the gateway opens sessions explicitly here)",
-        type="not_found_error",
-        code="session_not_found",
-    )
+def unknown_session(session_id: str, ended_kept: int | None = None) -> GatewayError:
+    """404: no session of this id is open, nor among the ended ones remembered. ``ended_kept``: how many ended ids
+    the gateway remembers (said where the request was to end a session: it may have ended long before); None: a
+    request to a gateway that opens sessions explicitly."""
+    if ended_kept is None:
+        why = "open it first (the gateway opens sessions explicitly here)"
+    else:
+        why = (
+            "no session of this id was opened, or it ended before the last "
+            f"{ended_kept:,} ended sessions the gateway remembers; nothing was ended"
+        )
+    return GatewayError(404, f"unknown session {session_id!r}: {why}", type="not_found_error", code="session_not_found")
 
 
 def session_finished(session_id: str, why: str) -> GatewayError:

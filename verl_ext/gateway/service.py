@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.check.checker import ConsistencyChecker
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
 from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.images import ImageTokens
@@ -53,14 +55,27 @@ class Completion:
     malformed_calls: int = 0  # tool-call blocks the parser could not read (left out of content and tool_calls)
 
 
+# How many ended session ids a gateway remembers, to answer a late call on one with a 409 rather than a new session:
+# an id and its reason are about 200 bytes, so 100,000 of them hold about 20 MB, while a training run's worker serves
+# far fewer sessions between two restarts of the trainer than that.
+ENDED_IDS = 100_000
+# How long a session may go without a request before it is ended, recorded and counted (``sessions_expired``): longer
+# than a weight update and a slow tool call, so that a session is only ended this way when its harness left it.
+IDLE_TIMEOUT_S = 3600.0
+
+
 @dataclass
 class GatewayConfig:
     """Limits and policy of a gateway: the token budget per branch (verl's response_length), the branch cap per
-    session, and whether any new session id opens a session (else ``open`` must be called first: 404)."""
+    session, whether any new session id opens a session (else ``open`` must be called first: 404), how many ended
+    session ids are remembered for a 409 (``ended_ids``), and the idle time after which a session is ended
+    (``idle_timeout_s``; None: never)."""
 
     response_length: int = 1024
     max_branches: int = 8
     open_on_demand: bool = True
+    ended_ids: int = ENDED_IDS
+    idle_timeout_s: float | None = IDLE_TIMEOUT_S
     counters: Counter[str] = field(default_factory=Counter)
 
 
@@ -79,16 +94,20 @@ class Gateway:
         no_images: str = "the served model takes no images (a text-only model)",
     ) -> None:
         self.engine = engine
+        self.config = config or GatewayConfig()
         self.vision = vision  # the probed image side of the model's processor (None: images are refused)
         self.no_images = no_images  # why images are refused, when they are
         self.runtime = runtime  # the rollout runtime every loop uses: template, check, records (verl_ext.runtime)
         self.reader = reader  # a ToolCallReader (verl_ext.gateway.parsing)
         if getattr(reader, "call_reader", False) is None:  # the template's own reader, where verl's reads no call
             reader.call_reader = runtime.call_reader
-        self.config = config or GatewayConfig()
         self.markers = markers
+        # Open sessions only: an ended session's state goes once its branches are recorded and its results handed to
+        # whoever ended it (the in-training loop builds verl's output from them), so a gateway that lives as long as a
+        # training job holds what is open, never what it served. What remains of an ended session is its id and why.
         self.sessions: dict[str, Session] = {}
-        self.results: list[BranchResult] = []
+        self.ended: LruCache[str, str] = LruCache("ended gateway sessions", self.config.ended_ids)
+        self._active: OrderedDict[str, float] = OrderedDict()  # open session ids, least recently active first
 
     @property
     def renderer(self) -> ChatRenderer:
@@ -112,32 +131,63 @@ class Gateway:
 
     @property
     def counters(self) -> Counter[str]:
-        """What the gateway counted: ``forks``, ``sessions``, ``turns``, ``calls_past_budget``,
+        """What the gateway counted: ``forks``, ``sessions`` (opened), ``sessions_served`` (ended with a branch: a
+        session that reached the engine), ``sessions_expired`` (ended for being idle), ``branches_recorded``,
+        ``engine_view_failures`` (branches whose engine view failed), ``turns``, ``calls_past_budget``,
         ``malformed_calls``, ``derived_reads`` (turns read by the reader derived from the template),
         ``invalid_engine_output``, ``context_length_exceeded``, ``records/write_failures``."""
         return self.config.counters
 
     def open(self, session_id: str) -> Session:
         """Open a session (a no-op for one already open); 409 for one that has ended."""
+        self.expire_idle()
         session = self.sessions.get(session_id)
         if session is None:
+            why = self.ended.get(session_id)
+            if why is not None:
+                raise session_finished(session_id, why)
             session = Session(session_id, self._new_trajectory, max_branches=self.config.max_branches)
             self.sessions[session_id] = session
             self.counters["sessions"] += 1
         elif session.ended:
             raise session_finished(session_id, session.ended)
+        self._touch(session_id)
         return session
 
     def session(self, session_id: str) -> Session:
         """The open session of this id (opened now where any new id opens one); 404 unknown, 409 ended."""
         session = self.sessions.get(session_id)
         if session is None:
-            if not self.config.open_on_demand:
+            if not self.config.open_on_demand and session_id not in self.ended:
                 raise unknown_session(session_id)
             return self.open(session_id)
         if session.ended:
             raise session_finished(session_id, session.ended)
+        self._touch(session_id)
         return session
+
+    def expire_idle(self, now: float | None = None) -> int:
+        """End every session idle for longer than ``idle_timeout_s`` (a turn in flight is not idle): each is checked,
+        recorded and counted (``sessions_expired``) as any ended session; its results are not kept, nobody asked for
+        them. Returns how many ended. Called on each open; cost: the expired sessions, not the open ones."""
+        timeout = self.config.idle_timeout_s
+        if timeout is None:
+            return 0
+        now = time.monotonic() if now is None else now
+        expired = []
+        for session_id, last in self._active.items():  # least recently active first: stop at the first recent one
+            if now - last <= timeout:
+                break
+            if not self.sessions[session_id].lock.locked():
+                expired.append(session_id)
+        for session_id in expired:
+            self.end(session_id, f"idle for more than {timeout:g} s: ended by the gateway")
+            self.counters["sessions_expired"] += 1
+        return len(expired)
+
+    def _touch(self, session_id: str) -> None:
+        self._active[session_id] = time.monotonic()
+        self._active.move_to_end(session_id)
 
     async def complete(self, session_id: str, request: ChatRequest) -> Completion:
         """Serve one request: match its history, continue or fork a branch, generate and parse the next turn."""
@@ -319,12 +369,15 @@ class Gateway:
         why: str = "ended by the client",
         training: Mapping[int, BranchTraining] | None = None,
     ) -> list[BranchResult]:
-        """End a session: check every branch and write its record. Ending an ended session returns nothing new.
-        ``training``: branch number -> what a trainer trains of it (``plan_training``; the agent loop's), recorded
-        with each branch and applied to its result's ``trained_mask``."""
+        """End a session: check every branch and write its record, then release the session (its id is kept, to
+        answer a late call with a 409). The results are the caller's: the gateway keeps none. Ending an ended
+        session returns nothing new. ``training``: branch number -> what a trainer trains of it (``plan_training``;
+        the agent loop's), recorded with each branch and applied to its result's ``trained_mask``."""
         session = self.sessions.get(session_id)
         if session is None:
-            raise unknown_session(session_id)
+            if session_id in self.ended:
+                return []
+            raise unknown_session(session_id, ended_kept=self.config.ended_ids)
         if session.concluded:
             return []
         session.ended = session.ended or why
@@ -340,6 +393,9 @@ class Gateway:
 
     def _conclude(self, session: Session, training: Mapping[int, BranchTraining] | None = None) -> list[BranchResult]:
         session.concluded = True
+        self.sessions.pop(session.id, None)
+        self._active.pop(session.id, None)
+        self.ended[session.id] = session.ended or "ended"
         out = []
         for branch in session.branches:
             result = conclude_branch(
@@ -353,7 +409,9 @@ class Gateway:
             )
             if result is not None:
                 out.append(result)
-        self.results += out
+        self.counters["sessions_served"] += int(bool(out))
+        self.counters["branches_recorded"] += len(out)
+        self.counters["engine_view_failures"] += sum(1 for r in out if not r.result.engine_ok)
         return out
 
     def _new_trajectory(self) -> TokenTrajectory:

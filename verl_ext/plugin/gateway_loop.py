@@ -255,12 +255,10 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             result, failure = await run_harness(self.harness, base_url, session_id, kwargs)
             # v0 passes no step: it is the weight version that served the session + 1, as for the built-in loop
             worker.records.rows[session_id]["step"] = training_step(kwargs, worker.engine.served_version(session_id))
-            session = worker.gateway.sessions[session_id]
-            async with session.lock:
-                untrainable = self._untrainable(session.branches, failure)
-                plan = plan_training(session.branches, self.harness.branches, untrainable)
-                results = worker.gateway.end(session_id, failure or "the harness finished", training=plan)
+            results, failure = await self._end_session(worker.gateway, session_id, failure)
         finally:
+            if session_id in worker.gateway.sessions:  # the rollout was cancelled: what was served is still recorded
+                worker.gateway.end(session_id, "the rollout was cancelled before the harness finished")
             del worker.records.rows[session_id]
             del worker.engine.session_params[session_id]
         counters = _session_counters(results, worker.engine)
@@ -300,6 +298,17 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             self.rt.enforcer.enforce(r.result, training_step(kwargs, engine_fields.get("global_steps")))
             outputs.append(self._output(r, result, engine_fields))
         return outputs if every_branch else outputs[0]
+
+    async def _end_session(self, gateway: Any, session_id: str, failure: str | None) -> tuple[list[Any], str | None]:
+        """End the row's session with what its training plan trains: its results, and the failure to report (the
+        gateway may have ended it while the harness ran, for being idle past its timeout: recorded there)."""
+        session = gateway.sessions.get(session_id)
+        if session is None:
+            return [], failure or f"the session ended before the harness did: {gateway.ended.get(session_id)}"
+        async with session.lock:
+            untrainable = self._untrainable(session.branches, failure)
+            plan = plan_training(session.branches, self.harness.branches, untrainable)
+            return gateway.end(session_id, failure or "the harness finished", training=plan), failure
 
     def _untrainable(self, branches: Sequence[Any], failure: str | None) -> dict[int, str]:
         """Branch number -> why no sample of it can be trained: the harness failed (every branch), or its first

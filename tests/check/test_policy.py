@@ -151,3 +151,12 @@ def test_result_is_json_serialisable(defective):
     result = ConsistencyChecker(r).check(calls, sample, messages, TOOLS)
     data = json.loads(json.dumps(RecordedCheck.of(result).to_json()))
     assert data["findings"][0]["cause"] == "close_missing" and data["ok"] is False
+
+
+def test_a_misspelt_cause_is_refused_with_the_closest_name() -> None:
+    with pytest.raises(ValueError) as typo:
+        CheckPolicy.from_mapping({"allowed_causes": ["bpe_remerge", "bpe_remerg"]})
+    assert "allowed_causes[1]" in str(typo.value) and "did you mean 'bpe_remerge'?" in str(typo.value), typo.value
+    with pytest.raises(ValueError) as far:  # nothing close: no guess
+        CheckPolicy.from_mapping({"allowed_causes": ["zzzz"]})
+    assert "did you mean" not in str(far.value), far.value

@@ -209,7 +209,8 @@ def test_errors_are_anthropic_shaped(serve: Any) -> None:
         assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
         assert words in body["error"]["message"], (words, body)
     missing = httpx.post(f"{server.url}/sessions/s/v1/messages", json={"messages": [{"role": "user", "content": "x"}]})
-    assert missing.status_code == 400 and "'max_tokens' must be an integer" in missing.json()["error"]["message"]
+    assert missing.status_code == 400 and "'max_tokens' is required" in missing.json()["error"]["message"]
+    assert "None" not in missing.json()["error"]["message"]
     raw = httpx.post(f"{server.url}/sessions/s/v1/messages", content=b'{"messages": "\xff"}')
     assert raw.status_code == 400 and raw.json()["error"]["type"] == "invalid_request_error"
     assert raw.json()["verl_ext"]["code"] == "invalid_json"

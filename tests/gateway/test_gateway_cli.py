@@ -161,3 +161,16 @@ def test_a_chat_template_file_that_is_no_chat_template_is_refused_naming_it(
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and words in err and str(file) in err, err
     assert f"verl-ext check-template {tiny_qwen3_dir} --chat-template {phi}`" in err  # the audit of that file
+
+
+@pytest.mark.parametrize("flag", ["--response-length", "--max-branches"])
+def test_a_budget_below_one_names_its_own_flag(flag: str, tiny_qwen3_dir: Path) -> None:
+    """Refused in-process before the socket or the model (the subprocess path is the test above's)."""
+    from verl_ext.cli.gateway import build_gateway
+    from verl_ext.cli.main import build_parser
+    from verl_ext.core.errors import OptionsError
+
+    args = build_parser().parse_args(["gateway", "--model", str(tiny_qwen3_dir), flag, "0"])
+    with pytest.raises(OptionsError) as refused:
+        build_gateway(args)
+    assert str(refused.value) == f"{flag} must be at least 1, got 0"

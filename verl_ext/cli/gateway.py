@@ -91,8 +91,9 @@ def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
     from verl_ext.gateway.local import check_tokenizer_matches, local_gateway
     from verl_ext.gateway.service import GatewayConfig
 
-    if args.response_length < 1 or args.max_branches < 1:
-        raise OptionsError("--response-length and --max-branches must be at least 1")
+    for flag, value in (("--response-length", args.response_length), ("--max-branches", args.max_branches)):
+        if value < 1:
+            raise OptionsError(f"{flag} must be at least 1, got {value}")
     sock = _listening_socket(args.host, args.port)
     try:
         if args.records:

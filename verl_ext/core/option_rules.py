@@ -25,7 +25,10 @@ def choice(key: str, enum: type[E], value: Any) -> E:
     try:
         return enum(value)
     except (ValueError, TypeError):  # TypeError: an unhashable value, e.g. a list from `mode: [warn]`
-        raise OptionsError(f"{key} must be one of {[e.value for e in enum]}, got {value!r}") from None
+        names = [str(e.value) for e in enum]
+        close = difflib.get_close_matches(value, names, n=1) if isinstance(value, str) else []
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise OptionsError(f"{key} must be one of {names}, got {value!r}{hint}") from None
 
 
 def reject_unknown(where: str, section: Mapping[str, Any], known: set[str]) -> None:

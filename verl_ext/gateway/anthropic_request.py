@@ -42,6 +42,8 @@ def parse_messages_request(body: Any) -> ChatRequest:
         if body.get(key) is not None:
             raise bad_request(key, why, "unsupported")
     _check_thinking(body.get("thinking"))
+    if "max_tokens" not in body:  # required by Anthropic's API: the SDK's own error says so too
+        raise bad_request("max_tokens", "'max_tokens' is required (the Messages API has no default): send e.g. 1024")
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < 2**31:
         raise bad_request("max_tokens", f"'max_tokens' must be an integer from 1 to 2**31-1, got {max_tokens!r}")

@@ -103,6 +103,14 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
         "tools[0].function.parameters.properties",
     ),
     ("chat", {"tool_choice": "required"}, "tool_choice"),
+    # fields that change what is generated are honoured or refused, never ignored (the Responses route's rule)
+    ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
+    ("chat", {"min_p": 0.1}, "min_p"),
+    ("chat", {"web_search_options": {}}, "web_search_options"),
+    ("chat", {"verbosity": "low"}, "verbosity"),
+    ("chat", {"temperture": 0.5}, "temperture"),  # a misspelt field: refused, naming the closest one
+    ("chat", {"logit_bias": {}}, None),  # no bias at all: nothing to refuse
+    ("chat", {"metadata": {"k": "v"}, "store": False, "user": "u", "service_tier": "auto"}, None),
     ("chat", {"n": 2}, "n"),
     ("chat", {"stream": "yes"}, "stream"),
     ("chat", {"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage"),

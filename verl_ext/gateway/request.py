@@ -11,6 +11,7 @@ with the reason.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,7 +29,8 @@ _ROLE_ALIASES = {"developer": "system"}
 _REFUSED_IF_SET = {
     "logprobs": (False, None),
     "top_logprobs": (None, 0),
-    "logit_bias": (None,),
+    "logit_bias": (None, {}),
+    "min_p": (None, 0, 0.0),
     "frequency_penalty": (None, 0, 0.0),
     "presence_penalty": (None, 0, 0.0),
 }
@@ -38,6 +40,28 @@ _REFUSED_OUTPUTS = {
     "audio": (None,),
     "prediction": (None,),
 }
+# Fields that change what is generated in a way the engine or the template does not serve, and why.
+_REFUSED_FIELDS = {
+    "reasoning_effort": "whether and how long the policy reasons is its chat template's choice (the gateway's "
+    "--template-kwargs, e.g. enable_thinking); leave it out",
+    "verbosity": "the policy writes as it samples, at no verbosity level; leave it out",
+    "web_search_options": "the gateway runs no hosted tools (declare a function tool and run the search yourself); "
+    "leave it out",
+}
+# Every field the chat-completions API (and the top_k / repetition_penalty / min_p extensions engines take) defines:
+# those not read above or below change nothing the engine generates (metadata, store, user, service_tier,
+# safety_identifier, prompt_cache_key); any other key is refused, so that a misspelt option is never ignored.
+KNOWN_FIELDS = frozenset(
+    {
+        *("messages", "model", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"),
+        *("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n"),
+        *("stream", "stream_options", "response_format", "repetition_penalty"),
+        *_REFUSED_IF_SET,
+        *_REFUSED_OUTPUTS,
+        *_REFUSED_FIELDS,
+        *("metadata", "store", "user", "service_tier", "safety_identifier", "prompt_cache_key"),
+    }
+)
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as the API's seed is (torch's generator takes it)
 
 
@@ -231,6 +255,19 @@ def top_k(body: Mapping[str, Any]) -> int | None:
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    unknown = sorted(str(k) for k in body if k not in KNOWN_FIELDS)
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], sorted(KNOWN_FIELDS), n=1)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        raise bad_request(
+            unknown[0],
+            f"'{unknown[0]}' is not a chat-completions field the gateway knows, so it would change nothing{hint} "
+            "(leave it out)",
+            "unknown_parameter",
+        )
+    for key, why in _REFUSED_FIELDS.items():
+        if body.get(key) is not None:
+            raise bad_request(key, f"'{key}' is not served: {why}", "unsupported")
     n = body.get("n")
     if n is not None and n != 1:
         raise bad_request("n", f"'n' must be 1 (one choice per request; a session is one rollout), got {n!r}")

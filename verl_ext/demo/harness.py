@@ -74,6 +74,9 @@ async def run(base_url: str, api_key: str, row: Mapping[str, Any]) -> dict[str, 
                     for c in tool_calls
                 ]
             messages.append(assistant)
+            # a turn cut at the token budget ("length") is an ordinary end of the rollout in RL, not an error: this
+            # harness calls create() (the SDK's stream()/parse() helpers raise LengthFinishReasonError on such a turn
+            # with strict tools; docs/gateway.md, "Turns cut at the budget")
             if choice.finish_reason != "tool_calls":
                 return {"answer": message.content, "turns": turn, "tool_calls": calls, "finish": choice.finish_reason}
             for c in tool_calls:

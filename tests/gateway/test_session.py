@@ -239,3 +239,21 @@ def test_invalid_engine_output_ends_the_branch_and_the_check_names_it(make_gatew
     assert again.finish_reason == "length" and again.token_ids == ()  # the branch takes no further turn
     (result,) = gateway.end("s")
     assert not result.result.engine_ok  # the check names the invalid output: nothing of it is trained unseen
+
+
+def test_the_retry_a_late_refusal_asks_for_continues_the_branch(make_gateway: Any, gateway_parts: Any) -> None:
+    """A request refused after its branch was prepared (a max_tokens past the room left) leaves nothing of its new
+    message in the session: the retry the 400 tells the client to make, the same messages with a budget that fits,
+    continues branch 0 rather than forking one."""
+    context = gateway_parts["engine"].max_context
+    gateway = make_gateway([THINK_ANSWER % (1, 1), THINK_ANSWER % (2, 2)])
+    messages, done = first_turn(gateway)
+    messages += [{"role": "assistant", "content": done.message["content"]}, {"role": "user", "content": "again"}]
+    with pytest.raises(GatewayError) as refused:
+        ask(gateway, "s", messages, max_tokens=context)
+    assert refused.value.status == 400 and refused.value.code == "context_length_exceeded", refused.value
+    retry = ask(gateway, "s", messages)
+    assert retry.fork is None and retry.branch == 0
+    assert len(gateway.sessions["s"].branches) == 1 and gateway.counters["forks"] == 0
+    (result,) = gateway.end("s")
+    assert result.result.engine_ok and result.result.num_turns == 2, result.result

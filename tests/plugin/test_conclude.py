@@ -54,3 +54,28 @@ def test_a_record_that_cannot_be_written_is_counted_and_the_rollout_goes_on(rend
     counters: Counter[str] = Counter()
     result = rt.conclude(Rollout.of(ro.calls, ro.sample(), ro.messages, TOOLS, step=1), counters)
     assert result.ok and counters["records/write_failures"] == 1
+
+
+def test_write_record_says_whether_the_record_was_written(renderer_for, tmp_path):
+    """``write_record``'s contract: True only for a record on disk; False with no writer and for a failed write
+    (counted), so that no caller can report a failed write as written."""
+    from rollouts import IM_END, Turn, run
+
+    from verl_ext.telemetry.records import RecordWriter, header_record, read_records
+
+    r = renderer_for("qwen3")
+    p = probe_template(r)
+    policy = CheckPolicy()
+    ro = run(r, [Turn([*r.encode("<think>\n\n</think>\n\nHi."), IM_END], {"role": "assistant", "content": "Hi."})])
+    rollout = Rollout.of(ro.calls, ro.sample(), ro.messages, TOOLS, step=1)
+    checker = ConsistencyChecker(r, p, policy)
+    result = checker.check_rollout(rollout)
+    counters: Counter[str] = Counter()
+    good = RecordWriter(tmp_path / "good", header_record(p))
+    assert RolloutRuntime(r, p, checker, Enforcer(policy), good).write_record(rollout, result, counters) is True
+    assert len(read_records([good.path])[1]) == 1
+    assert RolloutRuntime(r, p, checker, Enforcer(policy), None).write_record(rollout, result, counters) is False
+    broken = RecordWriter(tmp_path / "broken", header_record(p))
+    broken.path.mkdir(parents=True)  # the record file's name is taken by a folder
+    assert RolloutRuntime(r, p, checker, Enforcer(policy), broken).write_record(rollout, result, counters) is False
+    assert counters["records/write_failures"] == 1

@@ -52,6 +52,15 @@ def case_renderer(
     return get
 
 
+# Each case's verdict, pinned: a template that turns unsupported (or ok) is a change to see, never a skip that passes.
+VERDICTS: dict[str, Verdict] = {
+    **{case: Verdict.REPAIRABLE for case in CASES},
+    "templates/google-gemma-2-2b-it": Verdict.UNSUPPORTED,  # here without Gemma's plain whitespace tokens
+    "templates/microsoft-Phi-3.5-mini-instruct": Verdict.UNSUPPORTED,
+    "templates/phi-4_ollama-gguf": Verdict.UNSUPPORTED,
+}
+
+
 def appendable(profile: TemplateProfile) -> list[str]:
     return [b.next_role for b in profile.boundaries if b.next_role != END]
 
@@ -60,7 +69,7 @@ def appendable(profile: TemplateProfile) -> list[str]:
 def test_probe_derives_a_consistent_profile(case_renderer, case):
     r = case_renderer(case)
     p = probe_template(r)
-    assert p.verdict in set(Verdict)
+    assert p.verdict is VERDICTS[case], (case, p.verdict, [r.text for r in p.reasons])
     assert (p.verdict is Verdict.OK) == (not any(reason.severity.value != "note" for reason in p.reasons))
     for b in p.boundaries:
         assert set(b.close_ids) <= r.control_ids, (b.next_role, r.decode(b.close_ids))

@@ -33,10 +33,10 @@ def test_the_stream_helper_raises_on_a_cut_turn_and_the_documented_pattern_reads
         client = openai.OpenAI(base_url=f"{server.url}/sessions/s/v1", api_key="k", max_retries=0)
         messages = [{"role": "user", "content": "Count."}]
         tools = [openai.pydantic_function_tool(Calculate)]
-        with pytest.raises(openai.LengthFinishReasonError) as cut:  # what a new user met
-            with client.chat.completions.stream(model="policy", messages=messages, tools=tools, max_tokens=4) as s:
-                for _ in s:
-                    pass
+        stream = client.chat.completions.stream(model="policy", messages=messages, tools=tools, max_tokens=4)
+        with pytest.raises(openai.LengthFinishReasonError) as cut, stream as s:  # what a new user met
+            for _ in s:
+                pass
         # the pattern the docs give: the partial turn is on the error
         (choice,) = cut.value.completion.choices
         assert choice.finish_reason == "length" and choice.message.content == "One two three four"

@@ -93,6 +93,7 @@ def branch_rollout(
         prompt_messages=len(branch.first_messages),
         response_length=response_length,
         chat_template_kwargs=chat_template_kwargs,
+        template_clock=t.clock,  # the time the branch's template read: the check and replay render with it
         kinds=[k.value for k in t.kinds[: len(sample.stream)]],
         repairs=Counter(e.kind.value for e in t.edits),
         repair_log=t.repair_log(),

@@ -174,3 +174,23 @@ def test_a_budget_below_one_names_its_own_flag(flag: str, tiny_qwen3_dir: Path) 
     with pytest.raises(OptionsError) as refused:
         build_gateway(args)
     assert str(refused.value) == f"{flag} must be at least 1, got 0"
+
+
+def test_a_model_folder_without_weights_is_refused_naming_what_is_missing(
+    tokenizer_dirs: dict[str, Path], tmp_path: Path
+) -> None:
+    """A tokenizer folder given as --model: one line naming the missing weight files and the fix (in-process;
+    the subprocess path of each refusal is the test above's)."""
+    import shutil
+
+    from verl_ext.cli.gateway import build_gateway
+    from verl_ext.cli.main import build_parser
+    from verl_ext.core.errors import OptionsError
+
+    folder = shutil.copytree(tokenizer_dirs["qwen3"], tmp_path / "no-weights")
+    (folder / "config.json").write_text('{"model_type": "qwen3"}')
+    args = build_parser().parse_args(["gateway", "--model", str(folder)])
+    with pytest.raises(OptionsError) as refused:
+        build_gateway(args)
+    assert "the folder holds no model weights (none of model.safetensors" in str(refused.value), refused.value
+    assert "--sglang-url" in str(refused.value)

@@ -107,6 +107,8 @@ def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
                 )
         renderer = renderer_from_args(args.tokenizer or args.model, args)
         check_tokenizer_matches(args.model, renderer, args.tokenizer)
+        if not args.sglang_url:  # the CPU engine loads the weights from the folder
+            _refuse_a_folder_without_weights(args.model)
         config = GatewayConfig(response_length=args.response_length, max_branches=args.max_branches)
         engine = _sglang_engine(args.sglang_url, args.model) if args.sglang_url else None
         gateway = local_gateway(
@@ -140,6 +142,30 @@ def shutdown_summary(gateway: Gateway) -> str:
         f"forks {c['forks']}, context refusals {c['context_length_exceeded']}, "
         f"expired idle {c['sessions_expired']}, engine-view failures {c['engine_view_failures']}"
     )
+
+
+# What transformers' save_pretrained writes: one weights file, or an index of shards.
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _refuse_a_folder_without_weights(model_dir: str) -> None:
+    """A model folder the CPU engine cannot load, refused before the load, naming what is missing and the fix."""
+    from pathlib import Path
+
+    from verl_ext.core.errors import OptionsError
+
+    folder = Path(model_dir)
+    if folder.is_dir() and not any((folder / name).is_file() for name in WEIGHT_FILES):
+        raise OptionsError(
+            f"--model {model_dir}: the folder holds no model weights (none of {', '.join(WEIGHT_FILES)}); give a "
+            "folder saved with save_pretrained (a tokenizer-only folder goes to --tokenizer), or serve the model "
+            "with SGLang and pass --sglang-url"
+        )
 
 
 def _sglang_engine(url: str, model_dir: str) -> SGLangEngine:

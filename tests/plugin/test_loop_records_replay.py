@@ -68,3 +68,19 @@ def test_a_rollout_that_filled_its_budget_replays_the_same(make_loop, tmp_path, 
             )
             and "the record has nothing (its stream ends there)" in first
         )
+
+
+def test_the_record_line_and_verls_batch_carry_the_same_rollout_id(make_loop, tmp_path):
+    """The rollout id joins what arrives later (the trainer's numbers) to the record: the loop's output carries the
+    id its record line holds, a new one per rollout; a line from before version 5 loads without one."""
+    from verl_ext.check.record import RolloutRecord
+    from verl_ext.telemetry.records import read_records
+
+    loop, _ = make_loop(force_text="The answer is 84.", verl_ext={"records": {"dir": str(tmp_path)}})
+    ids = [run_loop(loop, PROMPT).extra_fields["verl_ext_rollout_id"] for _ in range(2)]
+    _, rollouts = read_records(sorted(tmp_path.glob("*.jsonl")))
+    assert [r.rollout_id for r in rollouts] == ids and len(set(ids)) == 2 and all(len(i) == 32 for i in ids)
+    line = rollouts[0].to_json()
+    assert line["version"] == 5 and line["rollout_id"] == ids[0]
+    old = {k: v for k, v in line.items() if k != "rollout_id"} | {"version": 4}
+    assert RolloutRecord.from_json(old).rollout_id is None

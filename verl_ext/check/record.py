@@ -36,10 +36,13 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
 - 3: ``response_length``, the trainer's cap on the response, so replay cuts its stream where the trainer
   cut it (a turn that filled the budget gets a synthetic close past the cap, which is not trained). Lines of
   versions 1 and 2 lack it and still load (replay then infers the cut, ``check.replay_diff``).
-- 4 (current): the images each engine call was given, as digests (``engine_calls[k].images``: ``{"kept": n,
+- 4: the images each engine call was given, as digests (``engine_calls[k].images``: ``{"kept": n,
   "added": [...]}``, the first ``n`` images of the call before it then these; only on calls whose loop recorded
   them), and the check's ``image_calls_unchecked``. Lines of versions 1 to 3 lack them and still load; the image
   view then says it had no per-call evidence.
+- 5 (current): ``rollout_id``, a stable id of the rollout, which verl's batch carries too (the loops' ``extra_fields``
+  ``verl_ext_rollout_id``): what arrives later about the rollout (the trainer's numbers) joins by it, as its own
+  line, so records stay append-only. Lines of versions 1 to 4 lack it and load with ``rollout_id`` None.
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
 The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.
@@ -49,6 +52,7 @@ from __future__ import annotations
 
 import json
 import math
+import uuid
 from collections import Counter
 from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
@@ -104,6 +108,8 @@ class Rollout:
     # Each image of the rollout by its digest (the loop's PIL images or bytes), for the thumbnails written beside
     # the record; never in the record itself (it holds digests).
     pixels: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    # A stable id of this rollout (``Rollout.of`` draws one): in its record line and in verl's batch (``batch_fields``)
+    rollout_id: str = ""
 
     @classmethod
     def of(
@@ -123,6 +129,7 @@ class Rollout:
         extra: Mapping[str, Any] | None = None,
         template_clock: str | None = None,
         pixels: Mapping[str, Any] | None = None,
+        rollout_id: str | None = None,
     ) -> Rollout:
         """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
         needed), and for an ``extra`` key that is not one of ``EXTRA_KEYS`` (the reader refuses unknown keys)."""
@@ -151,7 +158,14 @@ class Rollout:
             dict(extra or {}),
             template_clock,
             dict(pixels or {}),
+            rollout_id or uuid.uuid4().hex,
         )
+
+    def batch_fields(self, result: CheckResult) -> dict[str, Any]:
+        """What verl's batch carries of this rollout per sample (the agent loop's ``extra_fields``, which verl keeps
+        as ``non_tensor_batch`` columns): the check's compact verdict and the rollout's id, the key its record line
+        and anything recorded about it later share."""
+        return {"verl_ext_check": result.verdict_fields(), "verl_ext_rollout_id": self.rollout_id}
 
     @cached_property
     def assistants(self) -> tuple[int, ...]:
@@ -207,6 +221,7 @@ class Rollout:
             extra=dict(self.extra),
             template_clock=self.template_clock,
             response_length=self.response_length,
+            rollout_id=self.rollout_id or None,
         )
 
 
@@ -469,6 +484,7 @@ _KEYS = frozenset(
     {
         "type",
         "version",
+        "rollout_id",
         "step",
         "messages",
         "tools",
@@ -521,6 +537,7 @@ class RolloutRecord:
     # The trainer's cap on the response (the stream holds at most prompt_length + response_length tokens); None in
     # records from before version 3, and where the loop had no cap.
     response_length: int | None = None
+    rollout_id: str | None = None  # the rollout's stable id; None in records from before version 5
 
     @property
     def sampled_logprobs(self) -> dict[int, float]:
@@ -537,6 +554,7 @@ class RolloutRecord:
         return {
             "type": "rollout",
             "version": self.version,
+            **({"rollout_id": self.rollout_id} if self.rollout_id is not None else {}),
             "step": self.step,
             **self._replay_json(),
             "prompt_length": self.prompt_length,
@@ -650,6 +668,7 @@ class RolloutRecord:
             extra={k: v for k, v in obj.items() if k not in _KEYS},
             template_clock=f.str("template_clock", default=None),
             response_length=f.int("response_length", default=None),
+            rollout_id=f.str("rollout_id", default=None),
         )
 
 

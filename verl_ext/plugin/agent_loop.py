@@ -27,7 +27,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoo
 from verl.utils.profiler import simple_timer
 
 from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCalls, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.inputs import EngineCalls, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
@@ -155,7 +155,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             pixels=images.pixels if images is not None else None,
         )
         result = rt.conclude(rollout, ro.counters)
-        output = self._output(ro, sample, result)
+        output = self._output(ro, rollout, result)
         if images is not None:
             output.multi_modal_data = images.multi_modal_data
         return output
@@ -273,10 +273,10 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             ro.counters["tool/malformed_unanswerable"] += malformed
             return False
 
-    def _output(self, ro: _RolloutState, sample: TrainerSample, result: CheckResult) -> AgentLoopOutput:
+    def _output(self, ro: _RolloutState, rollout: Rollout, result: CheckResult) -> AgentLoopOutput:
         """Step 5 (after the check): what verl trains on, with the verdict and verl's own extra fields."""
-        extra_fields = ro.extra_fields
-        extra_fields["verl_ext_check"] = result.verdict_fields()
+        sample, extra_fields = rollout.sample, ro.extra_fields
+        extra_fields.update(rollout.batch_fields(result))
         extra_fields.update({"turn_scores": [], "tool_rewards": ro.rewards})
         return AgentLoopOutput(
             prompt_ids=list(sample.prompt_ids),

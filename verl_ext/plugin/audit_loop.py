@@ -101,7 +101,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
             chat_template_kwargs=self.rt.renderer.template_kwargs,
         )
         result = self.rt.conclude(rollout, Counter())
-        output.extra_fields["verl_ext_check"] = result.verdict_fields()
+        output.extra_fields.update(rollout.batch_fields(result))
         return output
 
     async def _complete_messages(

@@ -399,7 +399,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             multi_modal_data=chosen.multi_modal_data,
             extra_fields={
                 **engine_fields,
-                "verl_ext_check": chosen.result.verdict_fields(),
+                **chosen.rollout.batch_fields(chosen.result),
                 "harness_result": harness_result,
                 "verl_ext_gateway": dict(chosen.rollout.extra["gateway"]),
                 "turn_scores": [],

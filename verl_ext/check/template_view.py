@@ -193,6 +193,7 @@ class _Rules:
         self._decoded: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
         self._prefill_tails: dict[int | None, tuple[tuple[int, ...], ...]] = {}
         self._block_counts: dict[tuple[str, bool], tuple[int, int]] = {}  # ``_counts``
+        self._calls_equal: dict[int, bool] = {}  # ``_tool_calls_equal``, per turn
 
     def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
@@ -637,7 +638,13 @@ class _Rules:
         return before.count("{") > before.count("}") or self.r.decode(self.stream[position : position + 1]) == "{"
 
     def _tool_calls_equal(self, turn: int) -> bool:
-        """The turn's tool-call JSON objects parse equal on both sides (only their text differs)."""
+        """The turn's tool-call JSON objects parse equal on both sides (only their text differs); read once per turn
+        (every re-serialized spot of a call is a finding of its own)."""
+        if turn not in self._calls_equal:
+            self._calls_equal[turn] = self._parsed_calls_equal(turn)
+        return self._calls_equal[turn]
+
+    def _parsed_calls_equal(self, turn: int) -> bool:
         if turn >= len(self.assistants) or not self.assistants[turn].get("tool_calls"):
             return False
         call = self.loc.calls[turn]

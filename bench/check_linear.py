@@ -1,5 +1,5 @@
 """The check's cost per turn where every turn draws an allowed finding: at 1,000 turns against one render + encode,
-and its growth from 100 to 1,000 turns (issue 37: "the check linear in turns whatever it finds").
+and its growth from 100 to 1,000 turns (the check linear in turns whatever it finds).
 
 Each rollout is a tool-calling conversation on a shipped tokenizer whose turns are written as the template writes
 them, reasoning blocks included: every assistant turn sampled as the template renders that message as the last one

@@ -1,4 +1,4 @@
-"""The check explains a finding from its own turn (issue 37): the engine calls indexed by position answer exactly as
+"""The check explains a finding from its own turn: the engine calls indexed by position answer exactly as
 the scans of every call they replace, and a rollout whose every turn draws an allowed finding costs the check the
 same reads of the calls per turn at 120 turns as at 30 (counted, not timed)."""
 

@@ -1,18 +1,24 @@
 """Long and repetitive Qwen3 rollouts (10k to 300k tokens) for the check's cost: built by the token core as a real
-rollout would be, or assembled the way a decode-and-concatenate loop would. Used by tests/check/test_align.py and
-bench/check_long_rollouts.py."""
+rollout would be, or assembled the way a decode-and-concatenate loop would; and many-turn tool rollouts on any
+template whose turns are written as the template writes them (``templated_tool_rollout``). Used by
+tests/check/test_align.py, tests/check/test_call_index.py, bench/check_long_rollouts.py and bench/check_linear.py."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from difflib import SequenceMatcher
 from typing import Any
 
 from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, run, tool_result
 
-from verl_ext.check.inputs import EngineCall, TrainerSample
+from verl_ext.check.inputs import EngineCall, EngineCalls, TrainerSample, trainer_sample_from_trajectory
+from verl_ext.check.record import Rollout
+from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.replay import canonical_output
+from verl_ext.core.trajectory import TokenTrajectory
 
 IM_END = 151645
 ROW = "| 2024-01-01 | sensor-7 | ok | 0.000 | 0.000 |\n"  # a log line a tool repeats thousands of times
@@ -118,3 +124,89 @@ SCENARIOS: dict[str, Callable[[ChatRenderer, int], LongRollout]] = {
     "stripped": stripped_reasoning,
     "one_result": one_huge_tool_result,
 }
+
+
+FINAL_ANSWER = "There are 42 crates in depot 7."
+
+
+def compact_json(text: str) -> str:
+    """A call's JSON as a model writes it without spaces (the template writes ``", "`` and ``": "``)."""
+    for spaced, tight in (('", "', '","'), ('": "', '":"'), ('": {', '":{'), ('": [', '":[')):
+        text = text.replace(spaced, tight)
+    return text
+
+
+def templated_tool_rollout(
+    r: ChatRenderer,
+    profile: TemplateProfile,
+    turns: int,
+    *,
+    extra: Mapping[str, Any] | None = None,
+    compact: bool = False,
+    answer_extra: bool = True,
+    results: Sequence[str] = ("2",),
+    deltas: Any = None,
+    user_turns: bool = False,
+) -> Callable[[], Rollout]:
+    """``turns`` calculator calls, each answered by a tool result of ``results`` (cycled), then an answer, every
+    turn sampled as the template writes that message as the last one (``canonical_output`` of a one-turn history,
+    renumbered per turn), reasoning blocks included: the template's history form of each turn then differs by what
+    it drops (Qwen3's empty think block, GPT-OSS's analysis before a final answer). ``extra``: added to every call
+    message (``reasoning_content``, ``thinking``), and to the answer with ``answer_extra``; ``compact``: each call's
+    JSON sampled without spaces; ``user_turns``: each turn an answer followed by the next user question instead
+    (Qwen3 drops each answered turn's thinking, Mistral moves its tool list to the last question). Recorded as the
+    loop records it (an ``EngineCalls`` log, the trajectory's kinds); returns what makes the ``Rollout`` (a new one
+    per call: it caches what a check reads of it)."""
+    extra = dict(extra or {})
+    answer = {"role": "assistant", "content": FINAL_ANSWER, **(extra if answer_extra else {})}
+    ids_of = _templated_outputs(r, extra, compact, user_turns)
+    final = canonical_output(r, [*PROMPT, answer], len(PROMPT), TOOLS)  # GPT-OSS drops analysis before an answer
+    log = EngineCalls()
+    t = TokenTrajectory(r, profile, deltas=deltas)
+    prompt = t.start(PROMPT, TOOLS)
+    for k in range(turns + 1):
+        ids = ids_of(k) if k < turns else final
+        log.record(prompt, ids, [-0.5] * len(ids), "stop")
+        message, followup = _templated_turn(k, extra, results[k % len(results)], user_turns)
+        t.add_sampled(ids, [-0.5] * len(ids), "stop", message=message if k < turns else answer)
+        if k < turns:
+            prompt = t.append_messages([followup])
+    t.finish()
+    sample = trainer_sample_from_trajectory(t)
+    kinds, repairs, messages = t.kind_values(len(sample.stream)), Counter(e.kind.value for e in t.edits), t.messages
+    return lambda: Rollout.of(log, sample, messages, TOOLS, prompt_messages=len(PROMPT), kinds=kinds, repairs=repairs)
+
+
+def _templated_turn(
+    k: int, extra: Mapping[str, Any], result: str, user_turns: bool
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Turn ``k``'s assistant message and the message after it: a call and its result, or an answer and a question."""
+    if user_turns:
+        return {"role": "assistant", "content": f"It is {k + 1}.", **extra}, {
+            "role": "user",
+            "content": f"And {k + 1}+1?",
+        }
+    return {"role": "assistant", "content": "", "tool_calls": [call(f"{k}+1", k)], **extra}, tool_result(result, k)
+
+
+def _templated_outputs(
+    r: ChatRenderer, extra: Mapping[str, Any], compact: bool, user_turns: bool
+) -> Callable[[int], list[int]]:
+    """Turn ``k``'s sampled ids: turn 0's and turn 1's as the template writes them after a one-turn history, turn 1's
+    renumbered for the later turns (a history of hundreds of turns would be rendered per turn)."""
+    chat = [*PROMPT]
+    for k in (0, 1):
+        chat += _templated_turn(k, extra, "2", user_turns)
+    first = canonical_output(r, chat, len(PROMPT), TOOLS)
+    second = r.decode(canonical_output(r, chat, len(PROMPT) + 2, TOOLS))
+
+    def ids_of(k: int) -> list[int]:
+        if k == 0:
+            ids = first
+        elif user_turns:
+            ids = r.encode(second.replace("It is 2.", f"It is {k + 1}."))
+        else:
+            ids = r.encode(second.replace('"1+1"', f'"{k}+1"').replace("call00001", f"call{k:05d}"))
+        return r.encode(compact_json(r.decode(ids))) if compact else list(ids)
+
+    return ids_of

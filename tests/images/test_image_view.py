@@ -205,6 +205,24 @@ def test_an_images_tokens_trained_are_caught(checker: ConsistencyChecker, three_
     assert FailureKind.IMAGE_TRAINED in kinds(result)
 
 
+@pytest.mark.parametrize("edge", ["first", "last"])
+@pytest.mark.parametrize("image", [1, 2])
+def test_one_trained_token_at_either_edge_of_an_image_span_is_caught(
+    checker: ConsistencyChecker, three_images: Any, image: int, edge: str
+) -> None:
+    """Only the first or only the last placeholder token of a response image trained: the scan of the span's mask
+    reads it (one that started a token late or ended a token early would pass it)."""
+    sample = three_images.sample()
+    span = three_images.trajectory.image_spans[image]
+    p = len(sample.prompt_ids)
+    at = span.position if edge == "first" else span.position + span.length - 1
+    mask = list(sample.response_mask)
+    mask[at - p] = 1
+    result = checker.check_rollout(three_images.rollout(sample=dataclasses.replace(sample, response_mask=tuple(mask))))
+    (failure,) = [f for f in result.engine_failures if f.kind is FailureKind.IMAGE_TRAINED]
+    assert failure.position == at and f"image {image}: 1 of its {span.length} placeholder tokens" in failure.detail
+
+
 def test_a_placeholder_run_cut_from_the_stream_is_caught(checker: ConsistencyChecker, three_images: Any) -> None:
     sample = three_images.sample()
     span = three_images.trajectory.image_spans[2]

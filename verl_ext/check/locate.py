@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from verl_ext.check.engine_view import turn_at
+from verl_ext.check.call_index import CallIndex
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.inputs import EngineCall, rollout_assistants
 from verl_ext.check.texts_alike import alike_note
@@ -44,9 +45,14 @@ class Locator:
         nxt += ["end"] * (len(calls) - len(nxt))
         return cls(tuple(calls), tuple(nxt), tuple(stream), r, tuple(assistants))
 
+    @cached_property
+    def index(self) -> CallIndex:
+        """The calls indexed by output start and end, built once: a finding's turn is a bisection, not a scan."""
+        return CallIndex(self.calls)
+
     def turn(self, position: int) -> int:
-        """The engine call a stream position belongs to (0 for the prompt)."""
-        return turn_at(self.calls, position)
+        """The engine call a stream position belongs to (0 for the prompt; ``engine_view.turn_at``)."""
+        return self.index.turn(position)
 
     def region(self, position: int) -> str:
         """ "prompt" (before the first output), "sampled" (inside an output), "boundary" (the first 3 tokens after an

@@ -17,6 +17,8 @@ divergence of the gap, never text of the message.
 
 from __future__ import annotations
 
+import bisect
+import itertools
 from array import array
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -245,7 +247,7 @@ def _segments_by_alignment(
 ) -> list[Segment]:
     """The partition with every boundary placed where a whole-rollout alignment pairs it."""
     cuts = sorted({b for s, e in outputs for b in (s, e)})
-    where = {b: _map_position(ops, b, rendered_len, start=True) for b in cuts}
+    where = _map_starts(ops, cuts, rendered_len)
     out: list[Segment] = []
     previous = 0
     for g, (g1, g2) in enumerate(gaps):
@@ -285,8 +287,23 @@ def _give_closes_to_turns(
             placed[k + 1] = (i1, i2, last_end + 1, j2, anchored)
 
 
-def _map_position(ops: Sequence[Opcode], i: int, rendered_len: int, start: bool) -> int:
-    for tag, a1, a2, b1, b2 in ops:
+def _map_starts(ops: Sequence[Opcode], cuts: Sequence[int], rendered_len: int) -> dict[int, int]:
+    """``_map_position(..., start=True)`` of every cut: from a bisection each where the opcodes run in order (as
+    ``align`` gives them), not a scan of every opcode per cut (a whole-rollout alignment of 1,000 turns, 2,002 cuts)."""
+    if not all(x[1] <= y[1] and x[2] <= y[2] for x, y in itertools.pairwise(ops)):
+        return {b: _map_position(ops, b, rendered_len, start=True) for b in cuts}
+    ends = [op[2] for op in ops]
+    return {b: _map_position(ops, b, rendered_len, True, bisect.bisect_left(ends, b), ordered=True) for b in cuts}
+
+
+def _map_position(
+    ops: Sequence[Opcode], i: int, rendered_len: int, start: bool, first: int = 0, ordered: bool = False
+) -> int:
+    """Where the alignment pairs stream position ``i`` in the render. ``first``: the opcodes before it end before
+    ``i`` (none of them can hold it); ``ordered``: they run in order, so none after one starting past ``i`` can."""
+    for tag, a1, a2, b1, b2 in itertools.islice(ops, first, None):
+        if ordered and a1 > i:
+            break
         if a1 <= i < a2 or (i == a2 and not start):
             if tag == "equal":
                 return b1 + (i - a1)

@@ -8,17 +8,18 @@ names a cause wins. What no rule explains is ``UNKNOWN``.
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import itertools
 import json
 import os
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_ext.check.align import align, check_deadline
+from verl_ext.check.align import Opcode, align, check_deadline
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
 from verl_ext.check.message_shape import SLOT, message_shape
@@ -155,6 +156,7 @@ class _Rules:
         self.aliases = profile.alias_id_set
         self.stops = profile.stop_id_set
         self.assistants = [messages[i] for i in loc.assistant_indices]
+        self.index = loc.index  # the calls by output start and end: a finding asks about its own turn, not every call
         outputs = [(c.output_start, c.output_end) for c in loc.calls]
         tail = self.end_close_suffix(rendered[-_END_LOOKBACK:])
         # A rollout that ran out of budget right after its context ends on the generation prompt of a turn that never
@@ -187,6 +189,11 @@ class _Rules:
         self._verdicts: dict[int, TurnVerdict] = {}
         self._call_readings: dict[int, CallsReading | None] = {}
         self._texts: dict[tuple[bool, int, int], str] = {}
+        # per side, the decoded spans as (start, end, order decoded), by start: ``_known_inside`` looks in its range
+        self._decoded: dict[bool, list[tuple[int, int, int]]] = {True: [], False: []}
+        self._prefill_tails: dict[int | None, tuple[tuple[int, ...], ...]] = {}
+        self._block_counts: dict[tuple[str, bool], tuple[int, int]] = {}  # ``_counts``
+        self._calls_equal: dict[int, bool] = {}  # ``_tool_calls_equal``, per turn
 
     def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
@@ -196,14 +203,22 @@ class _Rules:
         pieces = {span: self._known_inside(span) for span in new}
         wanted = list(dict.fromkeys(piece for span in new for piece in pieces[span] if piece not in self._texts))
         if wanted:
-            self._texts.update(zip(wanted, self.r.decode_many([self._ids(piece) for piece in wanted]), strict=True))
+            for piece, text in zip(wanted, self.r.decode_many([self._ids(piece) for piece in wanted]), strict=True):
+                self._remember(piece, text)
         for span in new:
             parts = [self._texts[piece] for piece in pieces[span]]
             cut = any(
                 left.endswith("\ufffd") or right.startswith("\ufffd") for left, right in itertools.pairwise(parts)
             )
-            self._texts[span] = self.r.decode(self._ids(span)) if cut else "".join(parts)
+            self._remember(span, self.r.decode(self._ids(span)) if cut else "".join(parts))
         return [self._texts[span] for span in spans]
+
+    def _remember(self, span: tuple[bool, int, int], text: str) -> None:
+        """Keep ``span``'s text, and where a new span is, in decoding order (``_known_inside`` reads it)."""
+        if span not in self._texts:
+            in_stream, a, b = span
+            bisect.insort(self._decoded[in_stream], (a, b, len(self._texts)))
+        self._texts[span] = text
 
     def _ids(self, span: tuple[bool, int, int]) -> Sequence[int]:
         in_stream, a, b = span
@@ -213,10 +228,16 @@ class _Rules:
         """``span`` as pieces: the longest span already decoded inside it with what lies before and after it, where
         decode joins; else ``span`` itself."""
         in_stream, a, b = span
-        inside = [(s, x, y) for s, x, y in self._texts if s == in_stream and a <= x < y <= b and (x, y) != (a, b)]
-        if not inside or not self.r.decode_joins:
+        if not self.r.decode_joins:
             return [span]
-        _, x, y = max(inside, key=lambda k: k[2] - k[1])
+        # the spans decoded so far that start in [a, b): bisected, not every span of the check
+        known = self._decoded[in_stream]
+        lo, hi = bisect.bisect_left(known, (a,)), bisect.bisect_left(known, (b,))
+        inside = [(x, y, n) for x, y, n in known[lo:hi] if x < y <= b and (x, y) != (a, b)]
+        if not inside:
+            return [span]
+        # the longest, the first decoded of equal ones (as a scan of the spans in decoding order finds it)
+        x, y, _ = min(inside, key=lambda k: (k[0] - k[1], k[2]))
         return [piece for piece in ((in_stream, a, x), (in_stream, x, y), (in_stream, y, b)) if piece[1] < piece[2]]
 
     def cut_inside(self, i1: int, j1: int) -> bool:
@@ -258,11 +279,7 @@ class _Rules:
         """The divergence ends where a turn's output ends, and verl_ext's close for the turn follows it: the render's
         close inside the span is one the template writes within the message (DeepSeek-R1 closes the tool calls, then
         writes the content as one more part), not the turn's missing close."""
-        return any(
-            c.output_end == d.i2 and self._inserted_close(k)
-            for k, c in enumerate(self.loc.calls)
-            if d.i1 < c.output_end
-        )
+        return d.i1 < d.i2 and any(self._inserted_close(k) for k in self.index.ending_at(d.i2))
 
     def _unclosed(self, part: Segment) -> bool:
         """The template writes the turn's message without an end-of-turn token (Seed-OSS writes nothing for an
@@ -276,7 +293,7 @@ class _Rules:
     def _in_prefill(self, d: Divergence, output_start: int) -> bool:
         """The divergence's part before the turn's output lies in the prompt's tail the template does not write
         once the turn is history (a generation prompt's pre-fill; see ``_prefills``)."""
-        turn = next((k for k, c in enumerate(self.loc.calls) if c.output_start == output_start), None)
+        turn = self.index.first_starting_at(output_start)
         for tail in self._prefills(turn):
             begin = output_start - len(tail)
             if begin <= d.i1 < output_start and tuple(self.stream[begin:output_start]) == tail:
@@ -288,7 +305,12 @@ class _Rules:
         generation prompt (whose pre-fill, Qwen3's empty think block with thinking off, it drops), and what it wrote
         after the message before the turn that it does not write once this kind of assistant message follows
         (DeepSeek-R1 closes its tool outputs block with ``<｜tool▁outputs▁end｜>`` before a generation, and writes
-        the next tool-call turn into the block instead)."""
+        the next tool-call turn into the block instead). Computed once per turn."""
+        if turn not in self._prefill_tails:
+            self._prefill_tails[turn] = self._prompt_tails_before(turn)
+        return self._prefill_tails[turn]
+
+    def _prompt_tails_before(self, turn: int | None) -> tuple[tuple[int, ...], ...]:
         gen = tuple(self.profile.generation_prompt_ids)
         if turn is None or turn >= len(self.loc.assistant_indices):
             return (gen,) if gen else ()
@@ -465,16 +487,28 @@ class _Rules:
         text = (ds or dr).strip()
         if len(text) < _MOVED_MIN_CHARS:
             return ""  # before the whole texts are read: decoding them costs more than the rest of the check
-        mine, other = (self._stream_text, self._rendered_text) if ds else (self._rendered_text, self._stream_text)
-        held = other.count(text)
+        held, mine = self._counts(text, bool(ds))
         if not held:
             return ""
         # The first prompt is what the engine saw first: a block the template later renders elsewhere moved there.
-        if region == "prompt" or mine.count(text) <= held:
+        if region == "prompt" or mine <= held:
             return text
         # The tool list a template writes before the last user message (Mistral): each user turn the engine saw had
         # one before it, the final render has one. A copy of message content is duplicated, not moved.
         return text if self._tool_list_block(text) else ""
+
+    def _counts(self, text: str, in_stream: bool) -> tuple[int, int]:
+        """How often the other side's whole text holds ``text``, and how often its own side's does (lazily: the second
+        only where the first is not 0); once per text and side per check: a block moved in every turn (Mistral's tool
+        list, before each question) is one text, counted once, not once per turn over the whole rollout."""
+        key = (text, in_stream)
+        if key not in self._block_counts:
+            mine, other = (
+                (self._stream_text, self._rendered_text) if in_stream else (self._rendered_text, self._stream_text)
+            )
+            held = other.count(text)
+            self._block_counts[key] = (held, mine.count(text) if held else 0)
+        return self._block_counts[key]
 
     def _tool_list_block(self, text: str) -> bool:
         """``text`` is written by the template for the tool schemas: its render of the first message holds it with
@@ -505,20 +539,27 @@ class _Rules:
         a, b = ds.strip(_NAME_EDGE), dr.strip(_NAME_EDGE)
         if not a or not b or a == b:
             return False
+        return (a, b) in self._call_name_pairs
+
+    @functools.cached_property
+    def _call_name_pairs(self) -> frozenset[tuple[str, str]]:
+        """Every ordered pair of two names of tool calls that one assistant message makes (read once per check)."""
+        pairs: set[tuple[str, str]] = set()
         for m in self.assistants:
             names = {
                 str((c.get("function") or c).get("name", ""))
                 for c in m.get("tool_calls") or []
                 if isinstance(c, Mapping)
             }
-            if a in names and b in names:
-                return True
-        return False
+            pairs.update((x, y) for x in names for y in names if x != y)
+        return frozenset(pairs)
 
     def _prefill_dropped(self, i1: int, i2: int) -> str | None:
         """A stream-only span that starts in the generation prompt right before a turn's output and is the end of
         it: "prefill" when it stops there, "prefill and sampled" when it runs on into the turn's output."""
-        for turn, c in enumerate(self.loc.calls):
+        # only a turn whose output starts within the longest pre-fill after i1 can hold i1 in its pre-fill
+        for turn in self.index.starting_within(i1 + 1, i1 + self._prefill_reach):
+            c = self.loc.calls[turn]
             start = c.output_start
             for gen in self._prefills(turn):
                 # The prompt the engine saw ends with it, intact (a pre-fill written twice is not one).
@@ -535,8 +576,17 @@ class _Rules:
                     return "prefill and sampled"
         return None
 
+    @functools.cached_property
+    def _prefill_reach(self) -> int:
+        """The longest prompt tail before any turn that the template may not write once it is history."""
+        return max((len(t) for k in range(len(self.loc.calls)) for t in self._prefills(k)), default=0)
+
     def _assistant_texts(self) -> set[str]:
-        """Stop-token strings that appear in assistant message content."""
+        """Stop-token strings that appear in assistant message content (read once per check)."""
+        return self._stop_texts_in_content
+
+    @functools.cached_property
+    def _stop_texts_in_content(self) -> set[str]:
         texts = " ".join(str(m.get("content") or "") for m in self.assistants)
         return {self.r.decode([i]) for i in self.stops if self.r.decode([i]) in texts}
 
@@ -571,16 +621,16 @@ class _Rules:
 
     def _all_sampled(self, i1: int, i2: int) -> bool:
         """Every stream position in ``[i1, i2)`` is a token the engine sampled (in some call's output)."""
-        return any(c.output_start <= i1 and i2 <= c.output_end for c in self.loc.calls)
+        return self.index.covers(i1, i2)
 
     def _touches_turn_end(self, i1: int, i2: int) -> bool:
-        return any(i1 <= c.output_end <= max(i1, i2) for c in self.loc.calls)
+        return self.index.end_within(i1, max(i1, i2))
 
     def _at_turn_start(self, position: int) -> bool:
-        return any(position == c.output_start for c in self.loc.calls)
+        return self.index.starts_at(position)
 
     def _at_turn_end(self, position: int) -> bool:
-        return any(position == c.output_end for c in self.loc.calls)
+        return self.index.ends_at(position)
 
     def _inside_json(self, turn: int, position: int) -> bool:
         """The divergence starts inside a JSON object of the sampled text (or at its opening brace)."""
@@ -588,7 +638,13 @@ class _Rules:
         return before.count("{") > before.count("}") or self.r.decode(self.stream[position : position + 1]) == "{"
 
     def _tool_calls_equal(self, turn: int) -> bool:
-        """The turn's tool-call JSON objects parse equal on both sides (only their text differs)."""
+        """The turn's tool-call JSON objects parse equal on both sides (only their text differs); read once per turn
+        (every re-serialized spot of a call is a finding of its own)."""
+        if turn not in self._calls_equal:
+            self._calls_equal[turn] = self._parsed_calls_equal(turn)
+        return self._calls_equal[turn]
+
+    def _parsed_calls_equal(self, turn: int) -> bool:
         if turn >= len(self.assistants) or not self.assistants[turn].get("tool_calls"):
             return False
         call = self.loc.calls[turn]
@@ -599,16 +655,39 @@ class _Rules:
 
     def stream_index(self, j: int, j_end: int) -> int | None:
         """The stream position one equal block pairs with render span ``[j, j_end)`` (None where it diverges)."""
-        for tag, i1, _i2, j1, j2 in self.opcodes:
+        for tag, i1, _i2, j1, j2 in self._opcodes_from(1, j_end):
             if tag == "equal" and j1 <= j and j_end <= j2:
                 return i1 + (j - j1)
+            if self._ordered_ops and j1 > j:
+                break  # every later block starts later in the render
         return None
 
     def _rendered_index(self, i: int) -> int:
-        for tag, i1, i2, j1, j2 in self.opcodes:
+        for tag, i1, i2, j1, j2 in self._opcodes_from(0, i):
             if i1 <= i < i2 or (i == i2 and tag != "equal"):
                 return j1 + (i - i1) if tag == "equal" else (j1 if i == i1 else j2)
+            if self._ordered_ops and i1 > i:
+                break  # every later block starts later in the stream
         return len(self.rendered)
+
+    def _opcodes_from(self, side: int, at: int) -> Iterator[Opcode]:
+        """The opcodes from the first whose span on ``side`` (0: stream, 1: render) ends at ``at`` or later: none
+        before it can hold ``at``. All of them where the spans do not run in order."""
+        if not self._ordered_ops:
+            return iter(self.opcodes)
+        return itertools.islice(self.opcodes, bisect.bisect_left(self._op_ends[side], at), None)
+
+    @functools.cached_property
+    def _op_ends(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The opcodes' stream and render span ends, for bisection."""
+        return tuple(op[2] for op in self.opcodes), tuple(op[4] for op in self.opcodes)
+
+    @functools.cached_property
+    def _ordered_ops(self) -> bool:
+        """The opcodes run in order on both sides (the alignment is segment by segment, in order): a bisection
+        finds the first that can hold a position."""
+        ops = self.opcodes
+        return all(a[1] <= b[1] and a[2] <= b[2] and a[3] <= b[3] and a[4] <= b[4] for a, b in itertools.pairwise(ops))
 
 
 # -- the cause rules ------------------------------------------------------------------------------------------
@@ -782,7 +861,7 @@ def turn_start_whitespace(d: Divergence) -> Named:
     c = d.ctx
     if d.ds.strip() != d.dr.strip():
         return None  # decoded alone a span loses at most its leading space: read after the prompt, not whitespace only
-    if not d.i1 or not d.j1 or not any(call.output_start == d.i1 for call in c.loc.calls):
+    if not d.i1 or not d.j1 or not c._at_turn_start(d.i1):
         return None
     if c.stream[d.i1 - 1] != c.rendered[d.j1 - 1] or not c.prompt_intact(d.i1):
         return None

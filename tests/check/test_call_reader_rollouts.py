@@ -25,6 +25,7 @@ from call_reader_cases import (
     case_renderer,
     rendered_turn,
     varied_text,
+    visible_content,
 )
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -88,19 +89,7 @@ def _as_object(arguments: Any) -> Any:
 # assistant header between two results), not as the template writes them (tests/core/test_results_of_several_tools).
 
 
-# Known false defects, pinned until fixed (strict: the fix must take its entry off).
-KNOWN_DEFECTS = {
-    "templates/deepseek-ai-DeepSeek-V3": "issue 37: the reader leaves <｜tool▁calls▁end｜> in the turn's content",
-}
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[c])) if c in KNOWN_DEFECTS else c
-        for c in sorted(LEARNED)
-    ],
-)
+@pytest.mark.parametrize("case", sorted(LEARNED))
 def test_read_calls_check_clean(case):
     r = case_renderer(case)
     profile = probe_template(r)
@@ -117,6 +106,8 @@ def test_read_calls_check_clean(case):
         text = data.draw(st.one_of(st.just(text), varied_text(text, spaces=False)))
         lr, rollout = _rollout(case, text, reader, None)  # the derived reader alone: its calls are checked
         assert _read_calls(lr) == [(n, a) for n, a in drawn], text
+        first = next(m for m in lr.trajectory.messages if m["role"] == "assistant")
+        assert visible_content(first["content"]) == "", f"{text!r}: content {first['content']!r}"  # none wrapped
         result = checker.check_rollout(rollout, template_view=True)
         assert not result.engine_failures, result.summary()
         defects = [f for f in result.findings if not f.allowed]

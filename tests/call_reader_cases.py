@@ -64,9 +64,10 @@ PARAMS_ANY: dict[str, str] = {"filters": "object", "tags": "array", "note": "nul
 
 def _schema(kind: str) -> dict[str, Any]:
     """A parameter's JSON Schema any template expands: arrays with items, objects with properties, and the null
-    parameter without a type (Hermes' tool_use macro recurses without end on ``"type": "null"``)."""
+    parameter declared an object (Hermes' tool_use macro recurses without end on ``"type": "null"``, and verl's
+    tool schema needs a type)."""
     nested = {"array": {"items": {"type": "string"}}, "object": {"properties": {"a": {"type": "string"}}}}
-    return {"description": f"a {kind}", **({"type": kind} if kind != "null" else {}), **nested.get(kind, {})}
+    return {"description": f"a {kind}", "type": "object" if kind == "null" else kind, **nested.get(kind, {})}
 
 
 TOOLS = [

@@ -33,8 +33,10 @@ LEARNED: dict[str, str] = {
     "qwen3/qwen3-next-80b-a3b-instruct_ollama-gguf": "json object",
     "qwen3/qwq-32b": "json object",
     "templates/ByteDance-Seed-OSS": "name then keyed parameters",
+    "templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "json object",
     "templates/Mistral-Small-3.2-24B-Instruct-2506": "name then json",
     "templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "name then json",
+    "templates/deepseek-ai-DeepSeek-V3": "name then json",
     "templates/deepseek-ai-DeepSeek-V3.1": "name then json",
     "templates/fireworks-ai-llama-3-firefunction-v2": "json object",
     "templates/meetkai-functionary-medium-v3.2": "name then json",
@@ -58,6 +60,16 @@ assert set(LEARNED) | set(NOT_LEARNED) == set(TEMPLATE_CASES), "every template c
 TOOL_NAMES = ("calculator", "web_search", "get-weather")
 PARAMS: dict[str, str] = {"expression": "string", "count": "integer", "ratio": "number", "exact": "boolean"}
 PARAMS_ANY: dict[str, str] = {"filters": "object", "tags": "array", "note": "null"}
+
+
+def _schema(kind: str) -> dict[str, Any]:
+    """A parameter's JSON Schema any template expands: arrays with items, objects with properties, and the null
+    parameter declared an object (Hermes' tool_use macro recurses without end on ``"type": "null"``, and verl's
+    tool schema needs a type)."""
+    nested = {"array": {"items": {"type": "string"}}, "object": {"properties": {"a": {"type": "string"}}}}
+    return {"description": f"a {kind}", "type": "object" if kind == "null" else kind, **nested.get(kind, {})}
+
+
 TOOLS = [
     {
         "type": "function",
@@ -66,7 +78,7 @@ TOOLS = [
             "description": "A test tool.",
             "parameters": {
                 "type": "object",
-                "properties": {k: {"type": t} for k, t in {**PARAMS, **PARAMS_ANY}.items()},
+                "properties": {k: _schema(t) for k, t in {**PARAMS, **PARAMS_ANY}.items()},
                 "required": [],
             },
         },
@@ -159,6 +171,43 @@ def rendered_turn(renderer: ChatRenderer, profile: Any, message: Mapping[str, An
     cuts = [text.rfind(renderer.decode([c])) for c in profile.close_id_set]
     cuts = [c for c in cuts if c > 0]
     return text[: max(cuts)] if cuts else text  # the close after the calls (harmony ends analysis with <|end|>)
+
+
+def sampled_turn(renderer: ChatRenderer, profile: Any, message: Mapping[str, Any]) -> str | None:
+    """``rendered_turn`` where it is one turn a model samples: None where the template writes a turn's close inside
+    it (DeepSeek V3's third call follows <｜end▁of▁sentence｜>, R1-Distill writes content after the calls as a turn
+    of its own: a model stops at the close, so no sampled turn holds that text)."""
+    text = rendered_turn(renderer, profile, message)
+    if text is None:
+        return None
+    closes = [renderer.decode([c]) for c in profile.close_id_set]
+    return None if any(c and c in text for c in closes) else text
+
+
+# The reasoning split the gateway makes for its client (``gateway.parsing.ReasoningMarkers``): a template's own
+# reasoning block before the calls (Qwen3's empty <think>\n\n</think>) is reasoning, not content.
+def visible_content(content: str) -> str:
+    """A read turn's content as the client gets it: the reasoning block split off as the gateway splits it."""
+    from verl_ext.gateway.parsing import ReasoningMarkers
+
+    return ReasoningMarkers("<think>", "</think>").split(content)[1]
+
+
+def wrapped_content(text: str, content: str) -> str:
+    """The content the template wrapped in ``text``: ``content`` where it rendered it, else "" (Mistral's and Llama's
+    templates drop the content of a turn with calls)."""
+    return content if content and content in text else ""
+
+
+@st.composite
+def varied_calls(draw: Any, text: str, content: str) -> str:
+    """``text`` with its calls varied as models vary them (``varied_text``), the content and the reasoning block
+    before it as the template wrote them."""
+    if content and content in text:
+        cut = text.find(content) + len(content)
+    else:
+        cut = text.rfind("</think>") + len("</think>") if "</think>" in text else 0
+    return text[:cut] + draw(varied_text(text[cut:]))
 
 
 def json_spans(text: str) -> list[tuple[int, int, Any]]:

@@ -24,9 +24,11 @@ from call_reader_cases import (
     calls,
     case_renderer,
     rendered_turn,
+    sampled_turn,
     varied_text,
+    visible_content,
 )
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from loop_rollouts import build_loop_rollout
 
@@ -99,12 +101,15 @@ def test_read_calls_check_clean(case):
     @given(st.data())
     def holds(data):
         drawn = data.draw(calls(reader.form.several))
-        text = rendered_turn(r, profile, assistant_message(profile, drawn))
+        text = sampled_turn(r, profile, assistant_message(profile, drawn))
+        assume(text is not None)  # DeepSeek V3's third call follows a turn's close: no sampled turn holds it
         # the JSON as models vary it (key order, separators); whitespace moved between a form's markers is read
         # (test_call_reader_read) but the check still names it message_differs in XML-style calls (issue 29's)
         text = data.draw(st.one_of(st.just(text), varied_text(text, spaces=False)))
         lr, rollout = _rollout(case, text, reader, None)  # the derived reader alone: its calls are checked
         assert _read_calls(lr) == [(n, a) for n, a in drawn], text
+        first = next(m for m in lr.trajectory.messages if m["role"] == "assistant")
+        assert visible_content(first["content"]) == "", f"{text!r}: content {first['content']!r}"  # none wrapped
         result = checker.check_rollout(rollout, template_view=True)
         assert not result.engine_failures, result.summary()
         defects = [f for f in result.findings if not f.allowed]

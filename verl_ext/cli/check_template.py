@@ -18,10 +18,12 @@ from verl_ext.core.tool_call_shape import RENDERS_ARGUMENTS, RENDERS_NAME, RENDE
 
 if TYPE_CHECKING:
     from verl_ext.plugin.tool_parser_fit import ParserFit
+    from verl_ext.report.audit import ReaderSection
 
 
 def run_check_template(args: argparse.Namespace) -> int:
-    """Probe the template, print the audit (words or ``--json``), write ``--html``; exit code 1 when unsupported."""
+    """Probe the template, print the audit (words or ``--json``), write ``--html``; exit code 1 when unsupported,
+    or when the tool-call reader derived from the template reads its own renders wrong."""
     if args.html:
         check_output_file(args.html, "--html", example="audit.html")  # before the probe, so a wrong path costs nothing
     renderer = renderer_from_args(args.tokenizer_dir, args)
@@ -48,11 +50,12 @@ def run_check_template(args: argparse.Namespace) -> int:
         audit = audit_view(HeaderProfile.of(profile), renderer.decode, source=args.chat_template or args.tokenizer_dir)
         # the audit section is the report's own; what only a live tokenizer can tell goes in a section of its own
         parser_line = parsers.summary() if parsers is not None else None
-        out = write_html(args.html, render("audit_page.html.j2", audit=audit, tool_parsers=parser_line))
+        reader = reader_section(parsers) if parsers is not None else None
+        out = write_html(args.html, render("audit_page.html.j2", audit=audit, tool_parsers=parser_line, reader=reader))
         # stderr, so that --json output on stdout stays one JSON object
         print(f"wrote {out}", file=sys.stderr)
     unsupported = profile.verdict is Verdict.UNSUPPORTED or (vision is not None and vision.refused is not None)
-    return 1 if unsupported else 0
+    return 1 if unsupported or (parsers is not None and parsers.reader_failed) else 0
 
 
 def parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserFit | None:
@@ -69,6 +72,25 @@ def parser_fit(renderer: ChatRenderer, profile: TemplateProfile) -> ParserFit | 
     finally:
         plugin_log.removeFilter(_warnings_only)
     return tool_parser_fit(renderer, profile)
+
+
+def reader_section(parsers: ParserFit) -> ReaderSection:
+    """The ``--html`` audit's tool-call reader section, from the fit's derived reader."""
+    from verl_ext.report.audit import ReaderSection
+
+    derived = parsers.derived
+    shown = derived is not None and (parsers.derived_reads or derived.failed)
+    form = derived.reader.form.describe() if derived is not None and derived.reader is not None else ""
+    verdict = "the calls rendered, and the content the template wrapped"
+    return ReaderSection(
+        serves=parsers.reader_line(),
+        form=form,
+        example=repr(derived.example) if shown and derived is not None else "",
+        calls=[f"{n}({json.dumps(a)})" for n, a in derived.proof] if shown and derived is not None else [],
+        content=repr(derived.content) if shown and derived is not None else "",
+        verdict=f"FAILS: {derived.why}" if derived is not None and derived.failed else verdict,
+        failed=parsers.reader_failed,
+    )
 
 
 def _warnings_only(record: logging.LogRecord) -> bool:
@@ -91,7 +113,8 @@ def format_profile(renderer: ChatRenderer, p: TemplateProfile, source: str, pars
     """The audit as ``verl-ext check-template`` prints it: verdict (the verl tool parser that reads the template's
     calls, the reader that serves it, verl's or the one derived from the template, with a rendered call read back
     as proof), stop ids, boundaries, conventions, then every reason."""
-    lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}"]
+    failed = "" if parsers is None or not parsers.reader_failed else "; the tool-call reader FAILS its read-back"
+    lines = [f"chat template of {source} (fingerprint {p.fingerprint})", f"verdict: {p.verdict.value}{failed}"]
     if parsers is not None:
         lines.append(f"verl tool parser: {parsers.summary()}")
         lines.append(f"tool-call reader: {parsers.reader_line()}")

@@ -97,12 +97,27 @@ class ParserFit:
         why = derived.why if derived else ""
         return f"none: no verl parser reads the template's calls, and none could be derived ({why})"
 
+    @property
+    def reader_failed(self) -> bool:
+        """Whether a reader derived from the template reads its own renders wrong (other calls than rendered, or
+        call-marker text left in the content): a failure of the audit, in its verdict and exit code."""
+        return self.derived is not None and self.derived.failed
+
     def proof_lines(self) -> list[str]:
-        """The derived reader's proof: a render of calls and the calls read back from it."""
-        if not self.derived_reads or self.derived is None:
+        """The derived reader's proof: a render of calls, the calls and the content read back from it (a failed
+        reading: what it read, and why it fails)."""
+        derived = self.derived
+        if derived is None or not (self.derived_reads or derived.failed):
             return []
-        read = ", ".join(f"{name}({json.dumps(args)})" for name, args in self.derived.proof)
-        return [f"rendered calls: {self.derived.example!r}", f"read back as:   {read}"]
+        read = ", ".join(f"{name}({json.dumps(args)})" for name, args in derived.proof) or "(no call)"
+        check = "the calls rendered, and the content the template wrapped"
+        check = f"FAILS: {derived.why}" if derived.failed else check
+        return [
+            f"rendered calls: {derived.example!r}",
+            f"read back as:   {read}",
+            f"content:        {derived.content!r}",
+            f"read-back:      {check}",
+        ]
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready: ``readers`` (best first), ``reads`` per parser, ``tried``, ``verl_version``, ``summary``."""
@@ -119,6 +134,8 @@ class ParserFit:
                 "why_not": self.derived.why if self.derived else "",
                 "example": self.derived.example if self.derived else "",
                 "read_back": [list(c) for c in self.derived.proof] if self.derived else [],
+                "content_read_back": self.derived.content if self.derived else "",
+                "failed": self.reader_failed,
             },
         }
 

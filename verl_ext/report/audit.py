@@ -61,6 +61,20 @@ class Audit:
     reasons: list[dict[str, str]]  # severity, text
 
 
+@dataclass(frozen=True)
+class ReaderSection:
+    """The audit's tool-call reader section: which reader serves the template, the form derived from it, a probe
+    render of calls, the calls and the content read back from it, and the verdict on that read-back."""
+
+    serves: str  # which reader serves the template (verl's, the derived one, none and why)
+    form: str  # the derived form in words ("" where none was derived)
+    example: str  # repr of the probe's render of calls
+    calls: list[str]  # the calls read back, NAME({...}) each
+    content: str  # repr of the content read back
+    verdict: str  # "reads back" or "FAILS: why"
+    failed: bool
+
+
 def _tokens(decode: Decode, ids: Sequence[int]) -> Tokens:
     ids = tuple(int(i) for i in ids)
     return Tokens(ids, repr(decode(ids)) if ids else "(nothing)")

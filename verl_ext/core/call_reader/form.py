@@ -44,6 +44,7 @@ class CallForm:
     value_post: Chunks = ()
     literals: Mapping[str, Any] = field(default_factory=dict)  # NAME_KEYED: rendered text of true/false/null
     content_wrap: tuple[Chunks, Chunks] | None = None  # text around the content before the calls (harmony)
+    content_pad: str = ""  # the whitespace the template writes between the wrap's head and the content (">>>all\n")
     several: bool = True  # the template renders several calls in one turn
     python_lead: Chunks = ()  # before a PYTHON_CALL (<|python_tag|>); empty: the template renders none
 

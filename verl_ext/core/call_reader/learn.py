@@ -20,7 +20,7 @@ from typing import Any
 
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, NAME_KEYED, CallForm, Chunks
-from verl_ext.core.call_reader.literals import chunks, counted
+from verl_ext.core.call_reader.literals import COUNTER, MARKER, chunks, counted
 from verl_ext.core.call_reader.read import CallReader, anchored
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.tokenizer_files import template_variables
@@ -47,9 +47,28 @@ _HEADS: tuple[tuple[dict[str, str], ...], ...] = (
 _TYPES = {"string": "QXVA1", "integer": 7, "number": 2.5, "boolean": True, "null": None, "object": {}, "array": []}
 
 
+# The schema each probe parameter is declared with: valid JSON Schema a schema-expanding template can walk (arrays
+# with ``items``, objects with ``properties``, a description each), and no ``"type": "null"``: Hermes' tool_use macro
+# recurses without end on a type name it does not map (it iterates the string's letters), so the parameter the probe
+# passes null is declared without a type (any value).
+_SCHEMAS: dict[str, dict[str, Any]] = {
+    "string": {"type": "string"},
+    "integer": {"type": "integer"},
+    "number": {"type": "number"},
+    "boolean": {"type": "boolean"},
+    "null": {},
+    "object": {"type": "object", "properties": {"qxa": {"type": "array", "items": {"type": "string"}}}},
+    "array": {"type": "array", "items": {"type": "string"}},
+}
+
+
+def _schema(kind: str) -> dict[str, Any]:
+    return {**_SCHEMAS[kind], "description": f"a probe {kind} parameter"}
+
+
 def probe_tools() -> list[dict[str, Any]]:
-    """The two tools the probe calls, with a parameter of each JSON type."""
-    props = {k: {"type": _type_name(v)} for k, v in {**ARGS_TYPED, **ARGS_PAIR}.items()}
+    """The two tools the probe calls, with a parameter of each JSON type (schemas any template can expand)."""
+    props = {k: _schema(_type_name(v)) for k, v in {**ARGS_TYPED, **ARGS_PAIR}.items()}
     return [
         {
             "type": "function",
@@ -65,13 +84,18 @@ def _type_name(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Learned:
-    """A learned reader (``reader``), or None with ``why``; ``example`` is a probe render of calls and ``proof`` the
-    calls the reader read back from it (shown by ``verl-ext check-template``)."""
+    """A learned reader (``reader``), or None with ``why``; ``example`` is a probe render of calls, ``proof`` the
+    calls the reader read back from it and ``content`` the content it read back (the template wrapped none: "";
+    shown by ``verl-ext check-template``). ``failed``: a form was learned but its reading of the template's own
+    renders is wrong (calls other than rendered, or call-marker text left in the content): a reader failure, not a
+    template without readable calls."""
 
     reader: CallReader | None
     why: str = ""
     example: str = ""
     proof: tuple[tuple[str, Any], ...] = ()
+    content: str = ""
+    failed: bool = False
 
 
 @dataclass(frozen=True)
@@ -127,7 +151,7 @@ class _Learner:
     def learn(self) -> Learned:
         one = self.render([(NAME_A, ARGS_A)])
         if one is None:
-            return Learned(None, "the template refuses an assistant turn with a tool call")
+            return Learned(None, self.tools_failure() or "the template refuses an assistant turn with a tool call")
         if NAME_A not in one.text and "QXVA1" not in one.text:
             return Learned(None, f"the template renders nothing of a tool call ({self.shape.renders})")
         if "QXVA1" not in one.text:
@@ -161,14 +185,9 @@ class _Learner:
             checks.append((typed, [(NAME_A, ARGS_TYPED)]))
         types = {n: {k: _type_name(v) for k, v in {**ARGS_TYPED, **ARGS_PAIR}.items()} for n in (NAME_A, NAME_B)}
         for render, want in checks:
-            turn = reader.read(render.text[len(self.gen) :], types)
-            got = [(c.name, json.loads(c.arguments)) for c in turn.calls]
-            if got != want:
-                return Learned(
-                    None,
-                    f"the learned form ({form.describe()}) does not read the template's own render back: "
-                    f"{render.text[len(self.gen) :][:160]!r} read as {got}",
-                )
+            failure = self.read_back(reader, render, want, CONTENT if render is said else "", types)
+            if failure is not None:
+                return failure
         python = self.python_lead()
         if python is not None:
             lead, render = python
@@ -181,10 +200,67 @@ class _Learner:
                     f"the template's Python call of a built-in tool is not read back: "
                     f"{render.text[len(self.gen) :][:160]!r} read as {got}",
                 )
-        proof = tuple(
-            (c.name, json.loads(c.arguments)) for c in reader.read(example.text[len(self.gen) :], types).calls
-        )
-        return Learned(reader, "", example.text[len(self.gen) :], proof)
+        back = reader.read(example.text[len(self.gen) :], types)
+        proof = tuple((c.name, json.loads(c.arguments)) for c in back.calls)
+        return Learned(reader, "", example.text[len(self.gen) :], proof, back.content)
+
+    def read_back(
+        self,
+        reader: CallReader,
+        render: _Render,
+        want: Sequence[tuple[str, Mapping[str, Any]]],
+        wrapped: str,
+        types: Mapping[str, Mapping[str, str]],
+    ) -> Learned | None:
+        """A failed ``Learned`` where ``reader`` reads ``render`` into other calls than ``want``, or leaves
+        call-marker text in the content (anything of the form's own call text, beside the content ``wrapped``);
+        None where it reads the render back exactly."""
+        text = render.text[len(self.gen) :]
+        turn = reader.read(text, types)
+        got = [(c.name, json.loads(c.arguments)) for c in turn.calls]
+        form = reader.form.describe()
+        if got != want:
+            why = f"the learned form ({form}) does not read the template's own render back: {text[:160]!r} read as "
+            why += str(got)
+            return Learned(None, why, text, tuple(got), turn.content, failed=True)
+        named = text.find(NAME_A)
+        markers = tuple(dict.fromkeys(MARKER.findall(text[named:]))) if named >= 0 else ()  # the calls' own
+        left = leftover(reader.form, turn.content, wrapped, markers)
+        if left:
+            why = (
+                f"the learned form ({form}) leaves call-marker text in the content: {left!r} in the read-back of "
+                f"{text[:160]!r} (content read back: {turn.content[:120]!r})"
+            )
+            return Learned(None, why, text, tuple(got), turn.content, failed=True)
+        return None
+
+    def tools_failure(self) -> str | None:
+        """Why the template fails where it renders the probe's tool schemas (the exception, and the parameter whose
+        schema it fails on where one alone does), or None where it renders them."""
+        head = [{"role": "user", "content": "QXUSERA"}]
+        try:
+            self.r.render_text(head, probe_tools(), add_generation_prompt=True)
+            return None
+        except TemplateError as exc:
+            cause = exc.__cause__ or exc
+            why = f"{type(cause).__name__}: {' '.join(str(cause).split())[:120]}"
+        for key, value in {**ARGS_TYPED, **ARGS_PAIR}.items():
+            kind = _type_name(value)
+            tools = [
+                {
+                    "type": "function",
+                    "function": {
+                        "name": NAME_A,
+                        "description": "probe",
+                        "parameters": {"type": "object", "properties": {key: _schema(kind)}},
+                    },
+                }
+            ]
+            try:
+                self.r.render_text(head, tools, add_generation_prompt=True)
+            except TemplateError:
+                return f"the template fails rendering the probe's tool schemas: {why} in parameter {key!r} ({kind})"
+        return f"the template fails rendering the probe's tool schemas: {why}"
 
     def python_lead(self) -> tuple[Chunks, _Render] | None:
         """What the template writes before a call of a built-in tool in Python (``<|python_tag|>``), and its render:
@@ -210,9 +286,10 @@ class _Learner:
         pair: tuple[_Span, _Span] | None,
         said: _Render | None,
         content: _Span | None,
-    ) -> tuple[Chunks, Chunks, Chunks, Chunks, Chunks, tuple[Chunks, Chunks] | None]:
+    ) -> tuple[Chunks, Chunks, Chunks, Chunks, Chunks, tuple[Chunks, Chunks, str] | None]:
         """The text around the calls: lead (before each call), trail (after each), sep (between two), closer (after
-        the last), opener (before the first) and the content's wrap, from where the calls sit in each render."""
+        the last), opener (before the first) and the content's wrap (the chunks before and after it, and the
+        whitespace the template writes before it), from where the calls sit in each render."""
         g = len(self.gen)
         before_one = one.text[: first.start]  # the generation prompt included: a lead may start inside it
         heads = [before_one]
@@ -236,16 +313,24 @@ class _Learner:
             b = chunks(between)
             trail = trail[: max(0, len(b) - len(lead))]
             sep = tuple(b[len(trail) : len(b) - len(lead)])
-        closer = tuple(chunks(after_one)[len(trail) :])
+        # the close after the last call, from every render: a template may close a section only after its second
+        # call (DeepSeek V3's own template writes <｜tool▁calls▁end｜> after each call but the first)
+        ends = [tuple(chunks(after_one)[len(trail) :])]
+        if between:
+            ends.append(tuple(chunks(two.text[pair[1].end :])[len(trail) :]))  # type: ignore[union-attr]
+        if said is not None and content is not None:
+            ends.append(tuple(chunks(said.text[content.end :])[len(trail) :]))
+        closer = _longest_close(ends)
         turn_head = tuple(chunks(before_one[g:]))
         opener_from = chunks(heads[-1]) if said is not None and content is not None else turn_head
         opener = tuple(opener_from[: max(0, len(opener_from) - len(lead))])
         wrap = None
         if said is not None and content is not None and not turn_head[: max(0, len(turn_head) - len(lead))]:
-            pre = tuple(chunks(said.text[g : said.text.find(CONTENT)]))
+            head = said.text[g : said.text.find(CONTENT)]
+            pre = tuple(chunks(head))
             post = opener
             opener = ()
-            wrap = (pre, post) if pre or post else None
+            wrap = (pre, post, head[len(head.rstrip()) :] if pre else "") if pre or post else None
         return lead, trail, sep, closer, opener, wrap
 
     def form(
@@ -292,7 +377,8 @@ class _Learner:
             key_value=key_value,
             value_post=value_post,
             literals=literals,
-            content_wrap=wrap,
+            content_wrap=wrap[:2] if wrap else None,
+            content_pad=wrap[2] if wrap else "",
             several=pair is not None,
         )
 
@@ -387,6 +473,26 @@ def _json_or_none(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return None
+
+
+def leftover(form: CallForm, content: str, wrapped: str = "", markers: Sequence[str] = ()) -> str:
+    """The call-marker text a reading left in ``content`` (read back from a render whose content was ``wrapped``):
+    the first of the form's own call chunks (the section's opener and close, a call's lead, trail and the text
+    between calls, between a name and its arguments, the Python lead) or of the template's call ``markers`` (those
+    it writes from a call's name on, a close the form did not learn included) found in it outside ``wrapped``; ""
+    where there is none, or ``wrapped`` itself where the reading lost it."""
+    if wrapped and wrapped not in content:
+        return wrapped
+    rest = content.replace(wrapped, "") if wrapped else content
+    own = (*form.opener, *form.lead, *form.trail, *form.sep, *form.closer, *form.mid, *form.python_lead, *markers)
+    return next((c for c in own if c not in (ID_SLOT, COUNTER) and COUNTER not in c and c in rest), "")
+
+
+def _longest_close(ends: Sequence[Chunks]) -> Chunks:
+    """The section close: the longest of the renders' ends after their last call where the others are its prefix
+    (a close written after some renders' calls only), else the one-call render's."""
+    longest = max(ends, key=len)
+    return longest if all(longest[: len(e)] == e for e in ends) else ends[0]
 
 
 def _common_suffix(lists: Sequence[Sequence[str]]) -> Chunks:

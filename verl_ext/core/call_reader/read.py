@@ -67,6 +67,7 @@ class CallReader:
     def __init__(self, form: CallForm) -> None:
         self.form = form
         lead = anchored(form.lead)
+        self.anchorless = lead is None  # no anchor of each call: a next call that cannot be read has no section
         if lead is not None:  # each call has an anchor of its own (<tool_call>, to=functions., >>>)
             section: str | None = _optional(form.opener) + lead
         else:  # the section's opener anchors the first call (Mistral's [TOOL_CALLS] [), or nothing does (Llama)
@@ -92,7 +93,10 @@ class CallReader:
         wrap = form.content_wrap
         self.unwrap = (
             re.compile(
-                r"\s*".join(["", *map(_chunk, wrap[0])]) + r"(?P<c>.*?)" + r"\s*".join(["", *map(_chunk, wrap[1]), ""]),
+                r"\s*".join(["", *map(_chunk, wrap[0])])
+                + (f"(?:{re.escape(form.content_pad)})?" if form.content_pad else "")
+                + r"(?P<c>.*?)"
+                + r"\s*".join(["", *map(_chunk, wrap[1]), ""]),
                 re.DOTALL,
             )
             if wrap
@@ -139,8 +143,10 @@ class CallReader:
                 break
             head, body_at = found
             in_prompt = False
-            read, end = self._read_calls(full, body_at, types or {})
+            read, end, unread = self._read_calls(full, body_at, types or {})
+            malformed += unread
             if not read and body_at <= start:  # an anchor the generation prompt wrote, with no call after it
+                malformed += self._attempted(full, body_at)  # or an anchorless call that cannot be read (Llama)
                 continue
             if not read:
                 malformed += 1
@@ -176,8 +182,11 @@ class CallReader:
             head = at + len(before) - len(moved)
         return head, m.end()
 
-    def _read_calls(self, text: str, at: int, types: Mapping[str, Mapping[str, str]]) -> tuple[list[ReadCall], int]:
-        """Calls from ``at`` (just after a section's first lead) on, and where the section ends."""
+    def _read_calls(
+        self, text: str, at: int, types: Mapping[str, Mapping[str, str]]
+    ) -> tuple[list[ReadCall], int, int]:
+        """Calls from ``at`` (just after a section's first lead) on, where the section ends, and whether a call
+        object after the last readable one could not be read (1: malformed; its text stays in the content)."""
         calls: list[ReadCall] = []
         last = at
         while True:
@@ -191,9 +200,22 @@ class CallReader:
                 break
             at = m.end()
         if not calls:
-            return calls, at
+            return calls, at, 0
         m = self.trail.match(text, last)
-        return calls, m.end() if m else last
+        # a form without an anchor of each call (Mistral's [{...}, {...}], firefunction's functools[...]) finds no
+        # next section where a call cannot be read: it is counted here, or it would pass for content
+        unread = int(self.anchorless and at != last and self._attempted(text, at))
+        return calls, m.end() if m else last, unread
+
+    def _attempted(self, text: str, at: int) -> int:
+        """1 where a JSON call object (one holding the form's name key) starts at ``at`` whose call cannot be read
+        (arguments that are no JSON object, or under no known key), else 0."""
+        if self.form.encoding != JSON_CALL:
+            return 0
+        obj, _ = _json_at(text, at)
+        return int(
+            isinstance(obj, dict) and isinstance(obj.get(self.form.name_key), str) and not _json_call(self.form, obj)
+        )
 
     def _read_one(
         self, text: str, at: int, index: int, types: Mapping[str, Mapping[str, str]]

@@ -140,12 +140,14 @@ def assistant_message(profile: Any, drawn: Sequence[tuple[str, Mapping[str, Any]
     return profile.tool_call_shape.conform([message])[0]
 
 
-def rendered_turn(renderer: ChatRenderer, profile: Any, message: Mapping[str, Any]) -> str | None:
+def rendered_turn(
+    renderer: ChatRenderer, profile: Any, message: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] = TOOLS
+) -> str | None:
     """The text the template renders for ``message`` after the prompt's generation prompt, up to its close; None
-    where the template cannot render it or renders no continuation of the prompt."""
+    where the template cannot render it (with ``tools``) or renders no continuation of the prompt."""
     try:
-        body = renderer.render_text([*PROMPT, message], TOOLS, add_generation_prompt=False)
-        head = renderer.render_text(PROMPT, TOOLS, add_generation_prompt=True)
+        body = renderer.render_text([*PROMPT, message], tools, add_generation_prompt=False)
+        head = renderer.render_text(PROMPT, tools, add_generation_prompt=True)
     except Exception:
         return None
     at_b, at_h = body.rfind(PROMPT[0]["content"]), head.rfind(PROMPT[0]["content"])

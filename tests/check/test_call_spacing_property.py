@@ -25,7 +25,7 @@ from functools import cache
 from typing import Any
 
 import pytest
-from call_reader_cases import PROMPT, TOOLS, assistant_message, rendered_turn
+from call_reader_cases import PROMPT, assistant_message, rendered_turn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loop_rollouts import build_loop_rollout
@@ -41,6 +41,19 @@ from verl_ext.core.rendering import ChatRenderer, load_tokenizer
 from verl_ext.demo.run import shipped_tokenizers
 
 SPACES = ("", " ", "\n", "\n\n")
+# Two tools with one string parameter: every template here renders them (Hermes' schema macro recurses on a
+# null-typed parameter, so the call reader's typed tools do not render there).
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": "A test tool.",
+            "parameters": {"type": "object", "properties": {"expression": {"type": "string", "description": "e"}}},
+        },
+    }
+    for name in ("calculator", "web_search")
+]
 PLACES = ("before the first call", "between calls", "after the last call", "before the close")
 CONTENT = "Let me work it out."
 REASONING_CLOSE = "</think>"
@@ -154,14 +167,15 @@ def _tokenizer(base: str, special: tuple[str, ...], bos_eos: tuple[str, str] | N
 
 
 @cache
-def _setup(name: str) -> tuple[ChatRenderer, Any, CallReader, ConsistencyChecker]:
+def _setup(name: str) -> tuple[ChatRenderer, Any, CallReader | None, ConsistencyChecker]:
     case = CASES[name]
     special = case.special
     tok = _shipped_tokenizer(case.base) if special is None else _tokenizer(case.base, special, case.bos_eos)
     r = ChatRenderer(tok, chat_template=case.template() if case.template else None)
     profile = probe_template(r)
     learned = learn_call_reader(r, profile)
-    assert learned.reader is not None, f"{name}: no reader learned: {learned.reason}"
+    # no reader learned from a fixture (Hermes 2 Pro's probe): the loop reads its calls with verl's hermes parser
+    assert learned.reader is not None or name.startswith(HERMES_FIXTURE), f"{name}: no reader: {learned.why}"
     return r, profile, learned.reader, ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
 
 
@@ -188,7 +202,7 @@ def _call_block_markers(name: str) -> tuple[str, str] | None:
     of two calls; None where it writes none (Mistral v0.3's JSON list)."""
     r, profile, *_ = _setup(name)
     drawn = [("calculator", {"expression": "1"}), ("web_search", {"expression": "2"})]
-    text = rendered_turn(r, profile, assistant_message(profile, drawn)) or ""
+    text = rendered_turn(r, profile, assistant_message(profile, drawn), TOOLS) or ""
     return call_markers(text, [n for n, _ in drawn], MARKER, ["expression"])
 
 
@@ -240,9 +254,9 @@ def model_turn(draw: Any, name: str) -> tuple[str, list[tuple[str, Any]]]:
     """A tool-call turn as a model writes it on the case's template: content or not, 1-3 calls (1 where the template
     renders one), the template's call text spaced at each place as drawn."""
     r, profile, reader, _ = _setup(name)
-    n = draw(st.integers(1, 3)) if reader.form.several else 1
+    n = draw(st.integers(1, 3)) if reader is None or reader.form.several else 1
     drawn = [(draw(st.sampled_from(["calculator", "web_search"])), draw(_ARGS)) for _ in range(n)]
-    calls = rendered_turn(r, profile, assistant_message(profile, drawn))
+    calls = rendered_turn(r, profile, assistant_message(profile, drawn), TOOLS)
     assert calls, "the template renders no call turn"
     spaces = {place: draw(st.sampled_from(SPACES)) for place in PLACES}
     content = CONTENT if draw(st.booleans()) else ""
@@ -275,10 +289,25 @@ def _close(profile: Any) -> int:
     return tool.close_ids[0] if tool.close_ids else min(profile.close_id_set)
 
 
-def _rollout(r: ChatRenderer, profile: Any, reader: CallReader, text: str) -> tuple[Any, Any]:
+def _hermes(r: ChatRenderer) -> Any:
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    return ToolParser.get_tool_parser("hermes", r.tokenizer)
+
+
+def _rollout(r: ChatRenderer, profile: Any, reader: CallReader | None, text: str) -> tuple[Any, Any]:
     outputs = [[*r.encode(text), _close(profile)], r.encode("The answer is 3.")]
+    parser = None if reader is not None else _hermes(r)
     return build_loop_rollout(
-        r, profile, None, outputs, ["3", "4", "5"], tools=TOOLS, prompt=PROMPT, max_parallel_calls=8, call_reader=reader
+        r,
+        profile,
+        parser,
+        outputs,
+        ["3", "4", "5"],
+        tools=TOOLS,
+        prompt=PROMPT,
+        max_parallel_calls=8,
+        call_reader=reader,
     )
 
 
@@ -286,7 +315,7 @@ def _renders_content(r: ChatRenderer, profile: Any) -> bool:
     """The template writes the content of a message that calls a tool (Hermes' tool_use drops it: a changed
     content character is then in no render, and no check of the template's text can see it)."""
     message = assistant_message(profile, [("calculator", {"expression": "1"})], "QXCONTENT")
-    return "QXCONTENT" in (rendered_turn(r, profile, message) or "")
+    return "QXCONTENT" in (rendered_turn(r, profile, message, TOOLS) or "")
 
 
 def _as_object(arguments: Any) -> Any:
@@ -302,11 +331,13 @@ def test_spacing_around_calls_is_never_a_defect_and_a_changed_call_is(name):
     r, profile, reader, checker = _setup(name)
     # A dropped call where the template writes no per-call markers (Mistral v0.3's one list) is a known miss of the
     # check (test_mutations.KNOWN_MISSES, a strict xfail there), as is a content the template does not render.
-    mutations = ["argument"]
-    mutations += ["dropped"] if _call_block_markers(name) is not None else []
-    mutations += ["content"] if _renders_content(r, profile) else []
+    # No reader learned (the Hermes fixture, read by verl's parser): its mutations run on the derived Hermes-shaped
+    # template, where one is.
+    mutations = ["argument"] if reader is not None else ["none"]
+    mutations += ["dropped"] if reader is not None and _call_block_markers(name) is not None else []
+    mutations += ["content"] if reader is not None and _renders_content(r, profile) else []
 
-    @settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=4, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(model_turn(name), st.sampled_from(mutations))
     def holds(turn, how):
         text, drawn = turn
@@ -316,6 +347,8 @@ def test_spacing_around_calls_is_never_a_defect_and_a_changed_call_is(name):
         assert read == drawn, text
         result = checker.check_rollout(rollout, template_view=True)
         assert result.engine_ok and not result.defects, (text, result.summary(), _shown(result))
+        if reader is None:
+            return
         _, mutated = _rollout(r, profile, _Mutating(reader.form, how), text)
         caught = checker.check_rollout(mutated, template_view=True)
         assert caught.defects, (how, text, _shown(caught))

@@ -121,10 +121,7 @@ def fixture_parser(r: ChatRenderer, profile) -> object:
 
 
 # Fixture templates with a known false defect, pinned until fixed (strict: the fix must take its entry off).
-KNOWN_DEFECTS = {
-    # issue 37 (whitespace the template writes around calls, markers plain text to the tokenizer)
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "boundary_missing '\\n' at the assistant→tool boundary",
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

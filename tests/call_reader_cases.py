@@ -47,6 +47,7 @@ LEARNED: dict[str, str] = {
 }
 # Templates whose renders hold no readable call, with the reason the reader gives.
 NOT_LEARNED: dict[str, str] = {
+    "templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "refuses an assistant turn with a tool call",
     "templates/google-gemma-2-2b-it": "renders nothing of a tool call",
     "templates/ibm-granite-granite-3.3-2B-Instruct": "renders nothing of a tool call",
     "templates/microsoft-Phi-3.5-mini-instruct": "renders nothing of a tool call",
@@ -150,12 +151,14 @@ def assistant_message(profile: Any, drawn: Sequence[tuple[str, Mapping[str, Any]
     return profile.tool_call_shape.conform([message])[0]
 
 
-def rendered_turn(renderer: ChatRenderer, profile: Any, message: Mapping[str, Any]) -> str | None:
+def rendered_turn(
+    renderer: ChatRenderer, profile: Any, message: Mapping[str, Any], tools: Sequence[Mapping[str, Any]] = TOOLS
+) -> str | None:
     """The text the template renders for ``message`` after the prompt's generation prompt, up to its close; None
-    where the template cannot render it or renders no continuation of the prompt."""
+    where the template cannot render it (with ``tools``) or renders no continuation of the prompt."""
     try:
-        body = renderer.render_text([*PROMPT, message], TOOLS, add_generation_prompt=False)
-        head = renderer.render_text(PROMPT, TOOLS, add_generation_prompt=True)
+        body = renderer.render_text([*PROMPT, message], tools, add_generation_prompt=False)
+        head = renderer.render_text(PROMPT, tools, add_generation_prompt=True)
     except Exception:
         return None
     at_b, at_h = body.rfind(PROMPT[0]["content"]), head.rfind(PROMPT[0]["content"])

@@ -329,6 +329,10 @@ RULE_TESTS = {  # rule -> (file, test)
     "ambiguous_stop_duplicated": (HERE, "test_ambiguous_stop_kept_once_and_duplicated"),
     "context_moved": (CLASSES, "test_a_tool_list_the_template_moves_is_named"),
     "tool_result_labelled": (CLASSES, "test_gpt_oss_results_of_two_calls_carry_their_own_names"),
+    "prompt_tail_whitespace": (
+        "tests/check/test_call_spacing_property.py",
+        "test_a_tool_results_newline_written_once_more_follows_is_the_prompts_tail",
+    ),
     "boundary_missing": (HERE, "test_boundary_missing_when_the_newline_is_not_restored"),
     "prefill_dropped": (THINKING, "test_thinking_off_names_the_dropped_empty_think_block"),
     "reasoning_stripped_with_prefill": (HERE, "test_rule_reasoning_stripped_with_prefill"),

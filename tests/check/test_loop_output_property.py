@@ -120,18 +120,14 @@ def fixture_parser(r: ChatRenderer, profile) -> object:
     return ToolParser.get_tool_parser(readers[0], r.tokenizer) if readers else verl_parser(r, profile)
 
 
-# Fixture templates with a known false defect, pinned until fixed. Not strict: Hermes' draws no defect when the
-# derived reader was learned earlier in the same process (seen after issue 37's reader fixes; not yet explained).
-KNOWN_DEFECTS = {
-    # issue 37 (whitespace the template writes around calls, markers plain text to the tokenizer)
-    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "boundary_missing '\\n' at the assistant→tool boundary",
-}
+# Fixture templates with a known false defect, pinned until fixed (strict: the fix must take its entry off).
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(
     "template",
     [
-        pytest.param(t, marks=pytest.mark.xfail(strict=False, reason=KNOWN_DEFECTS[t])) if t in KNOWN_DEFECTS else t
+        pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[t])) if t in KNOWN_DEFECTS else t
         for t in (p.stem for p in template_files())
     ],
 )

@@ -136,8 +136,8 @@ class Cause(StrEnum):
         "prefill_dropped",
         _ALLOWED,
         "#8da0cb",
-        "the generation prompt's pre-fill (empty think block) is not re-rendered",
-        _NOTHING + "the pre-fill (an empty think block) is kept as the engine saw it.",
+        "the prompt's tail before a turn (a pre-fill, a close's whitespace) is not re-rendered as the engine saw it",
+        _NOTHING + "the prompt's tail (an empty think block, a newline before a close) is kept as the engine saw it.",
     )
     CONTENT_WHITESPACE = (
         "content_whitespace",

@@ -17,6 +17,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from verl_ext.check.fact_renders import with_tools_if_needed
 from verl_ext.check.sampled_text import text_runs
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.probe import TemplateProfile
@@ -36,9 +37,14 @@ def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Map
     key = (renderer.fingerprint, json.dumps(masked, sort_keys=True, default=str))
     if key not in _SHAPES:
         runs: tuple[str, ...] = ()
+        chat = profile.tool_call_shape.conform([_USER, masked])
         try:
-            head = renderer.render_text([_USER], None, add_generation_prompt=True)
-            full = renderer.render_text(profile.tool_call_shape.conform([_USER, masked]), None)
+            head, full = with_tools_if_needed(
+                lambda tools: (
+                    renderer.render_text([_USER], tools, add_generation_prompt=True),
+                    renderer.render_text(chat, tools),
+                )
+            )
         except Exception:  # noqa: BLE001 - a template that needs more to render: no shape (a stricter verdict)
             full = head = ""
         if full:

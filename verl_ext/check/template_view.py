@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.align import Opcode, align, check_deadline
+from verl_ext.check.call_spacing import differing_whitespace, spacing_place, whitespace_only
+from verl_ext.check.fact_renders import with_tools_if_needed
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
 from verl_ext.check.message_shape import SLOT, message_shape
@@ -33,6 +35,7 @@ from verl_ext.check.tool_call_compare import (
     without_python_calls,
 )
 from verl_ext.core.bounded_cache import LruCache
+from verl_ext.core.call_reader.literals import MARKER
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, spec_components
@@ -325,7 +328,7 @@ class _Rules:
         reading stands, and so do the turn-end defects (a close or trailer the stream lacks); anything else is the
         template writing the same message its own way when the message holds what was sampled (``verdict``), and
         ``MESSAGE_DIFFERS`` when it does not."""
-        named = self._call_cause(d, part, cause)
+        named = self._call_spacing(d, part, cause) or self._call_cause(d, part, cause)
         if named is not None:
             return named
         if (
@@ -411,6 +414,33 @@ class _Rules:
             markers = _call_markers(self.r, self.profile)
             self._call_readings[part.turn] = read_calls(sampled, rendered, calls, markers)
         return self._call_readings[part.turn]
+
+    def _call_spacing(self, d: Divergence, part: Segment, cause: Cause) -> tuple[Cause, str] | None:
+        """Whitespace only, at a place around the turn's calls (``call_spacing``: before the first, between two,
+        after the last, before the close), on a turn whose message holds its calls: the template spacing the calls
+        the parser read its own way, named with the place. Found on the texts, so whitespace the tokenizer merged
+        into a plain-text marker's last token (``>`` against ``>\n``) is found too. A rule's reading of the same text
+        in other ids, and a turn-end defect, stand."""
+        if cause in _SAME_TEXT or (cause in _TURN_END_DEFECTS and d.at_end) or not whitespace_only(d.ds, d.dr):
+            return None
+        reading = self.call_reading(part)
+        if reading is None or not self.verdict(part).holds:
+            return None
+        call = self.loc.calls[part.turn]
+        start = call.output_start
+        first = start if d.i1 < start and self._in_prefill(d, start) else d.i1
+        at = len(self.r.decode(self.stream[part.i1 : max(first, part.i1)]))
+        at += len(os.path.commonprefix([d.ds, d.dr])) if first == d.i1 else 0
+        blocks = [b for b in reading.sampled if b.closed or b.call is not None]
+        after = [i for i in self.stream[d.i2 : call.output_end] if i not in self.turn_ends]
+        place = spacing_place(blocks, at, closing=not after or not self.r.decode(after).strip())
+        if place is None:
+            return None
+        wrote, saw = differing_whitespace(d.dr, d.ds)
+        return Cause.TOOL_CALL_RESERIALIZED, (
+            f"whitespace only, {place}: the template writes {wrote!r} where the stream has {saw!r} (the message holds "
+            "the calls as sampled)"
+        )
 
     def _call_cause(self, d: Divergence, part: Segment, cause: Cause) -> tuple[Cause, str] | None:
         """A divergence inside the turn's call blocks, and nothing but whitespace outside them, on a turn whose message
@@ -880,6 +910,27 @@ def turn_start_whitespace(d: Divergence) -> Named:
     return None
 
 
+def prompt_tail_whitespace(d: Divergence) -> Named:
+    """Whitespace only (the two texts equal once it is set aside), in the tail of the prompt before a turn's output
+    that the template writes otherwise once the turn is history (``_prefills``), where the stream holds that tail as
+    the template wrote it for the engine: the text a template writes before a close, compared as the spacing it is.
+    Hermes' tool_use templates write a tool result's newline before its close only once another message follows, so
+    every prompt the engine saw ends ``</tool_response><|im_end|>`` and the final render has ``</tool_response>\n``
+    there (``>`` against ``>\n`` where the tokenizer merges the newline into the tag's last token)."""
+    c = d.ctx
+    if not whitespace_only(d.ds, d.dr) or d.region == "sampled":
+        return None
+    turn = c.loc.turn(d.i1) + 1 if d.region != "prompt" else 0
+    if turn >= len(c.loc.calls) or d.i2 > (start := c.loc.calls[turn].output_start) or not c._in_prefill(d, start):
+        return None
+    wrote, saw = differing_whitespace(d.dr, d.ds)
+    return Cause.PREFILL_DROPPED, (
+        f"whitespace only, in the prompt's tail before turn {turn}: the template writes {wrote!r} where the prompt "
+        f"the engine saw has {saw!r} once the turn is history (before a close it writes only once more follows); "
+        "the stream keeps the prompt as the engine saw it"
+    )
+
+
 def boundary_missing(d: Divergence) -> Named:
     """Between turns, whitespace the template renders and the stream lacks (a newline after a close not restored)."""
     if d.at_boundary and not d.s_ids and not d.dr.strip():
@@ -992,6 +1043,10 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
     ambiguous_stop_duplicated,
     context_moved,
     tool_result_labelled,
+    # before boundary_missing: render-only whitespace between turns is the template's where it lies in the prompt's
+    # tail before a turn, which the stream holds as the template wrote it for the engine (a stock loop that dropped a
+    # newline after a close holds no such tail: boundary_missing names it)
+    prompt_tail_whitespace,
     # after close_missing: on a template whose close is whitespace text, a missing close is named as such
     boundary_missing,
     prefill_dropped,
@@ -1081,11 +1136,14 @@ def _assistant_frame(r: ChatRenderer) -> tuple[frozenset[str], tuple[str, ...], 
         frame: frozenset[str] = frozenset()
         tags: tuple[str, ...] = ()
         closes: tuple[str, ...] = ()
+        answer = {"role": "assistant", "content": "QXANSWER"}
         try:
-            head = r.render_text([user], None, add_generation_prompt=True)
-            plain = r.render_text([user, {"role": "assistant", "content": "QXANSWER"}])
-            thought = r.render_text(
-                [user, {"role": "assistant", "content": "QXANSWER", "reasoning_content": "QXTHOUGHT"}]
+            head, plain, thought = with_tools_if_needed(
+                lambda tools: (
+                    r.render_text([user], tools, add_generation_prompt=True),
+                    r.render_text([user, answer], tools),
+                    r.render_text([user, {**answer, "reasoning_content": "QXTHOUGHT"}], tools),
+                )
             )
         except Exception:  # a template that needs more than this to render: no frame, no tags (stricter verdicts)
             head = plain = thought = ""
@@ -1132,11 +1190,14 @@ def _prompt_tail(r: ChatRenderer, profile: TemplateProfile, role: str, calls: bo
     key = (r.fingerprint, role, calls)
     if key not in _PROMPT_TAILS:
         chat = profile.tool_call_shape.conform(_PROMPT_CONTEXTS[role])
+        follows = profile.tool_call_shape.conform([*chat, _FOLLOWERS[calls]])
         try:
-            prompt = r.render(chat, None, add_generation_prompt=True, escape=False).ids
-            history = r.render(
-                profile.tool_call_shape.conform([*chat, _FOLLOWERS[calls]]), None, add_generation_prompt=False
-            ).ids
+            prompt, history = with_tools_if_needed(
+                lambda tools: (
+                    r.render(chat, tools, add_generation_prompt=True, escape=False).ids,
+                    r.render(follows, tools, add_generation_prompt=False).ids,
+                )
+            )
             tail = tuple(prompt[len(os.path.commonprefix([prompt, history])) :])
         except Exception:  # noqa: BLE001 - a template that needs more to render: no tail known (a stricter check)
             tail = ()
@@ -1151,21 +1212,32 @@ _CALL_MARKERS: LruCache[str, tuple[str, str] | None] = LruCache("tool-call marke
 
 
 def _call_markers(r: ChatRenderer, profile: TemplateProfile) -> tuple[str, str] | None:
-    """The control texts the template writes once per tool call, around its name and arguments
-    (``tool_call_compare``), read from its rendering of an assistant message with two calls; rendered once per
-    template (None where it cannot render two calls in a message or writes no such texts)."""
+    """The control texts (or, where it has none, the tag-shaped plain texts) the template writes once per tool call,
+    around its name and arguments (``tool_call_compare``), read from its rendering of an assistant message with two
+    calls; rendered once per template (None where it cannot render two calls in a message or writes no such texts)."""
     if r.fingerprint not in _CALL_MARKERS:
         second = {**_PROBE_CALL, "id": "call00002", "function": {**_PROBE_CALL["function"], "name": "search"}}
         message = {"role": "assistant", "content": "", "tool_calls": [_PROBE_CALL, second]}
         user = {"role": "user", "content": "QXUSER"}
         try:
-            head = r.render_text([user], None, add_generation_prompt=True)
-            full = r.render_text(profile.tool_call_shape.conform([user, message]), None)
+            head, full = with_tools_if_needed(
+                lambda tools: (
+                    r.render_text([user], tools, add_generation_prompt=True),
+                    r.render_text(profile.tool_call_shape.conform([user, message]), tools),
+                )
+            )
         except Exception:  # noqa: BLE001 - a template that refuses two calls in a message
             full = head = ""
         body = full[len(os.path.commonprefix([head, full])) :]
         keys = list(_PROBE_CALL["function"]["arguments"])
-        markers = call_markers(body, ["calculator", "search"], r.control_pattern, keys) if body else None
+        names = ["calculator", "search"]
+        # Where the tokenizer holds them as plain text (Hermes' <tool_call> on a Llama 3 tokenizer), the markers are the
+        # tag-shaped texts the template writes once per call: whitespace next to them merges into their last
+        # characters' tokens (">" against ">\n"), and the text verdict alone would read a newline the template puts
+        # between two calls as a space inside the content.
+        markers = None
+        if body:
+            markers = call_markers(body, names, r.control_pattern, keys) or call_markers(body, names, MARKER, keys)
         _CALL_MARKERS[r.fingerprint] = markers
     return _CALL_MARKERS[r.fingerprint]
 

@@ -1,0 +1,49 @@
+"""Where whitespace lies in a tool-call turn: before the first call, between two, after the last, before the close.
+
+A model spaces its calls its own way and the template re-writes them its own way: a newline or none before the
+first call, between calls, after the last and before the turn's close. Where the call markers are plain text to
+the tokenizer, that whitespace merges with the markers' last characters into other tokens (``>`` against ``>\\n``),
+so it is found on the two texts, never on the ids: the texts are equal once whitespace is set aside, and the first
+place they differ lies outside every call, at one of those places. The place is read from the turn's call blocks
+(``tool_call_compare``: cut by the markers the template writes once per call), so it is the template's own, on any
+template.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Protocol
+
+
+class _Block(Protocol):
+    start: int
+    end: int
+
+
+def whitespace_only(a: str, b: str) -> bool:
+    """The two texts differ, and only in whitespace."""
+    return a != b and "".join(a.split()) == "".join(b.split())
+
+
+def differing_whitespace(a: str, b: str) -> tuple[str, str]:
+    """What two texts that differ only in whitespace hold where they differ: each text without the longest prefix and
+    suffix the two share (``'>\\n'`` against ``'>'``: ``'\\n'`` and ``''``)."""
+    head = len(os.path.commonprefix([a, b]))
+    tail = len(os.path.commonprefix([a[head:][::-1], b[head:][::-1]]))
+    return a[head : len(a) - tail], b[head : len(b) - tail]
+
+
+def spacing_place(blocks: Sequence[_Block], at: int, closing: bool) -> str | None:
+    """The place of character offset ``at`` of a turn's sampled text, where it lies outside every call block in
+    ``blocks`` (in order): "before the first call", "between calls K and K+1", "after the last call" (with "before
+    the close" where only the turn's close follows: ``closing``); None where it lies inside a call or the turn holds
+    no call."""
+    if not blocks or any(b.start < at < b.end for b in blocks):
+        return None
+    before = sum(1 for b in blocks if b.end <= at)
+    if before == 0:
+        return "before the first call"
+    if before < len(blocks):
+        return f"between calls {before} and {before + 1}"
+    return "after the last call, before the close" if closing else "after the last call"

@@ -35,6 +35,7 @@ LEARNED: dict[str, str] = {
     "templates/ByteDance-Seed-OSS": "name then keyed parameters",
     "templates/Mistral-Small-3.2-24B-Instruct-2506": "name then json",
     "templates/deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": "name then json",
+    "templates/deepseek-ai-DeepSeek-V3": "name then json",
     "templates/deepseek-ai-DeepSeek-V3.1": "name then json",
     "templates/fireworks-ai-llama-3-firefunction-v2": "json object",
     "templates/meetkai-functionary-medium-v3.2": "name then json",

@@ -39,6 +39,7 @@ GEMMA_PLAIN = ("\n", "\n\n", "  ", "   ", "</div>", "<table>", "<br>")
 # Templates whose markers need another base: a SentencePiece (Metaspace) decoder turns the "▁" in DeepSeek's markers
 # into spaces, so they go on the byte-level Qwen3 tokenizer (DeepSeek's own is byte-level BPE), with its bos and eos.
 BASES: dict[str, tuple[str, str | None, str | None]] = {
+    "deepseek-ai-DeepSeek-V3": ("qwen3", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "deepseek-ai-DeepSeek-V3.1": ("qwen3", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
     "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("qwen3", "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"),
 }

@@ -88,7 +88,19 @@ def _as_object(arguments: Any) -> Any:
 # assistant header between two results), not as the template writes them (tests/core/test_results_of_several_tools).
 
 
-@pytest.mark.parametrize("case", sorted(LEARNED))
+# Known false defects, pinned until fixed (strict: the fix must take its entry off).
+KNOWN_DEFECTS = {
+    "templates/deepseek-ai-DeepSeek-V3": "issue 37: the reader leaves <｜tool▁calls▁end｜> in the turn's content",
+}
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[c])) if c in KNOWN_DEFECTS else c
+        for c in sorted(LEARNED)
+    ],
+)
 def test_read_calls_check_clean(case):
     r = case_renderer(case)
     profile = probe_template(r)

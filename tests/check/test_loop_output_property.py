@@ -120,7 +120,20 @@ def fixture_parser(r: ChatRenderer, profile) -> object:
     return ToolParser.get_tool_parser(readers[0], r.tokenizer) if readers else verl_parser(r, profile)
 
 
-@pytest.mark.parametrize("template", [p.stem for p in template_files()])
+# Fixture templates with a known false defect, pinned until fixed (strict: the fix must take its entry off).
+KNOWN_DEFECTS = {
+    # issue 37 (whitespace the template writes around calls, markers plain text to the tokenizer)
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "boundary_missing '\\n' at the assistant→tool boundary",
+}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        pytest.param(t, marks=pytest.mark.xfail(strict=True, reason=KNOWN_DEFECTS[t])) if t in KNOWN_DEFECTS else t
+        for t in (p.stem for p in template_files())
+    ],
+)
 def test_no_defect_on_any_engine_output_with_fixture_templates(template):
     r = template_renderer(template)
     profile = probe_template(r)

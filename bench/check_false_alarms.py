@@ -265,12 +265,14 @@ def _rate(row: dict, key: str, what: str = "defective") -> str:
     return f"{1000 * row[key + what] / row[key + 'n']:.0f}" if row[key + "n"] else "-"
 
 
-def variant_table(rollouts: int, seed: int) -> None:
+def variant_table(rollouts: int, seed: int, only: str = "") -> None:
     """The rates of every generated variant, one table row each, then the examples of the failing ones."""
     from template_variants import all_variants
 
     started = time.perf_counter()
-    everything = all_variants()
+    from call_reader_cases import LEARNED
+
+    everything = all_variants(tuple(sorted(c for c in LEARNED if only in c)))
     kept = [v for v, why in everything if not why]
     print(
         f"\ngenerated template variants: {len(kept)} of {len(everything)} kept ({time.perf_counter() - started:.0f} s "
@@ -315,12 +317,13 @@ def main() -> int:
     parser.add_argument("--tool-rollouts", type=int, default=300, help="tool-call rollouts per template")
     parser.add_argument("--variant-rollouts", type=int, default=8, help="rollouts per generated template variant")
     parser.add_argument("--only", choices=["variants"], help="run only the generated template variants' table")
+    parser.add_argument("--template", default="", help="variants of the templates whose name holds this text only")
     args = parser.parse_args()
     asyncio.set_event_loop(asyncio.new_event_loop())
     logging.getLogger("verl").setLevel(logging.CRITICAL)  # verl's parser logs every unreadable random tool call
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
     if args.only == "variants":
-        variant_table(args.variant_rollouts, args.seed)
+        variant_table(args.variant_rollouts, args.seed, args.template)
         return 0
     print(f"{args.rollouts} random-output rollouts per template, seed {args.seed}, template view on every rollout\n")
     print(

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 from call_reader_cases import PROMPT, TOOLS, arguments, assistant_message, rendered_turn, varied_text
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from loop_rollouts import build_loop_rollout
 from template_variants import EDITS, EXAMPLE_CALLS, Built, Variant, all_variants, build
@@ -120,7 +120,19 @@ def call_turn(draw: Any, b: Built, inside: bool) -> tuple[str, list[tuple[str, d
         message["reasoning_content"] = draw(st.sampled_from(["", "I need the calculator."]))
     text = rendered_turn(b.renderer, b.profile, message)
     assert text, f"{b.variant.name}: the variant renders no turn for {message}"
+    text = before_a_stop(b, text)
     return draw(st.one_of(st.just(text), varied_text(text))), drawn
+
+
+def before_a_stop(b: Built, text: str) -> str:
+    """``text`` up to a stop the template writes after the calls (R1-Distill writes the content after them, behind
+    ``<｜end▁of▁sentence｜><｜Assistant｜>``): the engine ends the turn there. A stop with calls after it (harmony's
+    ``<|end|>`` after the analysis) stays."""
+    for stop in sorted(b.profile.stop_id_set | b.profile.close_id_set):
+        at = text.find(b.renderer.decode([stop]))
+        if at > 0 and not any(m in text[at:] for m in b.markers.call_markers):
+            text = text[:at]
+    return text
 
 
 def loop_rollout(b: Built, turns: list[str], texts: list[str]) -> tuple[Any, Any]:
@@ -223,7 +235,106 @@ def mutation_results(b: Built) -> dict[str, bool | str]:
 
 # Failures found by these tests, of classes other changes of issue 37 are fixing: (test, variant name) -> the class
 # and its owner. Each is a strict xfail: when the fix lands the test XPASSes and the entry goes.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {}
+_CODER = "qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf"
+_KIMI = "templates/moonshotai-Kimi-K2"
+_V3 = "templates/deepseek-ai-DeepSeek-V3"
+XML_SPACING = (
+    "spacing (owner: spacing): whitespace doubled or moved inside a keyed XML call ('<parameter=tags>\\n\\n[False]"
+    "\\n</parameter>') draws message_differs 'the message holds tool call 1 ... that the engine did not sample there' "
+    "(issue 29's XML-style spacing; verl's qwen3_coder parser reads first)"
+)
+PLAIN_SPACING = (
+    "spacing (owner: spacing): whitespace next to a plain-text marker merges with it into other tokens "
+    "(stream '▁<' vs template '<' before <tool_call>): message_differs 'spaced otherwise than the engine wrote it'"
+)
+KIMI_NAME = (
+    "readings (owner: readings): verl's kimi parser reads a hyphenated tool name ('functions.get-weather:0') as the "
+    "name 'functions.get-weather:0'; the derived reader reads 'get-weather' but is not consulted (verl read a call); "
+    "the check does not see it (the template renders the id, not the name)"
+)
+KIMI_UNREAD = (
+    "readings (owner: readings, not yet analysed): Kimi with the section left unclosed and plain-text markers: "
+    "neither verl's kimi parser nor the derived reader reads the turn's calls (the message holds none)"
+)
+INSIDE = (
+    "readings (owner: readings): call-marker text inside a JSON string argument is read as a call boundary "
+    "(fewer calls, or message_differs where the derived reader read them right)"
+)
+V3_LEFTOVER = (
+    "reader (owner: reader): DeepSeek V3's reader leaves '<｜tool▁calls▁end｜>' in the content; V3's template then "
+    "renders the content without the calls, so the check excuses the turn (sampled_text_kept) and a changed, dropped "
+    "or swapped call goes unreported"
+)
+PLAIN_EXCUSE = (
+    "none (outside the classes): where the call markers are plain text (and the turn starts inside or after a "
+    "think block), a dropped call is excused as reasoning_stripped ('the template drops 86 characters of this "
+    "turn') and swapped calls as sampled_text_kept; on Qwen3's own tokenizer both are message_differs"
+)
+NO_MARKERS = (
+    "none (known: test_mutations.KNOWN_MISSES _NO_MARKERS): Mistral writes one [TOOL_CALLS] JSON list for all calls, "
+    "no control token per call, so tool_call_compare compares the calls as a set: dropped and swapped go unreported"
+)
+KNOWN_FAILURES: dict[tuple[str, str], str] = {
+    **{
+        ("spacing", f"{_CODER}:{edit}"): XML_SPACING
+        for edit in ("original:special", "newline-before-first:plain", "no-space-before-first:plain")
+    },
+    ("spacing", f"{_CODER}:no-space-before-first:special"): XML_SPACING,
+    ("spacing", f"{_CODER}:newline-before-close:plain"): XML_SPACING,
+    ("spacing", "qwen3:no-space-between:plain"): PLAIN_SPACING,
+    ("spacing", "qwen3:newline-between:plain"): PLAIN_SPACING,
+    **{
+        ("spacing", f"{_KIMI}:{edit}"): KIMI_NAME
+        for edit in (
+            "newline-before-first:special",
+            "newline-after-last:special",
+            "newline-before-section-close:plain",
+            "newline-before-section-close:special",
+            "newline-before-close:special",
+            "unclosed-section:special",
+        )
+    },
+    ("spacing", f"{_KIMI}:unclosed-section:plain"): KIMI_UNREAD,
+    **{
+        ("markers-in-strings", name): INSIDE
+        for name in (
+            "qwen3:space-before-first:special",
+            f"{_CODER}:newline-before-first:plain",
+            f"{_KIMI}:newline-before-first:special",
+            f"{_CODER}:no-space-before-first:plain",
+            f"{_CODER}:no-space-before-first:special",
+            "qwen3:no-space-inside-call:special",
+            "qwen3:no-space-between:special",
+            "qwen3:newline-between:special",
+            f"{_KIMI}:newline-after-last:special",
+            f"{_KIMI}:newline-before-section-close:plain",
+            f"{_KIMI}:newline-before-section-close:special",
+            f"{_CODER}:newline-before-close:plain",
+            f"{_KIMI}:newline-before-close:special",
+            f"{_KIMI}:unclosed-section:plain",
+            f"{_KIMI}:unclosed-section:special",
+        )
+    },
+    ("markers-in-strings", f"{_V3}:original:plain"): V3_LEFTOVER,
+    ("mutations", f"{_V3}:original:plain"): V3_LEFTOVER,
+    **{
+        ("mutations", name): PLAIN_EXCUSE
+        for name in (
+            f"{_CODER}:newline-before-first:plain",
+            f"{_CODER}:no-space-before-first:plain",
+            "qwen3:no-space-between:plain",
+            "qwen3:newline-between:plain",
+            "qwen3:newline-after-last:plain",
+            f"{_KIMI}:newline-before-section-close:plain",
+            f"{_CODER}:newline-before-close:plain",
+            f"{_KIMI}:unclosed-section:plain",
+        )
+    },
+    **{
+        ("mutations", f"mistral-7b-v0.3:{edit}"): NO_MARKERS
+        for edit in ("space-before-first:plain", "no-space-inside-call:plain", "no-ids:plain", "no-ids:special")
+    },
+}
 
 
 def params(test: str) -> list[Any]:
@@ -246,7 +357,14 @@ def _built_or_skip(variant: Variant) -> Built:
 def _property(b: Built, inside: bool, examples: int) -> None:
     checker = ConsistencyChecker(b.renderer, b.profile, CheckPolicy(mode="warn"))
 
-    @settings(max_examples=examples, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    # no shrinking: a failing variant's first example is its reproducer, and shrinking one costs minutes here
+    @settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
     @given(st.data())
     def holds(data):
         o = one_rollout(data, b, checker, inside)
@@ -278,7 +396,10 @@ def test_the_generator_covers_every_edit_class_and_both_kinds():
     """Every edit class yields kept variants on both tokenizer kinds, and a variant not kept says why."""
     every = all_variants(SUITE_CASES)
     kept = [v for v, why in every if not why]
-    for edit in EDITS:
+    # no-space-after-last applies to none of these templates (none writes whitespace right after its last marker in
+    # the same literal: Qwen's newline after <|im_end|> is its own literal); the bench shows where each applies
+    applied = set(EDITS) - {"no-space-after-last"}
+    for edit in applied:
         assert {v.kind for v in kept if v.edit == edit} == {"special", "plain"}, edit
     assert all(why for v, why in every if v not in kept)
 

@@ -37,6 +37,7 @@ from template_variants import EDITS, EXAMPLE_CALLS, Built, Variant, all_variants
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.call_reader import CallReader, ReadCall, ReadTurn
 
 SEED = 37
 SAMPLE_PER_CLASS = 2  # variants per edit class in the suite (the bench runs them all)
@@ -412,3 +413,37 @@ def test_the_plain_kind_writes_call_markers_as_text():
         assert not isinstance(b, str), b
         ids = b.renderer.encode("<tool_call>")
         assert (len(ids) == 1) is (kind == "special"), (kind, ids)
+
+
+class _ChangesArguments(CallReader):
+    """A derived reader that changes the first call's arguments (the injected misreading)."""
+
+    def read(self, text: str, types: Any = None) -> ReadTurn:
+        turn = super().read(text, types)
+        if not turn.calls:
+            return turn
+        first = turn.calls[0]
+        wrong = ReadCall(
+            first.name, json.dumps({**json.loads(first.arguments), "expression": "misread"}), first.call_id
+        )
+        return dataclasses.replace(turn, calls=(wrong, *turn.calls[1:]))
+
+
+def test_a_misreading_reader_is_caught_by_the_property():
+    """The property's own checks can fail: a reader that changes an argument is a misread call, and the check's
+    defect, in the rollouts ``one_rollout`` builds (the derived reader alone, as where verl has no parser)."""
+    (variant,) = [v for v, why in all_variants(SUITE_CASES) if v.name == "qwen3:original:special"]
+    b = _built_or_skip(variant)
+    bad = dataclasses.replace(
+        b, variant=dataclasses.replace(variant, edit="misreading-reader"), reader=_ChangesArguments(b.reader.form)
+    )
+    _PARSERS[bad.variant.name] = None  # the derived reader alone reads the turns
+    checker = ConsistencyChecker(b.renderer, b.profile, CheckPolicy(mode="warn"))
+
+    @settings(max_examples=2, deadline=None, derandomize=True, phases=[Phase.generate], database=None)
+    @given(st.data())
+    def caught(data):
+        o = one_rollout(data, bad, checker, inside=False)
+        assert o.misread and o.defects, o
+
+    caught()

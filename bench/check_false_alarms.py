@@ -10,8 +10,14 @@ them (``tests/model_tool_calls.py``: other spacing, key order, number and string
 parser cannot read), with their defect rate per 1,000 (goal 0) and how often the two tool-call causes were named.
 Then the mutation suite (``tests/check/test_mutations.py``): every injected defect on every template (the same
 five), the share reported in its turn (the goal is 100%), and the mutations a template cannot take, with why.
+Last, per template, edit class and tokenizer kind of the generated variants (``tests/template_variants.py``:
+whitespace around calls edited in the template's source; call markers as special tokens or as plain text), over
+``--variant-rollouts`` rollouts each as ``tests/check/test_template_variants.py`` draws them (half with call-marker
+text inside a string argument): rollouts with a defect per 1,000, rollouts with a misread call per 1,000, and the
+share of the three message mutations (changed argument, dropped call, swapped calls) reported in the call turn.
 
     PYTHONPATH=. .venv/bin/python bench/check_false_alarms.py [--rollouts 1000] [--tool-rollouts 300] [--seed 0]
+        [--variant-rollouts 8] [--only variants]
 """
 
 from __future__ import annotations
@@ -208,15 +214,117 @@ def mutation_detection() -> tuple[int, int, list[str], list[str]]:
     return caught, injected, missed, skipped
 
 
+def variant_rates(variant, rollouts: int, seed: int) -> dict:
+    """One generated variant's rates over ``rollouts`` drawn rollouts (half with marker text inside arguments) and
+    its mutation results; ``skipped``: why it could not be built."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as hypothesis_seed
+    from hypothesis import strategies as st
+    from test_template_variants import built, mutation_results, one_rollout
+
+    b = built(variant)
+    if isinstance(b, str):
+        return {"skipped": b}
+    checker = ConsistencyChecker(b.renderer, b.profile, CheckPolicy(mode="warn"))
+    seen = {"n": 0, "defective": 0, "misread": 0, "inside_n": 0, "inside_defective": 0, "inside_misread": 0}
+    examples: list[str] = []
+
+    def run(inside: bool, n: int) -> None:
+        key = "inside_" if inside else ""
+
+        @hypothesis_seed(seed)
+        @settings(max_examples=n, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+        @given(st.data())
+        def one(data):
+            o = one_rollout(data, b, checker, inside)
+            seen[key + "n"] += 1
+            seen[key + "defective"] += bool(o.defects)
+            seen[key + "misread"] += bool(o.misread)
+            if (o.defects or o.misread) and len(examples) < 2:
+                what = o.defects[0] if o.defects else ("misread", o.misread[0])
+                examples.append(f"{'inside ' if inside else ''}{o.text[0][:160]!r}: {str(what)[:300]}")
+
+        if n:
+            one()
+
+    run(False, rollouts - rollouts // 2)
+    run(True, rollouts // 2)
+    mutations = mutation_results(b)
+    applicable = {k: v for k, v in mutations.items() if k != "clean" and isinstance(v, bool)}
+    return {
+        **seen,
+        "clean": mutations["clean"],
+        "caught": sum(applicable.values()),
+        "mutations": len(applicable),
+        "examples": examples,
+    }
+
+
+def _rate(row: dict, key: str, what: str = "defective") -> str:
+    """Rollouts with ``what`` per 1,000 among the row's ``key`` rollouts ("-" where none ran)."""
+    return f"{1000 * row[key + what] / row[key + 'n']:.0f}" if row[key + "n"] else "-"
+
+
+def variant_table(rollouts: int, seed: int, only: str = "") -> None:
+    """The rates of every generated variant, one table row each, then the examples of the failing ones."""
+    from template_variants import all_variants
+
+    started = time.perf_counter()
+    from call_reader_cases import LEARNED
+
+    everything = all_variants(tuple(sorted(c for c in LEARNED if only in c)))
+    kept = [v for v, why in everything if not why]
+    print(
+        f"\ngenerated template variants: {len(kept)} of {len(everything)} kept ({time.perf_counter() - started:.0f} s "
+        f"to generate); {rollouts} rollouts each (seed {seed}), half with call-marker text inside an argument\n"
+    )
+    print(
+        "| template | edit class | tokenizer | defects per 1,000 | misread per 1,000 | marker-in-string defects "
+        "per 1,000 | marker-in-string misread per 1,000 | mutations caught |"
+    )
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    failing: list[tuple[str, list[str]]] = []
+    skipped: list[str] = []
+    for k, v in enumerate(kept, 1):
+        row = variant_rates(v, rollouts, seed)
+        if "skipped" in row:
+            skipped.append(f"{v.name}: {row['skipped']}")
+            continue
+
+        caught = f"{row['caught']}/{row['mutations']}" + ("" if row["clean"] else " (unclean)")
+        print(
+            f"| {v.template} | {v.edit} | {v.kind} | {_rate(row, '')} | {_rate(row, '', 'misread')} | "
+            f"{_rate(row, 'inside_')} | {_rate(row, 'inside_', 'misread')} | {caught} |",
+            flush=True,
+        )
+        if row["examples"] or row["caught"] < row["mutations"] or not row["clean"]:
+            failing.append((v.name, row["examples"]))
+        print(f"  [{k}/{len(kept)} variants, {time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
+    for name, examples in failing:
+        for example in examples or ["(mutations)"]:
+            print(f"  {name}: {example}")
+    for line in skipped:
+        print(f"  not built: {line}")
+    print(
+        f"\n{len(failing)} of {len(kept) - len(skipped)} variants with a false defect, misread call or missed mutation"
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rollouts", type=int, default=1000, help="random-output rollouts per template")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tool-rollouts", type=int, default=300, help="tool-call rollouts per template")
+    parser.add_argument("--variant-rollouts", type=int, default=8, help="rollouts per generated template variant")
+    parser.add_argument("--only", choices=["variants"], help="run only the generated template variants' table")
+    parser.add_argument("--template", default="", help="variants of the templates whose name holds this text only")
     args = parser.parse_args()
     asyncio.set_event_loop(asyncio.new_event_loop())
     logging.getLogger("verl").setLevel(logging.CRITICAL)  # verl's parser logs every unreadable random tool call
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, load average {os.getloadavg()}")
+    if args.only == "variants":
+        variant_table(args.variant_rollouts, args.seed, args.template)
+        return 0
     print(f"{args.rollouts} random-output rollouts per template, seed {args.seed}, template view on every rollout\n")
     print(
         "| template | rollouts with a defect per 1,000 | engine-view failures | check / render | check ms | render ms |"
@@ -267,6 +375,7 @@ def main() -> int:
         f"\ngoals: false alarms 0 per 1,000 ({'met' if worst == 0 else f'not met: up to {worst:.1f}'}); "
         f"detection 100% ({'met' if caught == injected else 'not met'})"
     )
+    variant_table(args.variant_rollouts, args.seed)
     return 0
 
 

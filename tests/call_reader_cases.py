@@ -47,7 +47,6 @@ LEARNED: dict[str, str] = {
 }
 # Templates whose renders hold no readable call, with the reason the reader gives.
 NOT_LEARNED: dict[str, str] = {
-    "templates/NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": "refuses an assistant turn with a tool call",
     "templates/google-gemma-2-2b-it": "renders nothing of a tool call",
     "templates/ibm-granite-granite-3.3-2B-Instruct": "renders nothing of a tool call",
     "templates/microsoft-Phi-3.5-mini-instruct": "renders nothing of a tool call",

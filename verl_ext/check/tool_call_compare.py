@@ -59,6 +59,7 @@ class Block:
     closed: bool
     call: int | None = None
     readable: bool = False
+    read: tuple[str, Any] | None = None  # the call the reader read in it: its name and arguments
 
     @property
     def malformed(self) -> bool:
@@ -106,14 +107,12 @@ def read_calls(
     if not ours or (not wanted and not any(b.closed for b in ours)):
         return None  # the model wrote no call in the template's format (hermes on a template of another): not read
     # the template's text before a call's name, from the first call it wrote (not from call text in the content)
-    first = next((b for b in theirs if b.closed), None)
+    first = next((b for b in theirs if (b.read is not None if reader else b.closed)), None)
     prefix = _name_prefix(rendered[first.start : first.end], opener, wanted[0][0]) if first and wanted else ""
     at = 0
     detail = ""
     for k, (name, args) in enumerate(wanted):
-        hit = next(
-            (b for b in range(at, len(ours)) if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix)), None
-        )
+        hit = next((b for b in range(at, len(ours)) if _block_holds(sampled, ours[b], name, args, prefix)), None)
         if hit is None:
             shown = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, sort_keys=True, default=str)
             detail = detail or f"the message holds tool call {k + 1} {shown[:160]} that the engine did not sample there"
@@ -234,8 +233,17 @@ def _call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
 def read_blocks(reader: CallReader, text: str, types: Mapping[str, Mapping[str, str]] | None = None) -> list[Block]:
     """The call blocks of ``text`` as ``reader`` reads it (``ReadTurn.spans`` and ``unread``), in order."""
     turn = reader.read(text, types)
-    blocks = [Block(a, b, True) for a, b in turn.spans] + [Block(a, b, closed) for a, b, closed in turn.unread]
-    return sorted(blocks, key=lambda b: b.start)
+    read = [(c.name, _arguments(c.arguments)) for c in turn.calls]
+    blocks = [Block(a, b, True, read=r) for (a, b), r in zip(turn.spans, read, strict=True)]
+    return sorted(blocks + [Block(a, b, closed) for a, b, closed in turn.unread], key=lambda b: b.start)
+
+
+def _block_holds(text: str, block: Block, name: str, args: Any, prefix: str) -> bool:
+    """The block holds a call of ``name`` with ``args``: the call the reader read in it, by value, or its text
+    (``_holds``)."""
+    if block.read is not None and block.read[0] == name and same_value(block.read[1], args):
+        return True
+    return _holds(text[block.start : block.end], name, args, prefix)
 
 
 def _blocks(text: str, opener: str, closer: str) -> list[Block]:

@@ -147,9 +147,10 @@ async def parse_turn(
     past ``max_parallel_calls`` are ``dropped`` (None: no limit, every call is in ``calls``).
 
     ``call_reader`` (the reader derived from the template) reads the ids minus an end-of-turn stop too: its reading
-    is taken where ``tool_parser`` is None, where verl's parser read no call and it reads one, and where both read
-    calls, not the same ones (``disagree``), and only verl's leaves call-like text outside its calls
-    (``call_text_left``); a turn so read is marked ``derived``.
+    is taken where ``tool_parser`` is None, where verl's parser read no call and it reads one, and where verl's read
+    calls and the two readings disagree (``disagree``: other calls, or call-like text left by one only) and only
+    verl's leaves call-like text outside its calls (``call_text_left``, or more blocks it could not read than the
+    derived reader's closed unread sections); a turn so read is marked ``derived``.
     """
     if tool_parser is not None:
         content, parsed, malformed = await _verl_reading(
@@ -167,11 +168,13 @@ async def parse_turn(
     if not parsed:
         return _turn(content, parsed, malformed, max_parallel_calls)
     form = call_reader.form
-    # what each reading leaves outside its calls and the calls it counted malformed (verl's parser takes those out
-    # of its content; the derived reader keeps them in it, closed sections it names in ``unread``)
-    verl_left = call_text_left(form, content) is not None
-    rest = outside(text, [*read.spans, *((a, b) for a, b, closed in read.unread if closed)])
-    derived_left = call_text_left(form, rest) is not None
+    # Call-like text each reading leaves outside its calls, a closed block both count malformed aside: verl's parser
+    # takes the blocks it could not read out of its content (a block cut inside a JSON string is one), so more of
+    # them than the derived reader's closed unread sections is text it left; the derived reader keeps its unread
+    # sections in the content, and what it leaves outside its calls and those is left.
+    closed = [(a, b) for a, b, whole in read.unread if whole]
+    verl_left = call_text_left(form, content) is not None or malformed > len(closed)
+    derived_left = call_text_left(form, outside(text, [*read.spans, *closed])) is not None
     disagree = _meanings(parsed) != _meanings(calls) or verl_left != derived_left
     if disagree and verl_left and not derived_left:
         return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=True, disagree=True)

@@ -156,9 +156,12 @@ class CallReader:
                 continue
             if not read:
                 malformed += 1
-                content.append(full[at:body_at])
-                unread.append(self._unread(full, max(head, start), body_at, start))
-                at = body_at
+                section = self._unread(full, max(head, start), body_at, start)
+                unread.append(section)
+                # a closed section is read past as a whole (an anchor inside its strings is text), else from its body
+                stop = section[1] + start if section[2] else body_at
+                content.append(full[at:stop])
+                at = stop
                 continue
             content.append(full[at : max(at, head)])
             calls += read

@@ -120,3 +120,41 @@ def test_calls_with_marker_text_in_strings_are_read_and_checked_exactly(renderer
 
     holds()
     assert seen["marker turns"] and seen["mutated"], seen  # the draws hold marker strings and mutable calls
+
+
+GOOD = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>'
+BETWEEN = {
+    "parameters for arguments": '<tool_call>\n{"name": "search", "parameters": {"query": "z"}}\n</tool_call>',
+    "broken JSON": '<tool_call>\n{"name": "search", "arguments": {"query": "z"}\n</tool_call>',
+    "an unquoted name": '<tool_call>\n{"name": search, "arguments": {"query": "z"}}\n</tool_call>',
+}
+CUT = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "9'
+
+
+@pytest.mark.parametrize("family", ["qwen2.5", "qwen3"])
+@pytest.mark.parametrize("between", list(BETWEEN))
+def test_a_malformed_call_between_readable_calls_is_allowed_and_a_dropped_one_is_not(renderer_for, family, between):
+    """A good call, a call the template's own parser cannot read, then a call cut by the stop (issue 37: 1 of 200
+    Qwen2.5 rollouts drew ``message_differs`` for it, the name prefix read from the cut call kept in the content):
+    no defect, as for a malformed call alone; the good call dropped from the message is still reported."""
+    r = renderer_for(family)
+    profile = probe_template(r)
+    parser, reader = verl_parser(r, profile), learn_call_reader(r, profile).reader
+    checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
+    close = min(profile.close_id_set)
+    text = f"{GOOD}\n{BETWEEN[between]}\n{CUT}"
+    outputs = [[*r.encode(text), close], [*r.encode("The answer is 3."), close]]
+    loop, rollout = build_loop_rollout(
+        r, profile, parser, outputs, [], response_length=RESPONSE_LENGTH, max_parallel_calls=8, call_reader=reader
+    )
+    message = next(m for m in loop.trajectory.messages if m["role"] == "assistant")
+    assert _calls(message)[0] == ("calculator", {"expression": "1+2"}), message
+    result = checker.check_rollout(rollout, template_view=True)
+    assert not [f for f in result.findings if not f.allowed], result.summary()
+    messages = copy.deepcopy(list(loop.trajectory.messages))
+    first = next(m for m in messages if m["role"] == "assistant")
+    del first["tool_calls"][0]
+    if not first["tool_calls"]:
+        del first["tool_calls"]
+    found = checker.check_rollout(_with_messages(loop, messages), template_view=True)
+    assert any(f.turn == 0 for f in found.findings if not f.allowed), found.summary()

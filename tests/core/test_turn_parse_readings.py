@@ -96,9 +96,18 @@ def test_readings_that_agree_are_verls_and_not_a_disagreement(qwen3):
 
 
 def test_where_both_readings_leave_call_text_verls_is_taken(qwen3):
-    """A cut call at the end is call text outside the calls in both readings: verl's (as before), counted."""
-    turn = read(qwen3, GOOD + "\n" + IN_STRING + "\n" + CUT)
+    """A stray closer after the calls is call text outside the calls in both readings: verl's (as before), counted."""
+    turn = read(qwen3, GOOD + "\n" + IN_STRING + "\nstray </tool_call> text")
     assert expressions(turn) == ["1+2"] and turn.disagree and not turn.derived
+
+
+def test_a_call_cut_by_the_stop_is_left_by_both_readings(qwen3):
+    """A call cut at the end stays in both readings' content as written: not counted against either, so the
+    derived reading, which alone reads the call with the marker in its string, is taken."""
+    turn = read(qwen3, GOOD + "\n" + IN_STRING + "\n" + CUT)
+    assert expressions(turn) == ["1+2", "a </tool_call> b"] and turn.disagree and turn.derived
+    assert turn.message["content"].strip() == CUT, turn.message
+    assert not read(qwen3, GOOD + "\n" + CUT).disagree  # the cut call alone: the readings agree
 
 
 def test_a_block_verl_could_not_read_is_call_text_it_left(qwen3):

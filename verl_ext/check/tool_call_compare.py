@@ -42,6 +42,7 @@ from typing import Any
 
 from verl_ext.check.sampled_text import json_and_text
 from verl_ext.core.call_reader import CallReader
+from verl_ext.core.call_reader.literals import MARKER
 
 _WORD = re.compile(r"\w", re.UNICODE)
 # What may stand between a key and its value: the key's closing quote, then ':' (JSON), '=' or '>' (XML forms).
@@ -109,10 +110,19 @@ def read_calls(
     # the template's text before a call's name, from the first call it wrote (not from call text in the content)
     first = next((b for b in theirs if (b.read is not None if reader else b.closed)), None)
     prefix = _name_prefix(rendered[first.start : first.end], opener, wanted[0][0]) if first and wanted else ""
-    at = 0
     detail = ""
-    for k, (name, args) in enumerate(wanted):
-        hit = next((b for b in range(at, len(ours)) if _block_holds(sampled, ours[b], name, args, prefix)), None)
+    read = [b for b, block in enumerate(ours) if block.read is not None]
+    by_reading = len(read) == len(wanted) and all(_read_holds(ours[b], *w) for b, w in zip(read, wanted, strict=True))
+    if by_reading:  # the message holds the reader's reading, call by call (the loop took it): each call in its block
+        ours = [_with(block, call=read.index(b)) if b in read else block for b, block in enumerate(ours)]
+    at = 0
+    for k, (name, args) in enumerate(() if by_reading else wanted):
+        # by its text first (the template's own keys), then by the call the reader read there (``parameters``)
+        hit = next(
+            (b for b in range(at, len(ours)) if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix)), None
+        )
+        if hit is None:
+            hit = next((b for b in range(at, len(ours)) if _read_holds(ours[b], name, args)), None)
         if hit is None:
             shown = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, sort_keys=True, default=str)
             detail = detail or f"the message holds tool call {k + 1} {shown[:160]} that the engine did not sample there"
@@ -235,15 +245,20 @@ def read_blocks(reader: CallReader, text: str, types: Mapping[str, Mapping[str, 
     turn = reader.read(text, types)
     read = [(c.name, _arguments(c.arguments)) for c in turn.calls]
     blocks = [Block(a, b, True, read=r) for (a, b), r in zip(turn.spans, read, strict=True)]
-    return sorted(blocks + [Block(a, b, closed) for a, b, closed in turn.unread], key=lambda b: b.start)
+    blocks = sorted(blocks + [Block(a, b, closed) for a, b, closed in turn.unread], key=lambda b: b.start)
+    trail = [c for c in reader.form.trail if MARKER.fullmatch(c)]
+    for k, block in enumerate(blocks):
+        if block.read is not None and trail and not text[block.start : block.end].endswith(trail[-1]):
+            # a call the reader read without its trail (cut by the stop): the rest of the text up to the next block
+            # is the call's, unclosed, as the markers cut it
+            end = blocks[k + 1].start if k + 1 < len(blocks) else len(text)
+            blocks[k] = _with(block, end=end, closed=False)
+    return blocks
 
 
-def _block_holds(text: str, block: Block, name: str, args: Any, prefix: str) -> bool:
-    """The block holds a call of ``name`` with ``args``: the call the reader read in it, by value, or its text
-    (``_holds``)."""
-    if block.read is not None and block.read[0] == name and same_value(block.read[1], args):
-        return True
-    return _holds(text[block.start : block.end], name, args, prefix)
+def _read_holds(block: Block, name: str, args: Any) -> bool:
+    """The call the reader read in the block is ``name`` with ``args``, by value."""
+    return block.read is not None and block.read[0] == name and same_value(block.read[1], args)
 
 
 def _blocks(text: str, opener: str, closer: str) -> list[Block]:

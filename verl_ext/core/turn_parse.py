@@ -173,8 +173,13 @@ async def parse_turn(
     # them than the derived reader's closed unread sections is text it left; the derived reader keeps its unread
     # sections in the content, and what it leaves outside its calls and those is left.
     closed = [(a, b) for a, b, whole in read.unread if whole]
-    verl_left = call_text_left(form, content) is not None or malformed > len(closed)
-    derived_left = call_text_left(form, outside(text, [*read.spans, *closed])) is not None
+    # an unclosed section verl's content holds as written (a call cut by the stop) is left by both: neither's fault
+    both = [(a, b) for a, b, whole in read.unread if not whole and text[a:b] in content]
+    verl_rest = content
+    for a, b in both:
+        verl_rest = verl_rest.replace(text[a:b], "", 1)
+    verl_left = call_text_left(form, verl_rest) is not None or malformed > len(closed)
+    derived_left = call_text_left(form, outside(text, [*read.spans, *closed, *both])) is not None
     disagree = _meanings(parsed) != _meanings(calls) or verl_left != derived_left
     if disagree and verl_left and not derived_left:
         return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=True, disagree=True)

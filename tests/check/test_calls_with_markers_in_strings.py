@@ -86,7 +86,7 @@ def test_calls_with_marker_text_in_strings_are_read_and_checked_exactly(renderer
     close = min(profile.close_id_set)
     seen = {"marker turns": 0, "mutated": 0}
 
-    @settings(max_examples=12, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
     @given(st.data())
     def holds(data):
         turns = [data.draw(hermes_turn_read(reasoning=reasoning)) for _ in range(data.draw(st.integers(1, 2)))]
@@ -103,11 +103,15 @@ def test_calls_with_marker_text_in_strings_are_read_and_checked_exactly(renderer
         assert result.engine_ok and not defects, [(f.cause.value, f.turn, f.detail) for f in defects]
         for name, mutate in MUTATIONS.items():
             messages = copy.deepcopy(list(loop.trajectory.messages))
+            # a call dropped must be one in the template's own form: a dropped ``parameters`` call reads as a
+            # malformed one to the check, which recomputes the reading (docs/check.md, "Not yet there")
+            own = [strict for _, strict, _ in turns] + [[]]
             turn, calls = next(
                 (
                     (k, m["tool_calls"])
                     for k, m in enumerate(a for a in messages if a["role"] == "assistant")
                     if _applies(name, m.get("tool_calls") or [])
+                    and (name != "a dropped call" or _calls(m)[0] in own[min(k, len(own) - 1)])
                 ),
                 (None, None),
             )

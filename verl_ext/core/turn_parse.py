@@ -165,8 +165,6 @@ async def parse_turn(
     calls = [ParsedCall(c.name, c.arguments, c.call_id or call_id(turn, i)) for i, c in enumerate(read.calls)]
     if tool_parser is None or (not parsed and calls):
         return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls))
-    if not parsed:
-        return _turn(content, parsed, malformed, max_parallel_calls)
     form = call_reader.form
     # Call-like text each reading leaves outside its calls, a closed block both count malformed aside: verl's parser
     # takes the blocks it could not read out of its content (a block cut inside a JSON string is one), so more of
@@ -180,9 +178,9 @@ async def parse_turn(
         verl_rest = verl_rest.replace(text[a:b], "", 1)
     verl_left = call_text_left(form, verl_rest) is not None or malformed > len(closed)
     derived_left = call_text_left(form, outside(text, [*read.spans, *closed, *both])) is not None
-    disagree = _meanings(parsed) != _meanings(calls) or verl_left != derived_left
-    if disagree and verl_left and not derived_left:
-        return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=True, disagree=True)
+    disagree = bool(parsed) and (_meanings(parsed) != _meanings(calls) or verl_left != derived_left)
+    if (disagree or not parsed) and verl_left and not derived_left:  # (no call read: the content alone differs)
+        return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls), disagree=disagree)
     return _turn(content, parsed, malformed, max_parallel_calls, disagree=disagree)
 
 

@@ -3,9 +3,11 @@
 A model trained on a template writes its calls mostly as the template does, but not byte for byte: a space or
 nothing instead of the newline after ``<tool_call>``, compact separators, ``arguments`` before ``name``, numbers
 as ``1e2``, ``2.50`` or ``-0.0``, ``ensure_ascii`` escapes (``"caf\\u00e9"``), non-ASCII text, one to three calls
-with or without newlines between them, text right before a call, after a reasoning block or without one. And now
-and then a call the parser cannot read (``"parameters"`` for ``"arguments"``, broken JSON), which the parser takes
-out of the content and the loop answers with an error tool message.
+with or without newlines between them, text right before a call, after a reasoning block or without one, and
+call-marker text inside string arguments (``"</tool_call>"``, ``"<tool_call>"``, a code fence, the template's other
+tags: an agent editing code about tool calls writes them). And now and then a call the parser cannot read
+(``"parameters"`` for ``"arguments"``, broken JSON), which the parser takes out of the content and the loop answers
+with an error tool message.
 
 ``turn_text(fmt, ...)`` draws one such turn's text (no stop: the caller ends it); ``FORMATS`` names the formats and
 the verl parser each is read by. Every string here is text a model may sample, as written (JSON numbers and escapes
@@ -20,6 +22,15 @@ from typing import Any
 
 from hypothesis import strategies as st
 
+# String arguments holding call-marker text: a marker inside a JSON string is text, never a call's edge.
+MARKER_STRINGS = (
+    '"a </tool_call> b"',
+    '"<tool_call>"',
+    '"```json\\n{\\"name\\": \\"x\\"}\\n```"',
+    '"</tool_call>\\n<tool_call>"',
+    '"<tool_response>ok</tool_response>"',
+    '"<function=calculator>"',
+)
 # JSON values as models write them: the text as sampled.
 JSON_VALUES = (
     '"1+2"',
@@ -39,6 +50,7 @@ JSON_VALUES = (
     "null",
     "[1, 2.0]",
     '{"k": 1e2}',
+    *MARKER_STRINGS,
 )
 # Values in the XML formats (qwen3_coder, seed), where a parameter's value is raw text.
 XML_VALUES = ("1+2", "100", "2.50", "café", "a\u00a0b", "中文 text", "two\nlines", "x y")
@@ -71,6 +83,16 @@ def json_object(draw: Any, keys: Sequence[str] = KEYS, min_size: int = 1) -> str
 def hermes_call(draw: Any, malformed: bool = False) -> str:
     """``<tool_call>`` JSON ``</tool_call>``: newline, space or nothing inside the tags, ``name`` or ``arguments``
     first, standard or compact separators. ``malformed``: ``parameters`` for ``arguments``, or broken JSON."""
+    return draw(hermes_call_read(malformed))[0]
+
+
+Call = tuple[str, Any]  # a call's name and its arguments as the model meant them
+
+
+@st.composite
+def hermes_call_read(draw: Any, malformed: bool = False) -> tuple[str, Call | None, Call | None]:
+    """``hermes_call``'s text, the call it holds as the template writes calls (None: malformed), and the call a
+    lenient reader reads from it (the derived reader reads ``parameters`` for ``arguments``; None: broken JSON)."""
     head, tail = draw(st.sampled_from(["\n", " ", ""])), draw(st.sampled_from(["\n", " ", ""]))
     item, colon = draw(st.sampled_from([(", ", ": "), (",", ":")]))
     name = json.dumps(draw(st.sampled_from(NAMES)))
@@ -87,7 +109,24 @@ def hermes_call(draw: Any, malformed: bool = False) -> str:
     fields = [f'"name"{colon}{name}', f'"{key}"{colon}{args}']
     if draw(st.booleans()):
         fields.reverse()
-    return f"<tool_call>{head}{{{item.join(fields)}}}{tail}</tool_call>"
+    text = f"<tool_call>{head}{{{item.join(fields)}}}{tail}</tool_call>"
+    try:
+        lenient: Call | None = (json.loads(name), json.loads(args))
+    except json.JSONDecodeError:
+        lenient = None
+    return text, lenient if key == "arguments" else None, lenient
+
+
+@st.composite
+def hermes_turn_read(draw: Any, reasoning: bool = True, malformed: bool = True) -> tuple[str, list[Call], list[Call]]:
+    """A hermes turn as ``turn_text`` draws it, with the calls it holds as the template writes them, and the calls
+    a lenient reader reads (``hermes_call_read``)."""
+    think = draw(st.sampled_from(REASONING)) if reasoning else ""
+    lead = draw(st.sampled_from(LEADS))
+    drawn = [draw(hermes_call_read(malformed and draw(st.integers(0, 3)) == 0)) for _ in range(draw(st.integers(1, 3)))]
+    between = draw(st.sampled_from(["\n", "", "\n\n"]))
+    text = think + lead + between.join(t for t, _, _ in drawn)
+    return text, [c for _, c, _ in drawn if c is not None], [c for _, _, c in drawn if c is not None]
 
 
 @st.composite

@@ -21,6 +21,7 @@ from template_fixtures import template_files, template_renderer
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.call_reader import learn_call_reader
 from verl_ext.core.probe import Severity, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 
@@ -197,7 +198,9 @@ def draw_model_call_rollout(data: Any, r: ChatRenderer, profile: Any, parser: An
     outputs.append([*r.encode("The answer is 3."), close])
     texts = data.draw(st.lists(st.sampled_from(["3", "", "x\ny", "café"]), max_size=4))
     budget = data.draw(st.sampled_from([64, 2048]))
-    _, rollout = build_loop_rollout(r, profile, parser, outputs, texts, response_length=budget)
+    # read as the loop reads: verl's parser first, the reader derived from the template beside it (parse_turn)
+    reader = learn_call_reader(r, profile).reader
+    _, rollout = build_loop_rollout(r, profile, parser, outputs, texts, response_length=budget, call_reader=reader)
     return rollout
 
 

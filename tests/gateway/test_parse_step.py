@@ -181,3 +181,23 @@ def test_a_conversation_keeps_the_loops_token_stream(make_gateway: Any, gateway_
     assert branch.trajectory.input_ids == loop.trajectory.input_ids
     assert branch.trajectory.messages == loop.trajectory.messages
     assert [list(c.prompt_ids) for c in branch.calls] == [list(c.prompt_ids) for c in loop.calls]
+
+
+def test_the_gateway_answers_the_reading_that_leaves_no_call_text_and_counts_the_disagreement(make_gateway: Any):
+    """A ``</tool_call>`` inside a string argument: verl's hermes parser cuts the call there, the derived reader
+    decodes it; the client gets both calls and no leftover marker in the content, and the gateway counts the turn in
+    ``readings_disagree`` (once: an agreeing turn is not counted)."""
+    marked = '<tool_call>\n{"name": "calc", "arguments": {"expression": "a </tool_call> b"}}\n</tool_call>'
+    gateway = make_gateway([CALL % "6*7" + "\n" + marked + END, CALL % "1+1" + END])
+    prompt = [{"role": "user", "content": "What is 6*7?"}]
+    done = asyncio.run(gateway.complete("s", parse_chat_request({"messages": prompt, "tools": TOOLS})))
+    calls = [json.loads(c["function"]["arguments"]) for c in done.message["tool_calls"]]
+    assert calls == [{"expression": "6*7"}, {"expression": "a </tool_call> b"}], done.message
+    assert "tool_call>" not in (done.message["content"] or "") and done.malformed_calls == 0
+    assert gateway.counters["readings_disagree"] == 1 and gateway.counters["derived_reads"] == 1
+    replies = [
+        {"role": "tool", "tool_call_id": c["id"], "name": "calc", "content": "42"} for c in done.message["tool_calls"]
+    ]
+    body = {"messages": [*prompt, {**done.message}, *replies], "tools": TOOLS}
+    asyncio.run(gateway.complete("s", parse_chat_request(body)))
+    assert gateway.counters["readings_disagree"] == 1

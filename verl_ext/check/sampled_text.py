@@ -189,16 +189,16 @@ def _read(text: str, structure: re.Pattern[str] | None) -> _Reading:
     objects: list[Any] = []
     runs: list[str] = []
     spaced: list[str] = []
-    pieces = structure.split(text) if structure is not None else [text]
-    for piece in pieces:
-        for kind, value in json_and_text(piece):
-            if kind == "json":
-                objects.append(value)
-            else:
-                words = value.split()
-                if words:
-                    runs.append("".join(words))
-                    spaced.append(" ".join(words))
+    # JSON objects first, over the whole text: control-token text inside a JSON string is text, not structure
+    for kind, value in json_and_text(text):
+        if kind == "json":
+            objects.append(value)
+            continue
+        for piece in structure.split(value) if structure is not None else [value]:
+            words = piece.split()
+            if words:
+                runs.append("".join(words))
+                spaced.append(" ".join(words))
     return _Reading(tuple(objects), tuple(runs), tuple(spaced))
 
 

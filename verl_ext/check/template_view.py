@@ -35,6 +35,7 @@ from verl_ext.check.tool_call_compare import (
     without_python_calls,
 )
 from verl_ext.core.bounded_cache import LruCache
+from verl_ext.core.call_reader import learn_call_reader, parameter_types
 from verl_ext.core.call_reader.literals import MARKER
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import END, TemplateProfile
@@ -405,14 +406,18 @@ class _Rules:
 
     def call_reading(self, part: Segment) -> CallsReading | None:
         """The turn's tool calls read against its sampled and rendered text (``tool_call_compare``), once per turn;
-        None where its message has no calls or the template writes no per-call markers."""
+        None where its message has no calls or the template writes no per-call markers. The calls are located by
+        the reader the loop reads turns with (derived from the template, ``learn_call_reader``, cached), the
+        template's markers only where none is derived."""
         if part.turn not in self._call_readings:
             calls = (self.assistants[part.turn].get("tool_calls") if part.turn < len(self.assistants) else None) or []
             sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
             # A template that cannot render two calls in a message has no markers known: its turns keep the verdict
             # of ``sampled_text`` alone (GPT-OSS: one call per message, its name outside the texts around the call).
             markers = _call_markers(self.r, self.profile)
-            self._call_readings[part.turn] = read_calls(sampled, rendered, calls, markers)
+            reader = learn_call_reader(self.r, self.profile).reader if markers else None
+            types = parameter_types(self.tools or ())
+            self._call_readings[part.turn] = read_calls(sampled, rendered, calls, markers, reader, types)
         return self._call_readings[part.turn]
 
     def _call_spacing(self, d: Divergence, part: Segment, cause: Cause) -> tuple[Cause, str] | None:

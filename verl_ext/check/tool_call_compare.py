@@ -22,6 +22,12 @@ A sampled block no call lies in is a call the parser could not read (``malformed
 message dropped (``dropped``: it reads as a call). Two calls swapped leave the first block unmatched and readable:
 dropped. Without such markers (a template whose calls carry no control token) nothing is read here: the turn's
 verdict (``sampled_text``) compares the JSON objects as before.
+
+The blocks come from the reading the loop uses: where a reader is derived from the template
+(``verl_ext.core.call_reader``), each call it reads is a block, from its lead to its trail, and each section it
+opened but could not read is one too (closed where the form's trail or closer follows); a marker inside a JSON
+string is text there, as JSON decoding decides where a JSON call ends. Where none is derived, the markers cut the
+text, a JSON object right after an opener read whole (its strings' markers are text).
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.sampled_text import json_and_text
+from verl_ext.core.call_reader import CallReader
+from verl_ext.core.call_reader.literals import MARKER
 
 _WORD = re.compile(r"\w", re.UNICODE)
 # What may stand between a key and its value: the key's closing quote, then ':' (JSON), '=' or '>' (XML forms).
@@ -52,6 +60,7 @@ class Block:
     closed: bool
     call: int | None = None
     readable: bool = False
+    read: tuple[str, Any] | None = None  # the call the reader read in it: its name and arguments
 
     @property
     def malformed(self) -> bool:
@@ -79,26 +88,41 @@ class CallsReading:
 
 
 def read_calls(
-    sampled: str, rendered: str, calls: Sequence[Mapping[str, Any]], markers: tuple[str, str] | None
+    sampled: str,
+    rendered: str,
+    calls: Sequence[Mapping[str, Any]],
+    markers: tuple[str, str] | None,
+    reader: CallReader | None = None,
+    types: Mapping[str, Mapping[str, str]] | None = None,
 ) -> CallsReading | None:
     """The message's ``calls`` (its ``tool_calls``) read against the turn's ``sampled`` and ``rendered`` texts, cut
-    into blocks by ``markers`` (``call_markers``); None without markers, or where neither the message nor the
-    sampled text holds a call block."""
+    into blocks by ``reader`` (the reader derived from the template, as the loop reads the turn; ``types``: the tools'
+    parameter types) or, without one, by ``markers`` (``call_markers``); None without markers, or where neither the
+    message nor the sampled text holds a call block."""
     if markers is None:
         return None
     opener, closer = markers
     wanted = [_call_parts(c) for c in calls]
-    theirs = tuple(_blocks(rendered, opener, closer))
-    ours = list(_blocks(sampled, opener, closer))
+    theirs = tuple(read_blocks(reader, rendered, types) if reader else _blocks(rendered, opener, closer))
+    ours = list(read_blocks(reader, sampled, types) if reader else _blocks(sampled, opener, closer))
     if not ours or (not wanted and not any(b.closed for b in ours)):
         return None  # the model wrote no call in the template's format (hermes on a template of another): not read
-    prefix = _name_prefix(rendered[theirs[0].start : theirs[0].end], opener, wanted[0][0]) if theirs and wanted else ""
-    at = 0
+    # the template's text before a call's name, from the first call it wrote (not from call text in the content)
+    first = next((b for b in theirs if (b.read is not None if reader else b.closed)), None)
+    prefix = _name_prefix(rendered[first.start : first.end], opener, wanted[0][0]) if first and wanted else ""
     detail = ""
-    for k, (name, args) in enumerate(wanted):
+    read = [b for b, block in enumerate(ours) if block.read is not None]
+    by_reading = len(read) == len(wanted) and all(_read_holds(ours[b], *w) for b, w in zip(read, wanted, strict=True))
+    if by_reading:  # the message holds the reader's reading, call by call (the loop took it): each call in its block
+        ours = [_with(block, call=read.index(b)) if b in read else block for b, block in enumerate(ours)]
+    at = 0
+    for k, (name, args) in enumerate(() if by_reading else wanted):
+        # by its text first (the template's own keys), then by the call the reader read there (``parameters``)
         hit = next(
             (b for b in range(at, len(ours)) if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix)), None
         )
+        if hit is None:
+            hit = next((b for b in range(at, len(ours)) if _read_holds(ours[b], name, args)), None)
         if hit is None:
             shown = json.dumps({"name": name, "arguments": args}, ensure_ascii=False, sort_keys=True, default=str)
             detail = detail or f"the message holds tool call {k + 1} {shown[:160]} that the engine did not sample there"
@@ -216,14 +240,36 @@ def _call_parts(call: Mapping[str, Any]) -> tuple[str, Any]:
     return str(function.get("name", "")), _arguments(function.get("arguments"))
 
 
+def read_blocks(reader: CallReader, text: str, types: Mapping[str, Mapping[str, str]] | None = None) -> list[Block]:
+    """The call blocks of ``text`` as ``reader`` reads it (``ReadTurn.spans`` and ``unread``), in order."""
+    turn = reader.read(text, types)
+    read = [(c.name, _arguments(c.arguments)) for c in turn.calls]
+    blocks = [Block(a, b, True, read=r) for (a, b), r in zip(turn.spans, read, strict=True)]
+    blocks = sorted(blocks + [Block(a, b, closed) for a, b, closed in turn.unread], key=lambda b: b.start)
+    trail = [c for c in reader.form.trail if MARKER.fullmatch(c)]
+    for k, block in enumerate(blocks):
+        if block.read is not None and trail and not text[block.start : block.end].endswith(trail[-1]):
+            # a call the reader read without its trail (cut by the stop): the rest of the text up to the next block
+            # is the call's, unclosed, as the markers cut it
+            end = blocks[k + 1].start if k + 1 < len(blocks) else len(text)
+            blocks[k] = _with(block, end=end, closed=False)
+    return blocks
+
+
+def _read_holds(block: Block, name: str, args: Any) -> bool:
+    """The call the reader read in the block is ``name`` with ``args``, by value."""
+    return block.read is not None and block.read[0] == name and same_value(block.read[1], args)
+
+
 def _blocks(text: str, opener: str, closer: str) -> list[Block]:
     """The call blocks of ``text``: from each opener to the closer after it (closed), or to the next opener or the
-    end (not closed)."""
+    end (not closed). A JSON value right after the opener is read whole: a marker inside its strings is text."""
     out: list[Block] = []
     a = text.find(opener)
     while a != -1:
-        nxt = text.find(opener, a + len(opener))
-        b = text.find(closer, a + len(opener))
+        body = _json_end(text, a + len(opener))
+        nxt = text.find(opener, body)
+        b = text.find(closer, body)
         if b != -1 and (nxt == -1 or b < nxt):
             out.append(Block(a, b + len(closer), True))
             a = text.find(opener, b + len(closer))
@@ -231,6 +277,17 @@ def _blocks(text: str, opener: str, closer: str) -> list[Block]:
             out.append(Block(a, nxt if nxt != -1 else len(text), False))
             a = nxt
     return out
+
+
+def _json_end(text: str, at: int) -> int:
+    """Where a JSON value starting at ``at`` (after whitespace) ends; ``at`` where none does."""
+    begin = len(text) - len(text[at:].lstrip())
+    if text[begin : begin + 1] not in ("{", "["):
+        return at
+    try:
+        return json.JSONDecoder().raw_decode(text, begin)[1]
+    except json.JSONDecodeError:
+        return at
 
 
 def _with(block: Block, **changes: Any) -> Block:

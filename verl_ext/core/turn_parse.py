@@ -6,6 +6,10 @@ qwen3_coder, ...), used through its interface only (``extract_tool_calls``, ``to
 imports verl, so the gateway's core stays free of verl, Ray and torch. verl's parser is the default; the reader
 derived from the chat template (``verl_ext.core.call_reader``) reads the turn where there is no verl parser, or where
 verl's reads no call and the derived reader reads one (``ParsedTurn.derived``, counted ``tool/derived_reads``).
+Where both read calls and their calls differ (``ParsedTurn.disagree``, counted ``tool/readings_disagree``), the
+reading that leaves no call-like text outside its calls is taken (``call_reader.leftover``: verl's hermes parser
+cuts a call at a ``</tool_call>`` inside a JSON string and leaves the rest in the content; the derived reader decodes
+the JSON); where both leave some, or neither does, verl's.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.core.call_reader import CallReader, parameter_types
+from verl_ext.core.call_reader.leftover import call_text_left, outside
 from verl_ext.core.turn_end import message_body
 
 
@@ -39,6 +44,7 @@ class ParsedTurn:
     dropped: list[ParsedCall]
     malformed: int
     derived: bool = False  # the calls were read by the reader derived from the template, not by verl's parser
+    disagree: bool = False  # verl's parser and the derived reader both read calls, and not the same ones
 
 
 def call_id(turn: int, index: int) -> str:
@@ -140,30 +146,68 @@ async def parse_turn(
     decodes ids to text (to count malformed calls); ``schemas`` are verl's tool schemas the parser may use; calls
     past ``max_parallel_calls`` are ``dropped`` (None: no limit, every call is in ``calls``).
 
-    ``call_reader`` (the reader derived from the template) reads the ids minus an end-of-turn stop where
-    ``tool_parser`` is None, or where verl's parser read no call: its reading is taken when it reads a call (or
-    when there is no verl parser), and the turn is marked ``derived``.
+    ``call_reader`` (the reader derived from the template) reads the ids minus an end-of-turn stop too: its reading
+    is taken where ``tool_parser`` is None, where verl's parser read no call and it reads one, and where verl's read
+    calls and the two readings disagree (``disagree``: other calls, or call-like text left by one only) and only
+    verl's leaves call-like text outside its calls (``call_text_left``, or more blocks it could not read than the
+    derived reader's closed unread sections); a turn so read is marked ``derived``.
     """
     if tool_parser is not None:
         content, parsed, malformed = await _verl_reading(
             tool_parser, ids, end_of_turn_ids, decode, schemas, turn, generation_prompt
         )
-        if parsed or call_reader is None:
+        if call_reader is None:
             return _turn(content, parsed, malformed, max_parallel_calls)
     if call_reader is None:
         raise ValueError("parse_turn needs verl's tool parser or a call reader derived from the template")
-    read = call_reader.read(decode(message_body(ids, end_of_turn_ids)), parameter_types(schemas))
-    if not read.calls and tool_parser is not None:
-        return _turn(content, parsed, malformed, max_parallel_calls)
+    text = decode(message_body(ids, end_of_turn_ids))
+    read = call_reader.read(text, parameter_types(schemas))
     calls = [ParsedCall(c.name, c.arguments, c.call_id or call_id(turn, i)) for i, c in enumerate(read.calls)]
-    return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls))
+    if tool_parser is None or (not parsed and calls):
+        return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls))
+    form = call_reader.form
+    # Call-like text each reading leaves outside its calls, a closed block both count malformed aside: verl's parser
+    # takes the blocks it could not read out of its content (a block cut inside a JSON string is one), so more of
+    # them than the derived reader's closed unread sections is text it left; the derived reader keeps its unread
+    # sections in the content, and what it leaves outside its calls and those is left.
+    closed = [(a, b) for a, b, whole in read.unread if whole]
+    # an unclosed section verl's content holds as written (a call cut by the stop) is left by both: neither's fault
+    both = [(a, b) for a, b, whole in read.unread if not whole and text[a:b] in content]
+    verl_rest = content
+    for a, b in both:
+        verl_rest = verl_rest.replace(text[a:b], "", 1)
+    verl_left = call_text_left(form, verl_rest) is not None or malformed > len(closed)
+    derived_left = call_text_left(form, outside(text, [*read.spans, *closed, *both])) is not None
+    disagree = bool(parsed) and (_meanings(parsed) != _meanings(calls) or verl_left != derived_left)
+    if (disagree or not parsed) and verl_left and not derived_left:  # (no call read: the content alone differs)
+        return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls), disagree=disagree)
+    return _turn(content, parsed, malformed, max_parallel_calls, disagree=disagree)
+
+
+def _meanings(calls: Sequence[ParsedCall]) -> list[tuple[str, str]]:
+    """Each call's name and arguments by meaning (JSON canonical: verl re-dumps what it parsed), to compare two
+    readings of one turn."""
+    out = []
+    for c in calls:
+        try:
+            arguments = json.dumps(json.loads(c.arguments), sort_keys=True, ensure_ascii=False)
+        except (json.JSONDecodeError, TypeError):
+            arguments = c.arguments
+        out.append((c.name, arguments))
+    return out
 
 
 def _turn(
-    content: str, parsed: list[ParsedCall], malformed: int, max_parallel_calls: int | None, derived: bool = False
+    content: str,
+    parsed: list[ParsedCall],
+    malformed: int,
+    max_parallel_calls: int | None,
+    derived: bool = False,
+    disagree: bool = False,
 ) -> ParsedTurn:
     limit = len(parsed) if max_parallel_calls is None else max(0, max_parallel_calls)
-    return ParsedTurn(assistant_message(content, parsed), parsed[:limit], parsed[limit:], malformed, derived)
+    message = assistant_message(content, parsed)
+    return ParsedTurn(message, parsed[:limit], parsed[limit:], malformed, derived, disagree)
 
 
 async def _verl_reading(

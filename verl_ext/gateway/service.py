@@ -135,6 +135,7 @@ class Gateway:
         session that reached the engine), ``sessions_expired`` (ended for being idle), ``branches_recorded``,
         ``engine_view_failures`` (branches whose engine view failed), ``turns``, ``calls_past_budget``,
         ``malformed_calls``, ``derived_reads`` (turns read by the reader derived from the template),
+        ``readings_disagree`` (turns verl's parser and the derived reader read other calls from),
         ``invalid_engine_output``, ``context_length_exceeded``, ``records/write_failures``."""
         return self.config.counters
 
@@ -294,6 +295,7 @@ class Gateway:
         self.counters["turns"] += 1
         self.counters["malformed_calls"] += parsed.malformed
         self.counters["derived_reads"] += int(parsed.derived)
+        self.counters["readings_disagree"] += int(parsed.disagree)
         reason = (
             "length" if turn.finish is FinishReason.LENGTH else "tool_calls" if visible.get("tool_calls") else "stop"
         )

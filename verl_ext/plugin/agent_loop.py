@@ -306,6 +306,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         )
         if turned.derived:
             counters["tool/derived_reads"] += 1
+        if turned.disagree:  # verl's parser and the derived reader read other calls (parse_turn took one)
+            counters["tool/readings_disagree"] += 1
         if turned.malformed:
             counters[f"tool/{ToolStatus.MALFORMED.value}"] += turned.malformed
         if turned.dropped:

@@ -74,8 +74,13 @@ class ReadCall:
 @dataclass(frozen=True)
 class ReadTurn:
     """A turn read by the derived reader: the content (text outside the calls), the calls, and how many call
-    sections were opened but held no readable call (``malformed``)."""
+    sections were opened but held no readable call (``malformed``). ``spans``: where each call lies in the text read,
+    ``[start, end)`` in characters from its lead to its trail (a marker inside a JSON string is text: JSON decoding
+    decides where a JSON call ends); ``unread``: each section opened but not read, ``(start, end, closed)``, to its
+    trail (``closed``) or to the next section or the end."""
 
     content: str
     calls: tuple[ReadCall, ...]
     malformed: int
+    spans: tuple[tuple[int, int], ...] = ()
+    unread: tuple[tuple[int, int, bool], ...] = ()

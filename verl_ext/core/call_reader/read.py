@@ -69,12 +69,19 @@ class CallReader:
         lead = anchored(form.lead)
         self.anchorless = lead is None  # no anchor of each call: a next call that cannot be read has no section
         if lead is not None:  # each call has an anchor of its own (<tool_call>, to=functions., >>>)
-            section: str | None = _optional(form.opener) + lead
+            section: str | None = _optional(form.opener) + f"(?P<lead>{lead})"
         else:  # the section's opener anchors the first call (Mistral's [TOOL_CALLS] [), or nothing does (Llama)
             section = anchored((*form.opener, *form.lead))
+            section = f"(?P<lead>{section})" if section is not None else None
             lead = _optional(form.lead)
         self.section = re.compile(section) if section is not None else None
-        self.next_call = re.compile(_optional(form.trail) + _optional(form.sep) + lead)
+        # (?P<lead>...): where the next call's own text starts (its span, ``ReadTurn.spans``)
+        self.next_call = re.compile(_optional(form.trail) + _optional(form.sep) + f"(?P<lead>{lead})")
+        self.call_trail = re.compile(_optional(form.trail))
+        closing = "|".join(_chunk(c) for c in (*form.trail, *form.closer) if _distinctive(c))
+        # a section no call is read from ends at its trail or closer, outside JSON strings in the JSON encodings
+        strings = r'"(?:[^"\\\n]|\\.)*"|' if form.encoding in (JSON_CALL, NAME_JSON) else ""
+        self.closing = re.compile(f"{strings}(?P<close>{closing})") if closing else None
         self.trail = re.compile(_optional(form.trail) + _optional(form.closer))
         self.name_mid = re.compile(r"\s*" + _NAME + _mid(form.mid))
         self.pair = re.compile(
@@ -111,6 +118,7 @@ class CallReader:
             return self._read(text, types)
         before = self._read(text[: m.start()], types)  # what precedes the first tag, in the form's own encoding
         content, calls, malformed = [before.content], list(before.calls), before.malformed
+        spans, unread = list(before.spans), list(before.unread)
         while m is not None:
             call, end = read_python_call(text, m.end())
             if call is None and self.form.encoding == JSON_CALL:  # <|python_tag|>{"name": ..., "parameters": ...}
@@ -121,11 +129,13 @@ class CallReader:
             if call is None:
                 malformed += 1
                 content.append(text[m.start() : stop])  # kept as sampled: the message describes the text
+                unread.append((m.start(), stop, False))
             else:
                 calls.append(call)
+                spans.append((m.start(), end))
                 content.append(text[end:stop])
             m = nxt
-        return ReadTurn("".join(content), tuple(calls), malformed)
+        return ReadTurn("".join(content), tuple(calls), malformed, tuple(spans), tuple(unread))
 
     def _read(self, text: str, types: Mapping[str, Mapping[str, str]] | None) -> ReadTurn:
         """``read`` in the form's own encoding."""
@@ -134,6 +144,8 @@ class CallReader:
         at = start
         content: list[str] = []
         calls: list[ReadCall] = []
+        spans: list[tuple[int, int]] = []
+        unread: list[tuple[int, int, bool]] = []
         malformed = 0
         in_prompt = True  # the first anchor may sit in the generation prompt
         while True:
@@ -141,31 +153,46 @@ class CallReader:
             if found is None:
                 content.append(full[at:])
                 break
-            head, body_at = found
+            head, lead_at, body_at = found
             in_prompt = False
-            read, end, unread = self._read_calls(full, body_at, types or {})
-            malformed += unread
+            read, end, where, attempted = self._read_calls(full, body_at, types or {}, lead_at)
+            malformed += attempted
             if not read and body_at <= start:  # an anchor the generation prompt wrote, with no call after it
                 malformed += self._attempted(full, body_at)  # or an anchorless call that cannot be read (Llama)
                 continue
             if not read:
                 malformed += 1
-                content.append(full[at:body_at])
-                at = body_at
+                section = self._unread(full, max(head, start), body_at, start)
+                unread.append(section)
+                # a closed section is read past as a whole (an anchor inside its strings is text), else from its body
+                stop = section[1] + start if section[2] else body_at
+                content.append(full[at:stop])
+                at = stop
                 continue
             content.append(full[at : max(at, head)])
             calls += read
+            spans += [(max(a, start) - start, b - start) for a, b in where]
             at = end
-        return ReadTurn(self._content("".join(content)), tuple(calls), malformed)
+        turn = ReadTurn(self._content("".join(content)), tuple(calls), malformed, tuple(spans), tuple(unread))
+        return turn
 
-    def _find_section(self, text: str, at: int, start: int, in_prompt: bool) -> tuple[int, int] | None:
-        """Where the next call section starts (with the form's own chunks right before it) and where its first call
-        starts; None when there is none."""
+    def _unread(self, text: str, head: int, body_at: int, start: int) -> tuple[int, int, bool]:
+        """An opened section no call was read from: from its head to the form's first trail or closer chunk
+        (closed), else to the next section or the end; in the coordinates of the text read."""
+        nxt = self._find_section(text, body_at, start, False)
+        limit = nxt[0] if nxt is not None and nxt[0] >= body_at else len(text)
+        found = self.closing.finditer(text, body_at, limit) if self.closing is not None else iter(())
+        m = next((x for x in found if x.group("close") is not None), None)
+        return head - start, (m.end() if m else limit) - start, m is not None
+
+    def _find_section(self, text: str, at: int, start: int, in_prompt: bool) -> tuple[int, int, int] | None:
+        """Where the next call section starts (with the form's own chunks right before it), where its first call's
+        lead starts, and where that call itself starts; None when there is none."""
         if self.section is None:  # no anchor: calls sit right at the turn's start, as the template renders them
             if not in_prompt:
                 return None
             m = _SPACE.match(text, at)
-            return (at, m.end()) if m and m.end() < len(text) and text[m.end()] in "{[" else None
+            return (at, m.end(), m.end()) if m and m.end() < len(text) and text[m.end()] in "{[" else None
         # the first section may start inside the generation prompt (Llama's header, functionary's ">>>"), never
         # end there
         m = self.section.search(text, 0 if in_prompt else at)
@@ -180,32 +207,37 @@ class CallReader:
             if moved is None:
                 break
             head = at + len(before) - len(moved)
-        return head, m.end()
+        lead_at = head if head < m.start() else _after_space(text, m.start("lead"))
+        return head, lead_at, m.end()
 
     def _read_calls(
-        self, text: str, at: int, types: Mapping[str, Mapping[str, str]]
-    ) -> tuple[list[ReadCall], int, int]:
-        """Calls from ``at`` (just after a section's first lead) on, where the section ends, and whether a call
-        object after the last readable one could not be read (1: malformed; its text stays in the content)."""
+        self, text: str, at: int, types: Mapping[str, Mapping[str, str]], lead_at: int
+    ) -> tuple[list[ReadCall], int, list[tuple[int, int]], int]:
+        """Calls from ``at`` (just after a section's first lead, which starts at ``lead_at``) on, where the section
+        ends, each call's span (from its lead to its trail), and whether a call object after the last readable one
+        could not be read (1: malformed; its text stays in the content)."""
         calls: list[ReadCall] = []
+        spans: list[tuple[int, int]] = []
         last = at
         while True:
             call, end = self._read_one(text, at, len(calls), types)
             if call is None:
                 break
             calls.append(call)
+            trail = self.call_trail.match(text, end)
+            spans.append((lead_at, max(end, len(text[: trail.end()].rstrip())) if trail else end))
             last = end
             m = self.next_call.match(text, end)
             if m is None:
                 break
-            at = m.end()
+            at, lead_at = m.end(), _after_space(text, m.start("lead"))
         if not calls:
-            return calls, at, 0
+            return calls, at, spans, 0
         m = self.trail.match(text, last)
         # a form without an anchor of each call (Mistral's [{...}, {...}], firefunction's functools[...]) finds no
         # next section where a call cannot be read: it is counted here, or it would pass for content
         unread = int(self.anchorless and at != last and self._attempted(text, at))
-        return calls, m.end() if m else last, unread
+        return calls, m.end() if m else last, spans, unread
 
     def _attempted(self, text: str, at: int) -> int:
         """1 where a JSON call object (one holding the form's name key) starts at ``at`` whose call cannot be read
@@ -264,6 +296,10 @@ class CallReader:
         if self.unwrap is not None and (m := self.unwrap.fullmatch(text)) is not None:
             return m.group("c")
         return text
+
+
+def _after_space(text: str, at: int) -> int:
+    return _SPACE.match(text, at).end()  # type: ignore[union-attr]  # \s* always matches
 
 
 def _json_at(text: str, at: int) -> tuple[Any, int]:

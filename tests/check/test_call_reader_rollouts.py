@@ -91,9 +91,7 @@ def _as_object(arguments: Any) -> Any:
 
 
 # Known false defects, pinned until fixed (strict: the fix must take its entry off).
-KNOWN_DEFECTS = {
-    "templates/deepseek-ai-DeepSeek-V3": "issue 37: the reader leaves <｜tool▁calls▁end｜> in the turn's content",
-}
+KNOWN_DEFECTS: dict[str, str] = {}
 
 
 @pytest.mark.parametrize(

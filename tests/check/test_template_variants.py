@@ -266,11 +266,6 @@ V3_LEFTOVER = (
     "renders the content without the calls, so the check excuses the turn (sampled_text_kept) and a changed, dropped "
     "or swapped call goes unreported"
 )
-PLAIN_EXCUSE = (
-    "none (outside the classes): where the call markers are plain text (and the turn starts inside or after a "
-    "think block), a dropped call is excused as reasoning_stripped ('the template drops 86 characters of this "
-    "turn') and swapped calls as sampled_text_kept; on Qwen3's own tokenizer both are message_differs"
-)
 NO_MARKERS = (
     "none (known: test_mutations.KNOWN_MISSES _NO_MARKERS): Mistral writes one [TOOL_CALLS] JSON list for all calls, "
     "no control token per call, so tool_call_compare compares the calls as a set: dropped and swapped go unreported"
@@ -299,38 +294,16 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
     **{
         ("markers-in-strings", name): INSIDE
         for name in (
-            "qwen3:space-before-first:special",
-            f"{_CODER}:newline-before-first:plain",
             f"{_KIMI}:newline-before-first:special",
-            f"{_CODER}:no-space-before-first:plain",
-            f"{_CODER}:no-space-before-first:special",
-            "qwen3:no-space-inside-call:special",
-            "qwen3:no-space-between:special",
-            "qwen3:newline-between:special",
             f"{_KIMI}:newline-after-last:special",
             f"{_KIMI}:newline-before-section-close:plain",
             f"{_KIMI}:newline-before-section-close:special",
-            f"{_CODER}:newline-before-close:plain",
             f"{_KIMI}:newline-before-close:special",
             f"{_KIMI}:unclosed-section:plain",
             f"{_KIMI}:unclosed-section:special",
         )
     },
     ("markers-in-strings", f"{_V3}:original:plain"): V3_LEFTOVER,
-    ("mutations", f"{_V3}:original:plain"): V3_LEFTOVER,
-    **{
-        ("mutations", name): PLAIN_EXCUSE
-        for name in (
-            f"{_CODER}:newline-before-first:plain",
-            f"{_CODER}:no-space-before-first:plain",
-            "qwen3:no-space-between:plain",
-            "qwen3:newline-between:plain",
-            "qwen3:newline-after-last:plain",
-            f"{_KIMI}:newline-before-section-close:plain",
-            f"{_CODER}:newline-before-close:plain",
-            f"{_KIMI}:unclosed-section:plain",
-        )
-    },
     **{
         ("mutations", f"mistral-7b-v0.3:{edit}"): NO_MARKERS
         for edit in ("space-before-first:plain", "no-space-inside-call:plain", "no-ids:plain", "no-ids:special")

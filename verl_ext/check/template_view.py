@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.align import Opcode, align, check_deadline
+from verl_ext.check.decode_memo import MemoDecode
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
 from verl_ext.check.message_shape import SLOT, message_shape
@@ -148,7 +149,8 @@ class _Rules:
         self.tools = tools
         self.messages = messages
         self.profile = profile
-        self.r = renderer
+        # decode memoized per check: the rules of a turn's findings decode the same short spans again and again
+        self.r: ChatRenderer = MemoDecode(renderer)  # type: ignore[assignment]
         self.stream = stream
         self.rendered = rendered
         self.closes = profile.close_id_set

@@ -1,6 +1,6 @@
-"""The template view's rules decode through a per-check memo (``decode_memo.MemoDecode``): the same findings,
-causes, details and texts as with every decode made afresh, on real rollouts whose every turn draws findings; the
-memo answers as the renderer does for any ids; and a memo that answered a wrong text is caught."""
+"""The template view's rules and the findings' context decode through a per-check memo (``decode_memo.MemoDecode``):
+the same findings, causes, details and texts as with every decode made afresh, on real rollouts whose every turn
+draws findings; the memo answers as the renderer does for any ids; and a memo that answered a wrong text is caught."""
 
 from __future__ import annotations
 

@@ -23,7 +23,10 @@ class MemoDecode:
         self._texts: dict[tuple[int, ...], str] = {}
 
     def __getattr__(self, name: str) -> Any:
-        # only called for what this class lacks: the renderer's own attributes, as the rules read them
+        # only called for what this class lacks: the renderer's own attributes, as the rules read them (never its own
+        # fields or dunders: a copy or unpickling asks before ``__init__`` has set them)
+        if name in ("renderer", "_texts") or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self.renderer, name)
 
     def decode(self, ids: Sequence[int]) -> str:

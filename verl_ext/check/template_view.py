@@ -677,7 +677,9 @@ class _Rules:
         before it can hold ``at``. All of them where the spans do not run in order."""
         if not self._ordered_ops:
             return iter(self.opcodes)
-        return itertools.islice(self.opcodes, bisect.bisect_left(self._op_ends[side], at), None)
+        # indexed from the bisection, not islice'd: islice steps over every opcode before it (quadratic in turns)
+        ops = self.opcodes
+        return (ops[k] for k in range(bisect.bisect_left(self._op_ends[side], at), len(ops)))
 
     @functools.cached_property
     def _op_ends(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

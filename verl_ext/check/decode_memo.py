@@ -27,7 +27,11 @@ class MemoDecode:
         # fields or dunders: a copy or unpickling asks before ``__init__`` has set them)
         if name in ("renderer", "_texts") or name.startswith("__"):
             raise AttributeError(name)
-        return getattr(self.renderer, name)
+        # kept on the memo for the check (rules read ``control_ids`` per finding): a renderer sets its fields once, in
+        # ``__init__`` (``with_*`` make new ones), and the rest are its methods and cached properties
+        value = getattr(self.renderer, name)
+        setattr(self, name, value)
+        return value
 
     def decode(self, ids: Sequence[int]) -> str:
         """``renderer.decode(ids)``, decoded once per distinct short span."""

@@ -201,6 +201,9 @@ class _Rules:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
         once per check and the new ones in one batch. Where the tokenizer's decode joins (``decode_joins``), a span
         holding one already decoded (a turn holding the thinking block its divergence read) decodes only the rest."""
+        known = self._texts
+        if all(span in known for span in spans):
+            return [known[span] for span in spans]  # a turn's texts, asked again by each of its findings
         new = [span for span in dict.fromkeys(spans) if span not in self._texts]
         pieces = {span: self._known_inside(span) for span in new}
         wanted = list(dict.fromkeys(piece for span in new for piece in pieces[span] if piece not in self._texts))

@@ -8,6 +8,7 @@ from functools import cached_property
 from typing import Any
 
 from verl_ext.check.call_index import CallIndex
+from verl_ext.check.decode_memo import MemoDecode
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.inputs import EngineCall, rollout_assistants
 from verl_ext.check.texts_alike import alike_note
@@ -50,6 +51,11 @@ class Locator:
         """The calls indexed by output start and end, built once: a finding's turn is a bisection, not a scan."""
         return CallIndex(self.calls)
 
+    @cached_property
+    def _memo(self) -> MemoDecode:
+        """The renderer's decode memoized for this check's findings (``decode_memo``)."""
+        return MemoDecode(self.renderer)
+
     def turn(self, position: int) -> int:
         """The engine call a stream position belongs to (0 for the prompt; ``engine_view.turn_at``)."""
         return self.index.turn(position)
@@ -91,7 +97,7 @@ class Locator:
         at = stream.start if stream.start < len(s) else max(len(s) - 1, 0)
         region = region or self.region(at)
         turn = self.turn(stream.start) if turn is None else turn
-        d = self.renderer.decode
+        d = self._memo.decode  # the few tokens around each finding: the same ids around every turn's same spot
         stream_text = d(s[stream.start : stream.end]) if texts is None else texts[0]
         rendered_text = d(rendered_ids) if texts is None else texts[1]
         detail += alike_note(self.renderer, s[stream.start : stream.end], rendered_ids, stream_text, rendered_text)

@@ -301,7 +301,8 @@ def _map_position(
 ) -> int:
     """Where the alignment pairs stream position ``i`` in the render. ``first``: the opcodes before it end before
     ``i`` (none of them can hold it); ``ordered``: they run in order, so none after one starting past ``i`` can."""
-    for tag, a1, a2, b1, b2 in itertools.islice(ops, first, None):
+    for k in range(first, len(ops)):  # indexed, not islice'd: islice steps over the ``first`` opcodes before
+        tag, a1, a2, b1, b2 = ops[k]
         if ordered and a1 > i:
             break
         if a1 <= i < a2 or (i == a2 and not start):

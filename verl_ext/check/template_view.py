@@ -21,6 +21,7 @@ from typing import Any
 
 from verl_ext.check.align import Opcode, align, check_deadline
 from verl_ext.check.call_spacing import differing_whitespace, spacing_place, whitespace_only
+from verl_ext.check.decode_memo import MemoDecode
 from verl_ext.check.fact_renders import with_tools_if_needed
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
 from verl_ext.check.locate import Locator
@@ -152,7 +153,8 @@ class _Rules:
         self.tools = tools
         self.messages = messages
         self.profile = profile
-        self.r = renderer
+        # decode memoized per check: the rules of a turn's findings decode the same short spans again and again
+        self.r: ChatRenderer = MemoDecode(renderer)  # type: ignore[assignment]
         self.stream = stream
         self.rendered = rendered
         self.closes = profile.close_id_set
@@ -203,6 +205,9 @@ class _Rules:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
         once per check and the new ones in one batch. Where the tokenizer's decode joins (``decode_joins``), a span
         holding one already decoded (a turn holding the thinking block its divergence read) decodes only the rest."""
+        known = self._texts
+        if all(span in known for span in spans):
+            return [known[span] for span in spans]  # a turn's texts, asked again by each of its findings
         new = [span for span in dict.fromkeys(spans) if span not in self._texts]
         pieces = {span: self._known_inside(span) for span in new}
         wanted = list(dict.fromkeys(piece for span in new for piece in pieces[span] if piece not in self._texts))
@@ -710,7 +715,9 @@ class _Rules:
         before it can hold ``at``. All of them where the spans do not run in order."""
         if not self._ordered_ops:
             return iter(self.opcodes)
-        return itertools.islice(self.opcodes, bisect.bisect_left(self._op_ends[side], at), None)
+        # indexed from the bisection, not islice'd: islice steps over every opcode before it (quadratic in turns)
+        ops = self.opcodes
+        return (ops[k] for k in range(bisect.bisect_left(self._op_ends[side], at), len(ops)))
 
     @functools.cached_property
     def _op_ends(self) -> tuple[tuple[int, ...], tuple[int, ...]]:

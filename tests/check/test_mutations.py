@@ -302,13 +302,15 @@ def test_the_clean_rollout_is_clean(case, variant):
 # Misses the check has (each a strict xfail: it fails the suite once the check catches it; docs/check.md, "Not yet
 # there").
 _NO_MARKERS = (
-    "the template writes no control token once per call around its name (GPT-OSS: one call per message), so "
-    "tool_call_compare cannot cut its calls into blocks and the text verdict alone judges the turn (Mistral's one "
-    "[TOOL_CALLS] list is caught there since the verdict holds sampled calls in order and a dropped one as dropped)"
+    "the template writes no control token once per call around its name (GPT-OSS: one call per message; Mistral: "
+    "one [TOOL_CALLS] list for all calls), so tool_call_compare cannot cut its calls into blocks, and the text "
+    "verdict cannot tell a call the loop dropped from one the parser could not read (it holds calls in order: two "
+    "swapped calls are caught)"
 )
 KNOWN_MISSES: dict[tuple[str, str], str] = {
     ("gpt-oss", "a tool call dropped from the message"): _NO_MARKERS,
     ("gpt-oss", "the second tool call's argument changed"): _NO_MARKERS,
+    ("mistral-7b-v0.3", "a tool call dropped from the message"): _NO_MARKERS,
 }
 
 

@@ -7,7 +7,7 @@ generation prompt pre-fills ``<think>\\n``); the tool-call markers of a template
 ``<think>`` were not found (the probe's shared prefix cut ``<t`` off its first ``<tool_call>``), so swapped calls
 went to the text verdict, which matched JSON objects in any order (``sampled_text_kept``). Now
 ``reasoning_stripped`` needs the dropped text to end in the turn's sampled reasoning (up to its last reasoning close),
-and the text verdict holds calls in the order sampled and a sampled call the message lacks as dropped.
+and the text verdict holds calls in the order sampled.
 
 Rollouts are built as ``verl_ext_tool_agent`` builds them (``loop_rollouts.build_loop_rollout``, verl's hermes parser)
 from calls as models write them (``model_tool_calls.hermes_call``: 1-3 per turn, other spacing, key order,

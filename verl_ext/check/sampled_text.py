@@ -82,13 +82,9 @@ def message_holds_sampled(
             answer = _read(text[max(ends) :], structure)
             ours = _Reading(ours.objects, answer.runs)
             text = text[max(ends) :]
-    unmatched = list(ours.objects)
-    for obj in theirs.objects:
-        hit = next((k for k, mine in enumerate(unmatched) if _same_call(obj, mine)), None)
-        if hit is None:
-            shown = json.dumps(obj, ensure_ascii=False, sort_keys=True)
-            return TurnVerdict(False, f"the message holds JSON {shown[:160]} that the engine did not sample")
-        del unmatched[hit]
+    missing = _unheld_objects(ours.objects, theirs.objects)
+    if missing:
+        return missing
     # Sampled text as a parser may have cut it: the runs outside JSON objects, and all of it squashed (a call's name
     # and argument values are text inside the JSON the model wrote). A parser takes out one block per call it read.
     whole = "".join(text.split())
@@ -111,6 +107,36 @@ def message_holds_sampled(
             continue
         return TurnVerdict(False, f"the message holds text {run[:80]!r} that the engine did not sample")
     return TurnVerdict(True)
+
+
+def _is_call(obj: Any) -> bool:
+    """A call object: a name and its arguments (``_canonical`` puts ``parameters`` under ``arguments``)."""
+    return isinstance(obj, dict) and isinstance(obj.get("name"), str) and "arguments" in obj
+
+
+def _unheld_objects(ours: Sequence[Any], theirs: Sequence[Any]) -> TurnVerdict | None:
+    """The first rendered JSON object not sampled (calls in the order sampled: each after the call the previous one
+    was, so swapped calls are not held); None where every object is held. A sampled call the message lacks is not
+    named here: without per-call markers the text cannot tell a call the loop dropped from one the parser could not
+    read (``tool_call_compare`` tells them apart where the template writes such markers)."""
+    unmatched = list(ours)
+    last_call = -1
+    for obj in theirs:
+        call = _is_call(_canonical(obj))
+        hit = next(
+            (k for k, mine in enumerate(unmatched) if (not call or k > last_call) and _same_call(obj, mine)), None
+        )
+        if hit is None:
+            shown = json.dumps(obj, ensure_ascii=False, sort_keys=True)
+            where = " there (calls in another order)" if call else ""
+            return TurnVerdict(False, f"the message holds JSON {shown[:160]} that the engine did not sample{where}")
+        if call:
+            last_call = hit
+        unmatched[hit] = _HELD
+    return None
+
+
+_HELD = object()  # a sampled object matched to a rendered one
 
 
 def text_runs(text: str, structure: re.Pattern[str] | None) -> tuple[str, ...]:

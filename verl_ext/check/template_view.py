@@ -14,6 +14,7 @@ import functools
 import itertools
 import json
 import os
+import re
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -616,6 +617,32 @@ class _Rules:
                     return "prefill and sampled"
         return None
 
+    def within_reasoning(self, i1: int, i2: int) -> bool:
+        """The stream span ``[i1, i2)`` ends inside its turn's reasoning: the turn's output up to ``i2`` ends at or
+        before the end of the last reasoning close the engine sampled in the turn (and the whitespace after it), or in
+        text the render keeps there. A turn with no sampled close has no reasoning the template can strip (a turn that
+        starts inside a pre-filled or empty think block is not reasoning after it), so nothing of it is excused so."""
+        call = self.loc.calls[self.loc.turn(max(i2 - 1, i1))]
+        start = call.output_start
+        if i2 <= start:
+            return False
+        (turn,) = self.texts([(True, start, call.output_end)])
+        ends = [turn.rfind(c) + len(c) for c in self._strip_closes if c in turn]
+        if not ends:
+            return False
+        end = max(ends)
+        end += len(turn[end:]) - len(turn[end:].lstrip())
+        (head,) = self.texts([(True, start, min(i2, call.output_end))])
+        # a token that merges the close's whitespace with the next text ("\n\n<") ends a little after it
+        return len(head) <= end or not head[end:].strip()
+
+    @functools.cached_property
+    def _strip_closes(self) -> tuple[str, ...]:
+        """The texts that end reasoning the template may strip: its reasoning closes, and the close of an opener its
+        generation prompt pre-fills (QwQ and R1 keep only what follows "</think>" of the content)."""
+        opener = re.search(r"<([A-Za-z_][\w:.-]*)>\s*$", self.r.decode(self.profile.generation_prompt_ids))
+        return (*self._reasoning_closes, *([f"</{opener.group(1)}>"] if opener else []))
+
     @functools.cached_property
     def _prefill_reach(self) -> int:
         """The longest prompt tail before any turn that the template may not write once it is history."""
@@ -965,7 +992,12 @@ def reasoning_stripped_with_prefill(d: Divergence) -> Named:
     """Stream-only text from the pre-filled thinking opener into the sampled reasoning, on a template that strips
     earlier turns' reasoning."""
     c = d.ctx
-    if not d.r_ids and c.profile.strips_reasoning and c._prefill_dropped(d.i1, d.i2) == "prefill and sampled":
+    if (
+        not d.r_ids
+        and c.profile.strips_reasoning
+        and c._prefill_dropped(d.i1, d.i2) == "prefill and sampled"
+        and c.within_reasoning(d.i1, d.i2)
+    ):
         return Cause.REASONING_STRIPPED, (
             f"the template drops this turn's thinking {d.ds!r}: the opener the generation prompt pre-filled and the "
             "sampled reasoning after it; kept as the engine saw it"
@@ -999,8 +1031,9 @@ def tool_call_reserialized(d: Divergence) -> Named:
 
 
 def reasoning_stripped(d: Divergence) -> Named:
-    """Sampled text the render shortens to a part of itself, on a template that strips earlier turns' reasoning."""
-    if d.region != "sampled" or not d.ctx.profile.strips_reasoning:
+    """Sampled text the render shortens to a part of itself, on a template that strips earlier turns' reasoning, where
+    the text it drops lies in the turn's reasoning (``within_reasoning``): a dropped call after it is not reasoning."""
+    if d.region != "sampled" or not d.ctx.profile.strips_reasoning or not d.ctx.within_reasoning(d.i1, d.i2):
         return None
     # A render that keeps no text of the block (the usual strip) is in it trivially: no need to squash the block.
     kept = _squash(d.dr)
@@ -1240,7 +1273,14 @@ def _call_markers(r: ChatRenderer, profile: TemplateProfile) -> tuple[str, str] 
             )
         except Exception:  # noqa: BLE001 - a template that refuses two calls in a message
             full = head = ""
-        body = full[len(os.path.commonprefix([head, full])) :]
+        cut = len(os.path.commonprefix([head, full]))
+        # The shared prefix may end inside a marker (a generation prompt's "<think>" against the history's
+        # "<tool_call>" share "<t"): the body starts at that marker, else its first call's opener is cut.
+        for pattern in (r.control_pattern, MARKER):
+            for m in pattern.finditer(full, max(cut - 64, 0)) if pattern is not None else ():
+                if m.start() < cut < m.end():
+                    cut = m.start()
+        body = full[cut:]
         keys = list(_PROBE_CALL["function"]["arguments"])
         names = ["calculator", "search"]
         # Where the tokenizer holds them as plain text (Hermes' <tool_call> on a Llama 3 tokenizer), the markers are the

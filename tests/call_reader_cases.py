@@ -9,6 +9,7 @@ markers dropped, doubled or changed.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -19,6 +20,7 @@ from typing import Any
 from hypothesis import strategies as st
 from template_fixtures import TEMPLATE_CASES, template_renderer
 
+from verl_ext.core.call_reader import CallReader, ReadCall, ReadTurn
 from verl_ext.core.call_reader.literals import MARKER
 from verl_ext.core.rendering import ChatRenderer
 
@@ -255,3 +257,40 @@ def _vary_spaces(draw: Any, text: str) -> str:
         return draw(st.sampled_from([m.group(), "", " ", "\n", m.group() * 2]))
 
     return _SPACE_BY_MARKER.sub(one, text)
+
+
+def tool_close(profile: Any) -> int:
+    """The id the template closes a tool-call turn with (before a tool message)."""
+    tool = profile.boundary("tool")
+    return tool.close_ids[0] if tool.close_ids else min(profile.close_id_set)
+
+
+def call_turn_rollout(r: ChatRenderer, profile: Any, text: str, parser: Any, reader: Any) -> tuple[Any, Any]:
+    """A rollout as the loop builds it: one turn of ``text`` closed for its tool replies, the replies, an answer."""
+    from loop_rollouts import build_loop_rollout
+
+    outputs = [[*r.encode(text), tool_close(profile)], r.encode("The answer is 3.")]
+    return build_loop_rollout(
+        r,
+        profile,
+        parser,
+        outputs,
+        ["3", "4", "5"],
+        tools=TOOLS,
+        prompt=PROMPT,
+        max_parallel_calls=8,
+        call_reader=reader,
+    )
+
+
+class ChangesArguments(CallReader):
+    """A derived reader that reads the calls, then changes the first call's arguments (the injected misreading)."""
+
+    def read(self, text: str, types: Any = None) -> ReadTurn:
+        turn = super().read(text, types)
+        if not turn.calls:
+            return turn
+        first = turn.calls[0]
+        changed = {**json.loads(first.arguments), "expression": "changed by the reader"}
+        wrong = ReadCall(first.name, json.dumps(changed), first.call_id)
+        return dataclasses.replace(turn, calls=(wrong, *turn.calls[1:]))

@@ -11,7 +11,6 @@ arguments is caught by the check (the mutation test).
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from typing import Any
 
@@ -20,11 +19,14 @@ from call_reader_cases import (
     LEARNED,
     PROMPT,
     TOOLS,
+    ChangesArguments,
     assistant_message,
+    call_turn_rollout,
     calls,
     case_renderer,
     rendered_turn,
     sampled_turn,
+    tool_close,
     varied_text,
     visible_content,
 )
@@ -34,7 +36,7 @@ from loop_rollouts import build_loop_rollout
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
-from verl_ext.core.call_reader import CallReader, ReadCall, ReadTurn, learn_call_reader
+from verl_ext.core.call_reader import learn_call_reader
 from verl_ext.core.probe import probe_template
 from verl_ext.core.turn_parse import parse_turn
 
@@ -52,28 +54,6 @@ def verl_parser_for(case: str) -> Any:
         fit = tool_parser_fit(r, probe_template(r))
         _FITS[case] = ToolParser.get_tool_parser(fit.readers[0], r.tokenizer) if fit.readers else None
     return _FITS[case]
-
-
-def _close(profile: Any) -> int:
-    """The id the template closes a tool-call turn with (before a tool message)."""
-    return profile.boundary("tool").close_ids[0] if profile.boundary("tool").close_ids else min(profile.close_id_set)
-
-
-def _rollout(case: str, text: str, reader: Any, parser: Any) -> tuple[Any, Any]:
-    r = case_renderer(case)
-    profile = probe_template(r)
-    outputs = [[*r.encode(text), _close(profile)], r.encode("The answer is 3.")]
-    return build_loop_rollout(
-        r,
-        profile,
-        parser,
-        outputs,
-        ["3", "4", "5"],
-        tools=TOOLS,
-        prompt=PROMPT,
-        max_parallel_calls=8,
-        call_reader=reader,
-    )
 
 
 def _read_calls(lr: Any) -> list[tuple[str, Any]]:
@@ -116,7 +96,7 @@ def test_read_calls_check_clean(case):
         # the JSON as models vary it (key order, separators); whitespace moved between a form's markers is read
         # (test_call_reader_read) but the check still names it message_differs in XML-style calls (issue 29's)
         text = data.draw(st.one_of(st.just(text), varied_text(text, spaces=False)))
-        lr, rollout = _rollout(case, text, reader, None)  # the derived reader alone: its calls are checked
+        lr, rollout = call_turn_rollout(r, profile, text, None, reader)  # the derived reader alone: its calls
         assert _read_calls(lr) == [(n, a) for n, a in drawn], text
         first = next(m for m in lr.trajectory.messages if m["role"] == "assistant")
         assert visible_content(first["content"]) == "", f"{text!r}: content {first['content']!r}"  # none wrapped
@@ -128,6 +108,7 @@ def test_read_calls_check_clean(case):
     holds()
 
 
+KIMI_K2 = "templates/moonshotai-Kimi-K2"
 SEED_OSS = "templates/ByteDance-Seed-OSS"
 
 
@@ -150,7 +131,7 @@ def test_verl_and_derived_readers_agree(case):
     def holds(data):
         drawn = data.draw(calls(reader.form.several))
         text = rendered_turn(r, profile, assistant_message(profile, drawn))
-        ids = [*r.encode(text), _close(profile)]
+        ids = [*r.encode(text), tool_close(profile)]
         gen = profile.generation_prompt_ids
         by_verl = asyncio.run(parse_turn(parser, ids, end_ids, r.decode, schemas, 0, None, generation_prompt=gen))
         by_derived = asyncio.run(
@@ -158,6 +139,11 @@ def test_verl_and_derived_readers_agree(case):
         )
         assert not by_verl.derived and by_derived.derived
         assert [(c.name, json.loads(c.arguments)) for c in by_derived.calls] == drawn
+        if case == KIMI_K2 and any("-" in name for name, _ in drawn):
+            # verl 0.9.1's kimi parser reads a hyphenated name with its id ('functions.get-weather:0'), the derived
+            # reader the name (pinned: the day verl's reads it right, this fails and the branch goes)
+            assert [c.name for c in by_verl.calls] != [name for name, _ in drawn]
+            return
         # verl's seed parser reads Seed-OSS's own True/None/{...} renders (Python spellings) as strings (pinned in
         # the next test): there the two agree on string and number arguments, elsewhere on every argument
         plain = all(isinstance(v, str | int | float) and not isinstance(v, bool) for _, a in drawn for v in a.values())
@@ -181,7 +167,7 @@ def test_seed_oss_true_none_and_objects_are_read_as_values_where_verl_reads_stri
     drawn = [("calculator", {"exact": True, "note": None, "filters": {"a": 1}, "tags": [1, "x"], "count": 3})]
     text = rendered_turn(r, profile, assistant_message(profile, drawn))
     assert "<parameter=exact>True</parameter>" in text and "<parameter=note>None</parameter>" in text
-    ids = [*r.encode(text), _close(profile)]
+    ids = [*r.encode(text), tool_close(profile)]
     end_ids = frozenset(s.id for s in profile.stop_ids if set(s.sources) - {"user"})
     gen, schemas = profile.generation_prompt_ids, tool_schemas(TOOLS)
     by_derived = asyncio.run(
@@ -196,27 +182,14 @@ def test_seed_oss_true_none_and_objects_are_read_as_values_where_verl_reads_stri
     ]
 
 
-class _ChangesArguments(CallReader):
-    """A reader that reads the calls, then changes the first call's arguments (the injected defect)."""
-
-    def read(self, text: str, types: Any = None) -> ReadTurn:
-        turn = super().read(text, types)
-        if not turn.calls:
-            return turn
-        first = turn.calls[0]
-        changed = {**json.loads(first.arguments), "expression": "changed by the reader"}
-        wrong = ReadCall(first.name, json.dumps(changed), first.call_id)
-        return dataclasses.replace(turn, calls=(wrong, *turn.calls[1:]))
-
-
 @pytest.mark.parametrize("case", sorted(LEARNED))
 def test_a_reading_that_changes_arguments_is_caught(case):
     r = case_renderer(case)
     profile = probe_template(r)
-    reader = _ChangesArguments(learn_call_reader(r, profile).reader.form)
+    reader = ChangesArguments(learn_call_reader(r, profile).reader.form)
     drawn = [("calculator", {"expression": "1+2", "count": 3})]
     text = rendered_turn(r, profile, assistant_message(profile, drawn))
-    lr, rollout = _rollout(case, text, reader, None)
+    lr, rollout = call_turn_rollout(r, profile, text, None, reader)
     assert _read_calls(lr)[0][1]["expression"] == "changed by the reader"
     result = ConsistencyChecker(r, profile, CheckPolicy(mode="warn")).check_rollout(rollout, template_view=True)
     assert [f for f in result.findings if not f.allowed], result.summary()
@@ -255,7 +228,7 @@ def test_python_calls_of_builtin_tools_check_clean_and_a_changed_reading_is_caug
     profile = probe_template(r)
     reader = learn_call_reader(r, profile).reader
     if changed:
-        reader = _ChangesArguments(reader.form)
+        reader = ChangesArguments(reader.form)
     text = f"<|python_tag|>{written}<|eom_id|>"
     outputs = [r.encode(text), r.encode("The answer is 3.")]
     lr, rollout = build_loop_rollout(

@@ -25,10 +25,9 @@ from functools import cache
 from typing import Any
 
 import pytest
-from call_reader_cases import PROMPT, assistant_message, rendered_turn
+from call_reader_cases import assistant_message, call_turn_rollout, rendered_turn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from loop_rollouts import build_loop_rollout
 from template_fixtures import TEMPLATES_DIR, _base_dir, markers, template_path, tokenizer_with
 
 from verl_ext.check import Cause, ConsistencyChecker
@@ -284,11 +283,6 @@ class _Mutating(CallReader):
         return dataclasses.replace(turn, content=turn.content + "x")
 
 
-def _close(profile: Any) -> int:
-    tool = profile.boundary("tool")
-    return tool.close_ids[0] if tool.close_ids else min(profile.close_id_set)
-
-
 def _hermes(r: ChatRenderer) -> Any:
     from verl.experimental.agent_loop.tool_parser import ToolParser
 
@@ -296,19 +290,7 @@ def _hermes(r: ChatRenderer) -> Any:
 
 
 def _rollout(r: ChatRenderer, profile: Any, reader: CallReader | None, text: str) -> tuple[Any, Any]:
-    outputs = [[*r.encode(text), _close(profile)], r.encode("The answer is 3.")]
-    parser = None if reader is not None else _hermes(r)
-    return build_loop_rollout(
-        r,
-        profile,
-        parser,
-        outputs,
-        ["3", "4", "5"],
-        tools=TOOLS,
-        prompt=PROMPT,
-        max_parallel_calls=8,
-        call_reader=reader,
-    )
+    return call_turn_rollout(r, profile, text, None if reader is not None else _hermes(r), reader)
 
 
 def _renders_content(r: ChatRenderer, profile: Any) -> bool:

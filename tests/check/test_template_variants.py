@@ -29,7 +29,16 @@ import random
 from typing import Any
 
 import pytest
-from call_reader_cases import PROMPT, TOOLS, arguments, assistant_message, rendered_turn, varied_text
+from call_reader_cases import (
+    PROMPT,
+    TOOLS,
+    ChangesArguments,
+    arguments,
+    assistant_message,
+    rendered_turn,
+    tool_close,
+    varied_text,
+)
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from loop_rollouts import build_loop_rollout
@@ -37,7 +46,6 @@ from template_variants import EDITS, EXAMPLE_CALLS, Built, Variant, all_variants
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
-from verl_ext.core.call_reader import CallReader, ReadCall, ReadTurn
 
 SEED = 37
 SAMPLE_PER_CLASS = 2  # variants per edit class in the suite (the bench runs them all)
@@ -95,11 +103,6 @@ def loop_parser(b: Built) -> Any:
     return _PARSERS[b.variant.name]
 
 
-def _close(profile: Any) -> int:
-    tool = profile.boundary("tool")
-    return tool.close_ids[0] if tool.close_ids else min(profile.close_id_set)
-
-
 def marker_strings(b: Built) -> list[str]:
     """String argument values holding the template's call-marker text (an agent editing code about tool calls)."""
     ms = [m for m in b.markers.call_markers if m]
@@ -140,7 +143,7 @@ def loop_rollout(b: Built, turns: list[str], texts: list[str]) -> tuple[Any, Any
     """(the loop's state, the ``Rollout``) for call turns ``turns`` (each closed as the template closes a call turn)
     then an answer."""
     r, profile = b.renderer, b.profile
-    outputs = [[*r.encode(t), _close(profile)] for t in turns]
+    outputs = [[*r.encode(t), tool_close(profile)] for t in turns]
     outputs.append([*r.encode("The answer is 3."), min(profile.close_id_set)])
     return build_loop_rollout(
         r,
@@ -388,27 +391,13 @@ def test_the_plain_kind_writes_call_markers_as_text():
         assert (len(ids) == 1) is (kind == "special"), (kind, ids)
 
 
-class _ChangesArguments(CallReader):
-    """A derived reader that changes the first call's arguments (the injected misreading)."""
-
-    def read(self, text: str, types: Any = None) -> ReadTurn:
-        turn = super().read(text, types)
-        if not turn.calls:
-            return turn
-        first = turn.calls[0]
-        wrong = ReadCall(
-            first.name, json.dumps({**json.loads(first.arguments), "expression": "misread"}), first.call_id
-        )
-        return dataclasses.replace(turn, calls=(wrong, *turn.calls[1:]))
-
-
 def test_a_misreading_reader_is_caught_by_the_property():
     """The property's own checks can fail: a reader that changes an argument is a misread call, and the check's
     defect, in the rollouts ``one_rollout`` builds (the derived reader alone, as where verl has no parser)."""
     (variant,) = [v for v, why in all_variants(SUITE_CASES) if v.name == "qwen3:original:special"]
     b = _built_or_skip(variant)
     bad = dataclasses.replace(
-        b, variant=dataclasses.replace(variant, edit="misreading-reader"), reader=_ChangesArguments(b.reader.form)
+        b, variant=dataclasses.replace(variant, edit="misreading-reader"), reader=ChangesArguments(b.reader.form)
     )
     _PARSERS[bad.variant.name] = None  # the derived reader alone reads the turns
     checker = ConsistencyChecker(b.renderer, b.profile, CheckPolicy(mode="warn"))

@@ -32,6 +32,7 @@ from template_fixtures import tokenizer_with
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.call_reader import learn_call_reader
 from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
 
@@ -86,6 +87,7 @@ def test_mutations_caught_in_their_turn_whatever_is_excused(renderer_for, case, 
     r = case_renderer(renderer_for, case, kwargs)
     profile = probe_template(r)
     parser = verl_parser(r, profile)
+    reader = learn_call_reader(r, profile).reader  # the loop reads with both (core.turn_parse), as here
     checker = ConsistencyChecker(r, profile, CheckPolicy(mode="warn"))
     close = min(profile.close_id_set)
     seen: dict[str, int] = dict.fromkeys(MUTATIONS, 0)
@@ -102,7 +104,9 @@ def test_mutations_caught_in_their_turn_whatever_is_excused(renderer_for, case, 
             outputs.append([*r.encode(text), close])
             counts.append(len(calls))
         outputs.append([*r.encode("The answer is 3."), close])
-        lr, rollout = build_loop_rollout(r, profile, parser, outputs, ["3", "4", "5"], max_parallel_calls=8)
+        lr, rollout = build_loop_rollout(
+            r, profile, parser, outputs, ["3", "4", "5"], max_parallel_calls=8, call_reader=reader
+        )
         clean = checker.check_rollout(rollout, template_view=True)
         assert clean.engine_ok and clean.ok, [(f.cause.value, f.turn, f.detail) for f in clean.defects]
         at = [i for i, m in enumerate(rollout.messages) if m["role"] == "assistant"]

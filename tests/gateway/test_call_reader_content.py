@@ -90,6 +90,4 @@ def test_a_deepseek_v3_tool_call_turn_carries_exactly_the_content_the_template_w
     (branch,) = summary["branches"]
     assert branch["engine_ok"] and branch["fork"] is None and branch["turns"] == 2, branch
     assert gateway.counters["forks"] == 0
-    (result,) = gateway.results
-    defects = [f for f in result.result.findings if not f.allowed]
-    assert not defects, result.result.summary()
+    assert branch["ok"], branch  # no defect: the gateway keeps no result of an ended session, /end says it

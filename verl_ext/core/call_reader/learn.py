@@ -20,7 +20,8 @@ from typing import Any
 
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, NAME_KEYED, CallForm, Chunks
-from verl_ext.core.call_reader.literals import COUNTER, MARKER, chunks, counted
+from verl_ext.core.call_reader.leftover import form_text_left
+from verl_ext.core.call_reader.literals import MARKER, chunks, counted
 from verl_ext.core.call_reader.read import CallReader, anchored
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.tokenizer_files import template_variables
@@ -225,7 +226,7 @@ class _Learner:
             return Learned(None, why, text, tuple(got), turn.content, failed=True)
         named = text.find(NAME_A)
         markers = tuple(dict.fromkeys(MARKER.findall(text[named:]))) if named >= 0 else ()  # the calls' own
-        left = leftover(reader.form, turn.content, wrapped, markers)
+        left = form_text_left(reader.form, turn.content, wrapped, markers)
         if left:
             why = (
                 f"the learned form ({form}) leaves call-marker text in the content: {left!r} in the read-back of "
@@ -473,19 +474,6 @@ def _json_or_none(text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError:
         return None
-
-
-def leftover(form: CallForm, content: str, wrapped: str = "", markers: Sequence[str] = ()) -> str:
-    """The call-marker text a reading left in ``content`` (read back from a render whose content was ``wrapped``):
-    the first of the form's own call chunks (the section's opener and close, a call's lead, trail and the text
-    between calls, between a name and its arguments, the Python lead) or of the template's call ``markers`` (those
-    it writes from a call's name on, a close the form did not learn included) found in it outside ``wrapped``; ""
-    where there is none, or ``wrapped`` itself where the reading lost it."""
-    if wrapped and wrapped not in content:
-        return wrapped
-    rest = content.replace(wrapped, "") if wrapped else content
-    own = (*form.opener, *form.lead, *form.trail, *form.sep, *form.closer, *form.mid, *form.python_lead, *markers)
-    return next((c for c in own if c not in (ID_SLOT, COUNTER) and COUNTER not in c and c in rest), "")
 
 
 def _longest_close(ends: Sequence[Chunks]) -> Chunks:

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, CallForm
 from verl_ext.core.call_reader.literals import COUNTER, MARKER
+from verl_ext.core.call_reader.read import arguments_key_of
 
 _DECODER = json.JSONDecoder()
-_OTHER_KEY = {"arguments": "parameters", "parameters": "arguments"}
 
 
 def call_markers(form: CallForm) -> tuple[str, ...]:
@@ -46,7 +46,7 @@ def call_text_left(form: CallForm, text: str) -> str | None:
         except json.JSONDecodeError:
             at = brace + 1  # not JSON here: the brace is text, the search goes on after it
             continue
-        if form.encoding == JSON_CALL and _is_call(form, value):
+        if form.encoding == JSON_CALL and arguments_key_of(form, value) is not None:
             return text[brace:end]
         at = end  # a JSON value: markers inside its strings are text
     return None
@@ -61,7 +61,15 @@ def outside(text: str, spans: Sequence[tuple[int, int]]) -> str:
     return "".join([*out, text[at:]])
 
 
-def _is_call(form: CallForm, value: object) -> bool:
-    if not isinstance(value, dict) or not isinstance(value.get(form.name_key), str):
-        return False
-    return form.arguments_key in value or _OTHER_KEY.get(form.arguments_key, "") in value
+def form_text_left(form: CallForm, content: str, wrapped: str = "", markers: Sequence[str] = ()) -> str:
+    """The call-marker text a reading left in ``content`` (read back from a render whose content was ``wrapped``;
+    the audit's read-back proof): the first of the form's own call chunks (the section's opener and close, a call's
+    lead, trail and the text between calls, between a name and its arguments, the Python lead) or of the template's
+    call ``markers`` (those it writes from a call's name on, a close the form did not learn included) found in it
+    outside ``wrapped``; "" where there is none, or ``wrapped`` itself where the reading lost it. Stricter than
+    ``call_text_left`` (any chunk, markers or not): a probe render's content holds no JSON and no call text."""
+    if wrapped and wrapped not in content:
+        return wrapped
+    rest = content.replace(wrapped, "") if wrapped else content
+    own = (*form.opener, *form.lead, *form.trail, *form.sep, *form.closer, *form.mid, *form.python_lead, *markers)
+    return next((c for c in own if c not in (ID_SLOT, COUNTER) and COUNTER not in c and c in rest), "")

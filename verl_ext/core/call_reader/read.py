@@ -315,13 +315,21 @@ def _json_at(text: str, at: int) -> tuple[Any, int]:
 _OTHER_KEY = {"arguments": "parameters", "parameters": "arguments"}  # the other key models write
 
 
-def _json_call(form: CallForm, obj: Any) -> ReadCall | None:
-    """A JSON_CALL object read: the name under ``name_key``, the arguments (an object, or JSON text of one) under
-    ``arguments_key`` (a model may write the other common key: ``arguments`` for ``parameters`` and back)."""
+def arguments_key_of(form: CallForm, obj: Any) -> str | None:
+    """The key a JSON_CALL object holds its arguments under: the form's ``arguments_key``, or the other common key a
+    model may write (``arguments`` for ``parameters`` and back); None for an object that is no call (no name
+    string under ``name_key``, or neither key)."""
     if not isinstance(obj, dict) or not isinstance(obj.get(form.name_key), str):
         return None
     key = form.arguments_key if form.arguments_key in obj else _OTHER_KEY.get(form.arguments_key)
-    if key is None or key not in obj:
+    return key if key is not None and key in obj else None
+
+
+def _json_call(form: CallForm, obj: Any) -> ReadCall | None:
+    """A JSON_CALL object read: the name under ``name_key``, the arguments (an object, or JSON text of one) under
+    ``arguments_key_of``."""
+    key = arguments_key_of(form, obj)
+    if key is None:
         return None
     args = obj[key]
     if isinstance(args, str):

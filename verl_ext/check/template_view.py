@@ -422,8 +422,9 @@ class _Rules:
             # of ``sampled_text`` alone (GPT-OSS: one call per message, its name outside the texts around the call).
             markers = _call_markers(self.r, self.profile)
             reader = learn_call_reader(self.r, self.profile).reader if markers else None
-            types = parameter_types(self.tools or ())
-            self._call_readings[part.turn] = read_calls(sampled, rendered, calls, markers, reader, types)
+            self._call_readings[part.turn] = read_calls(
+                sampled, rendered, calls, markers, reader, self._parameter_types
+            )
         return self._call_readings[part.turn]
 
     def _call_spacing(self, d: Divergence, part: Segment, cause: Cause) -> tuple[Cause, str] | None:
@@ -484,6 +485,11 @@ class _Rules:
             f"the template re-serializes a tool call the message holds as sampled (same name and values): it writes "
             f"{d.dr[:80]!r} where the engine sampled {d.ds[:80]!r}"
         )
+
+    @functools.cached_property
+    def _parameter_types(self) -> dict[str, dict[str, str]]:
+        """Parameter types per tool (the reader keeps a declared string parameter a string), read once per rollout."""
+        return parameter_types(self.tools or ())
 
     @functools.cached_property
     def _frame(self) -> frozenset[str]:

@@ -42,19 +42,26 @@ def gateway_parts(tiny_qwen3_dir: Path) -> dict[str, Any]:
 
 @pytest.fixture
 def make_gateway(gateway_parts: dict[str, Any], tmp_path: Path) -> Any:
-    """``make_gateway(script_turns, **config)``: a fresh Gateway (records under tmp_path/records) on the shared
-    engine, whose script is set to ``script_turns``. After the test, every record it wrote must replay to what was
-    trained (``replay_checks``)."""
+    """``make_gateway(script_turns, *, renderer=None, replay=True, **config)``: a fresh Gateway (records under
+    tmp_path/records) on the shared engine, whose script is set to ``script_turns``, serving ``renderer`` (default:
+    the tiny model's). After the test, every record it wrote must replay to what was trained (``replay_checks``),
+    unless ``replay`` is False (a test of thousands of sessions, whose replays prove nothing the others do not)."""
     from verl_ext.gateway.service import Gateway, GatewayConfig
     from verl_ext.runtime import RolloutRuntime
     from verl_ext.telemetry.records import RecordWriter, header_record
 
-    def make(turns: Sequence[str] = (), **config: Any) -> Any:
+    replays: list[Any] = []
+
+    def make(turns: Sequence[str] = (), *, renderer: Any = None, replay: bool = True, **config: Any) -> Any:
         parts = gateway_parts
         parts["script"].turns = list(turns)
-        writer = RecordWriter(tmp_path / "records", header_record(parts["profile"]), prefix="gateway")
-        runtime = RolloutRuntime.build(parts["renderer"]).with_writer(writer)
+        runtime = RolloutRuntime.build(renderer or parts["renderer"])
+        writer = RecordWriter(tmp_path / "records", header_record(runtime.profile), prefix="gateway")
+        if replay:
+            replays.append(runtime.renderer)
+        runtime = runtime.with_writer(writer)
         return Gateway(parts["engine"], runtime, parts["reader"], GatewayConfig(**config), markers=parts["markers"])
 
     yield make
-    assert_records_replay(tmp_path / "records", gateway_parts["renderer"])
+    for renderer in dict.fromkeys(replays):
+        assert_records_replay(tmp_path / "records", renderer)

@@ -39,23 +39,11 @@ def one_thread() -> Any:
     torch.set_num_threads(before)
 
 
-def test_two_thousand_ended_sessions_leave_only_their_ids(
-    gateway_parts: dict[str, Any], tmp_path: Any, one_thread: Any
-) -> None:
+def test_two_thousand_ended_sessions_leave_only_their_ids(make_gateway: Any, tmp_path: Any, one_thread: Any) -> None:
     """2,000 sessions served and ended: no session, branch or trajectory object outlives its end (weak references
     die), the open map is empty, and the ended ids kept are the last ``ended_ids``; every session was recorded.
-    (Built here rather than by ``make_gateway``, whose teardown replays every record: 2,000 replays prove nothing
-    the other gateway tests do not.)"""
-    from verl_ext.gateway.service import Gateway, GatewayConfig
-    from verl_ext.runtime import RolloutRuntime
-    from verl_ext.telemetry.records import RecordWriter, header_record
-
-    parts = gateway_parts
-    parts["script"].turns = [ANSWER]
-    writer = RecordWriter(tmp_path / "records", header_record(parts["profile"]), prefix="gateway")
-    runtime = RolloutRuntime.build(parts["renderer"]).with_writer(writer)
-    config = GatewayConfig(ended_ids=500)
-    gateway = Gateway(parts["engine"], runtime, parts["reader"], config, markers=parts["markers"])
+    (Their 2,000 replays are left out: they prove nothing the other gateway tests do not.)"""
+    gateway = make_gateway([ANSWER], replay=False, ended_ids=500)
     alive: list[weakref.ref[Any]] = []
     for k in range(SESSIONS):
         ask(gateway, f"s{k}", tools=False)

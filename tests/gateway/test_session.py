@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 from gateway_fixtures import CALL, TOOLS
-from replay_checks import assert_records_replay
 
 from verl_ext.gateway.errors import GatewayError
 from verl_ext.gateway.request import parse_chat_request
@@ -261,33 +260,25 @@ def test_the_retry_a_late_refusal_asks_for_continues_the_branch(make_gateway: An
 
 
 def test_a_session_that_crosses_midnight_is_checked_and_recorded_with_its_own_date(
-    gateway_parts: Any, tmp_path: Any
+    make_gateway: Any, gateway_parts: Any
 ) -> None:
     """A template that stamps the date (as Llama 3.2's does): a session whose branch started yesterday is checked
     after midnight. Its record carries the branch's clock, so the check re-renders yesterday's date (no finding)
     and the record replays; without it the check read today's date and flagged the prompt."""
     from verl_ext.core.rendering import ChatRenderer
     from verl_ext.core.trajectory import TokenTrajectory
-    from verl_ext.gateway.service import Gateway
-    from verl_ext.runtime import RolloutRuntime
-    from verl_ext.telemetry.records import RecordWriter, header_record
 
     tokenizer = gateway_parts["tokenizer"]
     stamp = "{{- '<|im_start|>system\\nToday Date: ' + strftime_now('%d %b %Y') + '<|im_end|>\\n' }}"
     renderer = ChatRenderer(tokenizer, chat_template=stamp + tokenizer.chat_template)  # the wall clock's date
     assert renderer.reads_clock
-    runtime = RolloutRuntime.build(renderer)
-    writer = RecordWriter(tmp_path / "records", header_record(runtime.profile), prefix="gateway")
-    runtime = runtime.with_writer(writer)
-    gateway = Gateway(gateway_parts["engine"], runtime, gateway_parts["reader"], markers=gateway_parts["markers"])
+    gateway = make_gateway(["Hello.<|im_end|>"], renderer=renderer)  # its records replay with this template
     yesterday = "2026-11-25T23:59:00"
-    gateway._new_trajectory = lambda: TokenTrajectory(renderer.with_clock(yesterday), runtime.profile)
-    gateway_parts["script"].turns = ["Hello.<|im_end|>"]
+    gateway._new_trajectory = lambda: TokenTrajectory(renderer.with_clock(yesterday), gateway.runtime.profile)
     done = ask(gateway, "s", [{"role": "user", "content": "Hi"}])
     assert "Today Date: 25 Nov 2026" in renderer.decode(gateway.sessions["s"].branches[0].trajectory.input_ids)
     assert done.finish_reason == "stop"
     (result,) = gateway.end("s")
     assert result.result.ok and not result.result.defects, [(f.cause.value, f.detail) for f in result.result.defects]
-    (line,) = [json.loads(x) for x in writer.path.read_text().splitlines() if '"rollout"' in x]
+    (line,) = [json.loads(x) for x in gateway.writer.path.read_text().splitlines() if '"rollout"' in x]
     assert line["template_clock"] == yesterday
-    assert_records_replay(tmp_path / "records", renderer)

@@ -160,3 +160,66 @@ def test_the_rollout_list_filters_by_cause_and_step_in_the_browser(built_report,
         assert set(shown) == expected(cause, step) and len(shown) == len(set(shown)), (cause, step, shown)
     assert len(seen["|"]) == len(records) and seen["truncated|0"] == []
     assert len(seen["close_missing|"]) == 1 and len(seen["|3"]) == 4
+
+
+# Appended to a copy of the page only: where the rollout list starts, the zero-count rows a reader sees, and those
+# seen once every folded line is opened (as a click on it opens it).
+ZEROS = """<script>
+const zeros = () => [...document.querySelectorAll("tr.zero:not(.none)")].filter(tr => tr.checkVisibility()).length;
+const seen = {rollouts: Math.round(document.getElementById("rollouts").getBoundingClientRect().top), closed: zeros()};
+document.querySelectorAll("details.zeros").forEach(d => { d.open = true; });
+seen.opened = zeros();
+const out = document.createElement("pre"); out.id = "zeros"; out.textContent = JSON.stringify(seen);
+document.body.appendChild(out);
+</script>"""
+
+
+def test_a_clean_run_folds_the_causes_it_never_met(all_records, tmp_path, tokenizer_dirs):
+    from test_report_html import report_of, section
+
+    page = report_of(all_records[:1], tmp_path, tokenizer_dirs["qwen3"])
+    assert "All clear" in section(page, "verdict")
+    zero_rows = page.count('<tr class="zero"') + page.count('" class="zero"')
+    seen = seen_in(tmp_path / "zeros.html", tmp_path / "profile-zeros", page, ZEROS)
+    assert seen["closed"] == 0 and seen["opened"] == zero_rows > 60, seen  # every cause and kind, one click away
+    # the rollout list starts within the first screen of this test's window, not 2.5 screens of zeros down
+    assert seen["rollouts"] < HEIGHT, seen
+
+
+# Appended to a copy of the page only: each laid-out table whose last column does not lie within the box that
+# shows it (its scroll container): a reader at this width would not see it.
+CUT = """<script>
+const cut = [];
+for (const table of document.querySelectorAll("table")) {
+  if (!table.checkVisibility()) continue;
+  const box = (table.closest(".scroll") || table.parentElement).getBoundingClientRect();
+  for (const row of table.rows) {
+    const r = row.cells[row.cells.length - 1].getBoundingClientRect();
+    if (r.right > box.right + 1 || r.left < box.left - 1) {
+      cut.push(table.closest("section").id + ": " + row.cells[row.cells.length - 1].innerText.trim().slice(0, 40));
+      break;
+    }
+  }
+}
+const out = document.createElement("pre"); out.id = "cut"; out.textContent = JSON.stringify(cut);
+document.body.appendChild(out);
+</script>"""
+
+
+def test_no_tables_last_column_is_cut_at_1400_px(built_report, tmp_path, renderer_for, tokenizer_dirs):
+    """The report's records, and a rollout of 30 turns, each with a defect (a per-turn table wider than the page:
+    the cause and the total stay in view while the turns scroll)."""
+    from long_rollouts import naive_repetitive
+    from rollouts import TOOLS
+    from test_report_html import report_of
+
+    from verl_ext.check import ConsistencyChecker
+    from verl_ext.check.record import Rollout
+
+    r = renderer_for("qwen3")
+    ro = naive_repetitive(r, 3000, turns=30)
+    rollout = Rollout.of(ro.calls, ro.sample, ro.messages, TOOLS)
+    wide = report_of([rollout.record(ConsistencyChecker(r).check_rollout(rollout))], tmp_path, tokenizer_dirs["qwen3"])
+    assert "turn 29" in wide
+    for name, page in (("records", built_report.html), ("30 turns", wide)):
+        assert seen_in(tmp_path / "cut.html", tmp_path / f"profile-{len(name)}", page, CUT) == [], name

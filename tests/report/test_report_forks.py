@@ -4,72 +4,14 @@ tokenizer, scripted turns), recorded, and rendered by ``verl-ext report``."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from test_report_html import section, text_of
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "gateway"))
-from gateway_fixtures import CALL, TOOLS, Script  # noqa: E402
-
-ANSWER = "<think>\nThe tool said %s.\n</think>\n\nThe answer is %s.<|im_end|>"
-QUESTION = [{"role": "system", "content": "Use the calculator."}, {"role": "user", "content": "What is 6*7?"}]
-
-
-def _call_message(call_id: str = "c00000000") -> dict[str, Any]:
-    call = {"id": call_id, "type": "function", "function": {"name": "calc", "arguments": '{"expression":"6*7"}'}}
-    return {"role": "assistant", "content": "", "tool_calls": [call]}
-
-
-@pytest.fixture(scope="module")
-def gateway_records(
-    tiny_qwen3_dir: Path, renderer_for: Callable[[str], Any], tmp_path_factory: pytest.TempPathFactory
-) -> Path:
-    from verl_ext.core.probe import probe_template
-    from verl_ext.gateway.cpu_engine import CPUEngine
-    from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
-    from verl_ext.gateway.request import parse_chat_request
-    from verl_ext.gateway.service import Gateway
-    from verl_ext.gateway.training import plan_training
-    from verl_ext.runtime import RolloutRuntime
-    from verl_ext.telemetry.records import RecordWriter, header_record
-
-    renderer = renderer_for("qwen3")  # the tiny model's tokenizer is Qwen3's (loaded once for the session)
-    tokenizer = renderer.tokenizer
-    profile = probe_template(renderer)
-    script = Script(tokenizer)
-    script.turns = [CALL % "6*7", ANSWER % (42, 42)]
-    folder = tmp_path_factory.mktemp("gateway-records")
-    writer = RecordWriter(folder, header_record(profile), prefix="gateway")
-    engine = CPUEngine(str(tiny_qwen3_dir), teacher_force=script)
-    reader = ToolCallReader(tokenizer, "hermes")
-    runtime = RolloutRuntime.build(renderer).with_writer(writer)
-    gateway = Gateway(engine, runtime, reader, markers=reasoning_markers(tokenizer))
-
-    async def ask(session: str, messages: list[dict[str, Any]]) -> Any:
-        body = {"messages": messages, "tools": TOOLS, "max_tokens": 48, "seed": 0}
-        return await gateway.complete(session, parse_chat_request(body))
-
-    async def sessions() -> None:
-        await ask("edits", QUESTION)
-        await ask("edits", [*QUESTION, _call_message(), {"role": "tool", "tool_call_id": "c00000000", "content": "42"}])
-        edited = [QUESTION[0], {"role": "user", "content": "What is 6*7? Show your work."}]
-        assert (await ask("edits", edited)).fork is not None  # branch 1: the question changed
-        retried = [*QUESTION, _call_message(), {"role": "tool", "tool_call_id": "c00000000", "content": "41"}]
-        assert (await ask("edits", retried)).fork is not None  # branch 2: the tool result changed
-        await ask("plain", QUESTION)
-
-    asyncio.run(sessions())
-    # the edited session as verl_ext_gateway_agent ends it with branches=all: each record says what it trains
-    gateway.end("edits", training=plan_training(gateway.sessions["edits"].branches, "all"))
-    gateway.end_all()
-    return writer.path
 
 
 @pytest.fixture(scope="module")
@@ -158,3 +100,44 @@ def test_a_malformed_trains_key_is_an_error_naming_the_rollout_and_key(gateway_r
     path.write_text("".join(json.dumps(obj) + "\n" for obj in lines))
     with pytest.raises(RecordError, match=r"^broken.jsonl #1: gateway.trains.turns must be a list of integers"):
         fork_counts(load_records([path]).rollouts)
+
+
+@pytest.fixture(scope="module")
+def standalone_page(standalone_records: Path, renderer_for: Callable[[str], Any]) -> Any:
+    from verl_ext.report import build_report
+
+    renderer = renderer_for("qwen3")
+    report = build_report([standalone_records], renderer.decode, vocab_size=renderer.vocab_size)
+    return report.summary.one_line(), report.html
+
+
+def test_a_standalone_gateway_page_has_sessions_not_training_steps(standalone_page: Any) -> None:
+    line, html = standalone_page
+    assert line.startswith("4 rollouts from verl-ext gateway, 0 engine-view failures"), line
+    summary = text_of(section(html, "summary"))
+    assert "training step" not in summary and "2forks in 1 of 2 gateway sessions" in summary
+    assert 'id="steps"' not in html and 'href="#steps"' not in html  # no plot of one point at step 0
+    listing = section(html, "rollouts")
+    assert 'id="filter-step"' not in listing and '<th class="num">step</th>' not in listing
+    assert "· step" not in section(html, "examples")
+    assert "verl_ext_tool_agent" not in text_of(section(html, "fixes"))  # the gateway built these tokens
+
+
+def test_gateway_branches_are_named_by_their_session_id(forks_report: Any, standalone_page: Any) -> None:
+    for _, html in (forks_report, standalone_page):
+        listing = text_of(section(html, "rollouts"))
+        names = re.findall(r"session (\w+) · branch (\d)", listing)
+        assert sorted(names) == [("edits", "0"), ("edits", "1"), ("edits", "2"), ("plain", "0")], listing
+        assert ".jsonl #" not in listing
+        forks = section(html, "forks")
+        assert [text_of(n) for n in re.findall(r'<td class="nowrap">(?:<a [^>]*>)?(session [^<]*)', forks)] == [
+            f"session edits · branch {b}" for b in range(3)
+        ]
+
+
+def test_a_session_id_two_gateways_both_used_keeps_its_file(gateway_records: Path, standalone_records: Path) -> None:
+    from verl_ext.report.load import load_records
+
+    labels = [r.label for r in load_records([gateway_records, standalone_records]).rollouts]
+    assert len(set(labels)) == len(labels) == 8
+    assert f"session plain · branch 0 ({gateway_records} #4)" in labels

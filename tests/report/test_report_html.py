@@ -170,13 +170,6 @@ def text_of(html: str) -> str:
     return re.sub(r"\s+", " ", "".join(page.text)).strip()
 
 
-@pytest.fixture(scope="module")
-def all_records(renderer_for):
-    from report_rollouts import build_records
-
-    return build_records(renderer_for("qwen3"))
-
-
 def test_clean_records_say_so(tmp_path, all_records, tokenizer_dirs):
     html = report_of(all_records[:1], tmp_path, tokenizer_dirs["qwen3"])
     verdict = text_of(section(html, "verdict"))

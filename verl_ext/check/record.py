@@ -475,9 +475,10 @@ def _json_fields(obj: Any) -> dict[str, Any]:
 
 
 # The keys a loop may add to a rollout line (``Rollout.extra``): the dataset row's source and index, the turns a
-# resumed rollout replayed, and the gateway's session and branch (``gateway``). The reader refuses any key that is
-# neither one of these nor a record key.
-EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway", "images"})  # images: image_view
+# resumed rollout replayed, the gateway's session and branch (``gateway``), and the loop's name (``loop``: the
+# report's fix texts are that loop's, verl_ext.report.loops). The reader refuses any key that is neither one of these
+# nor a record key.
+EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway", "images", "loop"})  # images: image_view
 
 # The record's own keys; the others a rollout line may hold are ``EXTRA_KEYS``.
 _KEYS = frozenset(

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,7 +16,8 @@ from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine
 from verl_ext.report.forks import forked_sessions
 from verl_ext.report.html import render
 from verl_ext.report.listing import filter_options, rollout_rows
-from verl_ext.report.load import Records, load_records, revalidated_records
+from verl_ext.report.load import Records, RolloutRef, load_records, revalidated_records
+from verl_ext.report.loops import Loop, loop_of
 from verl_ext.report.plots import findings_over_steps
 from verl_ext.report.summary import Summary, summarize
 from verl_ext.report.thumbnails import ThumbnailCounts, ThumbnailShelf, thumbnail_counts
@@ -45,6 +47,42 @@ def decoding_mismatches(records: Records, decode: Decode, limit: int = 50) -> in
     return bad
 
 
+def chosen_fix(name: str, fix: Callable[[str, Loop], str], loops: Iterable[Loop]) -> str:
+    """The fix of cause or kind ``name`` for records ``loops`` wrote: one line where they agree, else each loop's
+    line said for its records (a page of records from verl's stock loop and from verl_ext's)."""
+    texts: dict[str, list[Loop]] = {}
+    for loop in sorted(set(loops)) or [Loop.UNKNOWN]:
+        texts.setdefault(fix(name, loop), []).append(loop)
+    if len(texts) == 1:
+        return next(iter(texts))
+    said = []
+    for text, by in texts.items():
+        whose = ", ".join("other loops'" if loop is Loop.UNKNOWN else f"{loop.value}'s" for loop in by)
+        said.append(f"On {whose} records: {text}")
+    return " ".join(said)
+
+
+def chosen_fixes(
+    rollouts: Sequence[RolloutRef], causes: Iterable[str], kinds: Iterable[str]
+) -> tuple[dict[str, str], dict[str, str]]:
+    """Each cause's and engine-failure kind's fix, chosen by the loops that wrote the rollouts it occurs in (every
+    rollout's loop for one that does not occur)."""
+    every: set[Loop] = set()
+    by_cause: dict[str, set[Loop]] = defaultdict(set)
+    by_kind: dict[str, set[Loop]] = defaultdict(set)
+    for ref in rollouts:
+        loop = loop_of(ref.record)
+        every.add(loop)
+        for f in ref.record.check.findings:
+            by_cause[f.cause].add(loop)
+        for e in ref.record.check.engine_failures:
+            by_kind[e.kind].add(loop)
+    return (
+        {c: chosen_fix(c, cause_fix, by_cause.get(c) or every) for c in causes},
+        {k: chosen_fix(k, engine_fix, by_kind.get(k) or every) for k in kinds},
+    )
+
+
 def build_report(
     records: Records | Sequence[str | os.PathLike[str]],
     decode: Decode,
@@ -71,11 +109,12 @@ def build_report(
     sessions, sessions_left_out = forked_sessions(records.rollouts, anchors)
     images = thumbnail_counts(records.rollouts)
     kinds = [k.value for k in FailureKind] + sorted(set(summary.engine_failure_kinds) - {k.value for k in FailureKind})
+    cause_fixes, engine_fixes = chosen_fixes(records.rollouts, [r.cause for r in summary.causes], kinds)
     html = render(
         "report.html.j2",
         files=records.files,
         summary=summary,
-        verdict=verdict(summary),
+        verdict=verdict(summary, cause_fixes, engine_fixes),
         plot=findings_over_steps(summary, {r.cause for r in summary.causes if not r.is_defect}),
         examples=shown,
         rows=rows,
@@ -84,8 +123,10 @@ def build_report(
         sessions=sessions,
         sessions_left_out=sessions_left_out,
         session_of={row.label: f"session-{k}" for k, forked in enumerate(sessions, 1) for row in forked.branches},
-        cause_fixes={r.cause: cause_fix(r.cause) for r in summary.causes},
-        engine_fixes={k: engine_fix(k) for k in kinds},
+        cause_fixes=cause_fixes,
+        engine_fixes=engine_fixes,
+        cause_fix=cause_fix,  # an example's findings get its own loop's fix
+        engine_fix=engine_fix,
         truncation_fix=TRUNCATION_FIX,
         skipped_fix=SKIPPED_FIX,
         audits=[audit_view(p, decode) for p in records.profiles],

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from verl_ext.check.record import RecordedCheck, RecordedFailure, RecordedFinding
 from verl_ext.report.load import RolloutRef
+from verl_ext.report.loops import Loop, loop_of
 from verl_ext.report.thumbnails import ThumbnailShelf, image_spans
 from verl_ext.report.tokens import Decode, Item, token_view
 
@@ -25,6 +26,7 @@ class Example:
     tokens: int
     defects: int
     why: str = ""  # why a rollout that is not among the worst is shown (e.g. for its images)
+    loop: Loop = Loop.UNKNOWN  # the loop that wrote it: its findings' fixes are that loop's
 
     @property
     def anchor(self) -> str:
@@ -73,6 +75,7 @@ def worst_examples(
             tokens=len(ref.record.input_ids),
             defects=severity(ref)[1],
             why=why,
+            loop=loop_of(ref.record),
         )
         for k, (ref, why) in enumerate(chosen, 1)
     ]

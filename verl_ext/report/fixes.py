@@ -3,12 +3,18 @@
 To extend: a new ``Cause`` carries its own fix (``Cause.fix``, read into ``CAUSE_FIXES``); a new ``FailureKind`` gets a
 line in ``ENGINE_FIXES``. The report links every finding to its line. A cause or kind this version does not know (a
 newer record) gets ``GENERIC_FIX``, never an empty cell.
+
+Those lines are written for verl's stock loop, the one a user audits before switching: several say "switch the loop
+to verl_ext_tool_agent". On a record verl_ext's own loop wrote (``Loop.builds_tokens``) that is no fix: such a line is
+replaced by the loop's own (``OWN_LOOP_FIXES``), else by ``own_loop_bug`` (the tokens verl_ext built are wrong: a
+verl_ext bug to report with the record). ``fix_for`` chooses.
 """
 
 from __future__ import annotations
 
 from verl_ext.check.findings import SWITCH_LOOP as SWITCH
 from verl_ext.check.findings import Cause
+from verl_ext.report.loops import Loop
 
 # A cause's fix is written once, on the cause (``Cause.fix``): the report and docs read it from there.
 CAUSE_FIXES: dict[str, str] = {c.value: c.fix for c in Cause}
@@ -56,11 +62,49 @@ SKIPPED_FIX = (
 GENERIC_FIX = "No fix is recorded for this yet: open the rollout below and read the finding's detail."
 
 
-def cause_fix(cause: str) -> str:
-    """The one-line fix for a finding's cause (a generic one for a cause this version does not know)."""
-    return CAUSE_FIXES.get(cause, GENERIC_FIX)
+# A stock-loop line that sends the user to verl_ext's loop names it: on verl_ext's own records it is replaced.
+STOCK_LOOP_MARK = "verl_ext_tool_agent"
+_EXTRA_STOPS = (
+    "List the engine's extra stops (e.g. </tool_call>) in verl_ext.extra_stop_tokens: a turn that stops on one then "
+    "gets the template's close (`verl-ext check-template DIR --stop TOKEN` shows it). If the turn stopped on no "
+    "extra stop, "
+)
+_ESCAPE = (
+    "Keep verl_ext.escape_special_tokens=true (the default): tool text then stays text instead of becoming a fake "
+    "turn boundary. If it is true, "
+)
+# Causes and kinds whose own-loop fix is a setting of that loop, not (only) a bug report; keyed by loop.
+OWN_LOOP_FIXES: dict[str, dict[Loop, str]] = {
+    "close_missing": {Loop.TOOL_AGENT: _EXTRA_STOPS, Loop.GATEWAY_AGENT: _EXTRA_STOPS},
+    "special_token_injected": {Loop.TOOL_AGENT: _ESCAPE, Loop.GATEWAY_AGENT: _ESCAPE},
+}
 
 
-def engine_fix(kind: str) -> str:
-    """The one-line fix for an engine-view failure kind (a generic one for a kind this version does not know)."""
-    return ENGINE_FIXES.get(kind, GENERIC_FIX)
+def own_loop_bug(loop: Loop) -> str:
+    """The fix where verl_ext's own ``loop`` built tokens its check finds wrong: a bug to report, not a setting."""
+    return (
+        f"verl_ext's own loop ({loop.value}) built these tokens, so this is a verl_ext bug, not your setup: report it "
+        "with the record (`verl-ext replay FILE --tokenizer DIR` names where the replayed tokens differ)."
+    )
+
+
+def fix_for(stock_fix: str, name: str, loop: Loop) -> str:
+    """``stock_fix`` (the line for cause or kind ``name`` on verl's stock loop) as the fix for a record ``loop``
+    wrote: unchanged unless it sends the user to the loop that wrote the record."""
+    if not loop.builds_tokens or STOCK_LOOP_MARK not in stock_fix:
+        return stock_fix
+    own = OWN_LOOP_FIXES.get(name, {}).get(loop)
+    bug = own_loop_bug(loop)
+    return own + bug[0].lower() + bug[1:] if own else bug
+
+
+def cause_fix(cause: str, loop: Loop = Loop.UNKNOWN) -> str:
+    """The one-line fix for a finding's cause on a record ``loop`` wrote (a generic one for a cause this version
+    does not know)."""
+    return fix_for(CAUSE_FIXES.get(cause, GENERIC_FIX), cause, loop)
+
+
+def engine_fix(kind: str, loop: Loop = Loop.UNKNOWN) -> str:
+    """The one-line fix for an engine-view failure kind on a record ``loop`` wrote (a generic one for a kind this
+    version does not know)."""
+    return fix_for(ENGINE_FIXES.get(kind, GENERIC_FIX), kind, loop)

@@ -107,7 +107,7 @@ def gateway_branch(ref: RolloutRef) -> GatewayBranch | None:
     value = ref.record.extra.get("gateway")
     if value is None:
         return None
-    where = f"{ref.label}: gateway"
+    where = f"{ref.where}: gateway"
     obj = _object(value, where)
     fork = obj.get("fork")
     cause = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,11 +22,18 @@ class RolloutRef:
     file: str  # the file's name, as given on the command line
     index: int  # 1-based position among the file's rollout records
     record: RolloutRecord
+    name: str = ""  # a gateway rollout's session and branch (``load_records`` names it), else ""
+
+    @property
+    def where(self) -> str:
+        """``FILE #N``: where the rollout is in its file (what an error about its record names)."""
+        return f"{Path(self.file).name} #{self.index}"
 
     @property
     def label(self) -> str:
-        """``FILE #N``: how the page names the rollout."""
-        return f"{Path(self.file).name} #{self.index}"
+        """How the page names the rollout: a gateway branch by the session id its harness chose and its branch
+        number, any other rollout by ``FILE #N``."""
+        return self.name or self.where
 
 
 @dataclass(frozen=True)
@@ -50,6 +58,7 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
             if h.template_profile:
                 profiles.setdefault(h.fingerprint, h.profile)
         rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
+    rollouts = _named_by_session(rollouts)
     if not rollouts:
         names = ", ".join(str(p) for p in paths)
         raise RecordError(
@@ -57,6 +66,29 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
             '(lines with "type": "rollout"), not only their headers'
         )
     return Records(tuple(str(p) for p in paths), tuple(profiles.values()), tuple(rollouts))
+
+
+def session_name(record: RolloutRecord) -> str:
+    """``session ID · branch N`` for a gateway rollout, "" for another (or a malformed ``gateway`` key, which the
+    report's fork reader names as an error)."""
+    gateway = record.extra.get("gateway")
+    if not isinstance(gateway, dict):
+        return ""
+    session, branch = gateway.get("session"), gateway.get("branch")
+    if not isinstance(session, str) or not isinstance(branch, int) or isinstance(branch, bool):
+        return ""
+    return f"session {session} · branch {branch}"
+
+
+def _named_by_session(rollouts: list[RolloutRef]) -> list[RolloutRef]:
+    """Gateway rollouts named by session and branch; a name two rollouts would share (the same session id in two
+    gateways' files) keeps its file as given too, so that every rollout's name stays its own."""
+    names = [session_name(ref.record) for ref in rollouts]
+    seen = Counter(names)
+    return [
+        dataclasses.replace(ref, name=name if seen[name] == 1 else f"{name} ({ref.file} #{ref.index})") if name else ref
+        for ref, name in zip(rollouts, names, strict=True)
+    ]
 
 
 def revalidated_records(records: Records, vocab_size: int | None) -> Records:

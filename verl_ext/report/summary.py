@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause
 from verl_ext.report.forks import ForkCounts, fork_counts
 from verl_ext.report.load import RolloutRef
+from verl_ext.report.loops import Loop, loop_of
 
 
 @dataclass(frozen=True)
@@ -60,6 +61,13 @@ class Summary:
     engine_failure_kinds: dict[str, int] = field(default_factory=dict)  # kind -> failures
     truncated_rollouts_lost: int = 0  # rollouts that lost at least one sampled token to truncation
     gateway: ForkCounts | None = None  # the gateway's sessions, branches and forks (None: no gateway rollout)
+    loops: dict[str, int] = field(default_factory=dict)  # the loop that wrote them (``Loop``) -> rollouts
+
+    @property
+    def has_steps(self) -> bool:
+        """Some rollout came from a training run: the standalone gateway's records have sessions, not steps (their
+        step is 0 because nothing trained), so a page of only those draws no step card, plot or filter."""
+        return set(self.loops) != {Loop.GATEWAY.value}
 
     @property
     def lost_share(self) -> float:
@@ -88,7 +96,12 @@ class Summary:
 
     def one_line(self) -> str:
         """The summary as ``verl-ext report`` prints it (with the gateway's forks where it wrote rollouts)."""
-        steps = f"at step {self.steps[0]}" if len(self.steps) == 1 else f"over {len(self.steps)} steps"
+        if not self.has_steps:
+            steps = f"from {Loop.GATEWAY.value}"
+        elif len(self.steps) == 1:
+            steps = f"at step {self.steps[0]}"
+        else:
+            steps = f"over {len(self.steps)} steps"
         line = (
             f"{_count(self.rollouts, 'rollout')} {steps}, {_count(self.engine_failures, 'engine-view failure')}, "
             f"{self.defect_rollouts} rollouts with defects ({self.defect_rate:.1%}), {self.findings} findings"
@@ -157,4 +170,5 @@ def summarize(rollouts: Sequence[RolloutRef]) -> Summary:
         engine_failure_kinds=dict(Counter(f.kind for c in checks for f in c.engine_failures).most_common()),
         truncated_rollouts_lost=sum(c.lost_sampled_tokens > 0 for c in checks),
         gateway=gateway if gateway.branches else None,
+        loops=dict(Counter(loop_of(r.record).value for r in rollouts).most_common()),
     )

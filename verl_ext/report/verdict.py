@@ -7,6 +7,7 @@ green only when nothing of that happened.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
@@ -36,16 +37,20 @@ def _n(count: int, noun: str) -> str:
     return f"{count} {noun}{'' if count == 1 else 's'}"
 
 
-def verdict(s: Summary) -> Verdict:
-    """The verdict the summary adds up to: engine failures first, then defects, lost tokens and skipped checks."""
+def verdict(
+    s: Summary, cause_fixes: Mapping[str, str] | None = None, engine_fixes: Mapping[str, str] | None = None
+) -> Verdict:
+    """The verdict the summary adds up to: engine failures first, then defects, lost tokens and skipped checks.
+    ``cause_fixes`` / ``engine_fixes``: the fix of each cause and kind as chosen for the loops that wrote the records
+    (``report.build.chosen_fixes``); a name they lack gets the stock loop's."""
+    causes, kinds = cause_fixes or {}, engine_fixes or {}
     actions: list[Action] = []
     for kind, n in s.engine_failure_kinds.items():
-        actions.append(
-            Action("bad", f"engine view: {_n(n, 'failure')} of kind {kind}", engine_fix(kind), f"fix-engine-{kind}")
-        )
+        fix = kinds.get(kind) or engine_fix(kind)
+        actions.append(Action("bad", f"engine view: {_n(n, 'failure')} of kind {kind}", fix, f"fix-engine-{kind}"))
     for row in sorted((r for r in s.causes if r.defects), key=lambda r: -r.defects):
         text = f"{row.cause}: {_n(row.defects, 'defect')} in {_n(row.rollouts, 'rollout')}"
-        actions.append(Action("bad", text, cause_fix(row.cause), f"fix-{row.cause}"))
+        actions.append(Action("bad", text, causes.get(row.cause) or cause_fix(row.cause), f"fix-{row.cause}"))
     if s.lost_sampled_tokens:
         text = (
             f"{100 * s.lost_share:.1f}% of sampled tokens lost to truncation ({s.lost_sampled_tokens} of "

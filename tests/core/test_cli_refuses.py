@@ -143,3 +143,16 @@ def test_replay_reads_its_files_before_loading_the_tokenizer(tmp_path, capsys):
         code, out, err = run(capsys, "replay", *files, "--tokenizer", no_tokenizer)
         assert_one_line(code, err, *words)
         assert "no-tokenizer" not in err and out == ""
+
+
+def test_an_unquoted_special_token_in_a_demo_override_names_the_quoted_fix(tmp_path, capsys):
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = tmp_path / "demo"
+    code, _, err = run(capsys, "demo", "--out", str(out), "verl_ext.extra_stop_tokens=[</tool_call>]")
+    assert_one_line(code, err, "Hydra cannot read the override", "Quote each string")
+    assert "LexerNoViableAltException" not in err and not out.exists()  # refused before the folder, the trainer
+    fix = err.strip().split("for the shell: ", 1)[1]
+    assert fix == """'verl_ext.extra_stop_tokens=["</tool_call>"]'"""
+    (parsed,) = OverridesParser.create().parse_overrides([fix[1:-1]])
+    assert parsed.value() == ["</tool_call>"]

@@ -140,7 +140,13 @@ def test_one_session_in_both_shapes_and_a_fork_named_by_field(serve: Any) -> Non
         {"role": "tool", "tool_call_id": use.id, "content": "42"},
     ]
     second = chat.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=64)
-    assert second.model_extra["verl_ext"] == {"session": "mixed", "branch": 0, "fork": None, "malformed_calls": 0}
+    assert second.model_extra["verl_ext"] == {
+        "session": "mixed",
+        "branch": 0,
+        "fork": None,
+        "malformed_calls": 0,
+        "sampling_overridden": {},
+    }
     answer = second.choices[0].message
     assert answer.content == "The answer is 42."
     # forks in the Anthropic shape are named as in the OpenAI shape: an edited question, edited reasoning

@@ -6,6 +6,7 @@ naming the field, or a success; never a 5xx, never a plain-text body; and the se
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import re
@@ -104,7 +105,10 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ),
     ("chat", {"tool_choice": "required"}, "tool_choice"),
     # fields that change what is generated are honoured or refused, never ignored (the Responses route's rule)
-    ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
+    # reasoning effort: the template's thinking switch (Qwen3's enable_thinking, on as served)
+    ("chat", {"reasoning_effort": "low"}, None),
+    ("chat", {"reasoning_effort": "none"}, "reasoning_effort"),
+    ("chat", {"reasoning_effort": "max"}, "reasoning_effort"),
     ("chat", {"min_p": 0.1}, "min_p"),
     ("chat", {"web_search_options": {}}, "web_search_options"),
     ("chat", {"verbosity": "low"}, "verbosity"),
@@ -132,7 +136,8 @@ CASES: list[tuple[str, dict[str, Any], str | None]] = [
     ("responses", {"tools": [{"type": "function", "name": "f"}]}, None),
     ("responses", {"text": {"format": {"type": "json_schema"}}}, "text.format"),
     ("responses", {"previous_response_id": "resp_1"}, "previous_response_id"),
-    ("responses", {"reasoning": {"effort": "high"}}, "reasoning.effort"),
+    ("responses", {"reasoning": {"effort": "high"}}, None),
+    ("responses", {"reasoning": {"effort": "none"}}, "reasoning.effort"),
     ("responses", {"max_output_tokens": -1}, "max_output_tokens"),
     ("responses", {"instructions": 5}, "instructions"),
     ("responses", {"input": "\udc00"}, "input"),
@@ -304,3 +309,32 @@ def test_a_max_tokens_past_the_room_left_is_refused_naming_the_field_not_cut_dow
     assert fits.json()["usage"]["prompt_tokens"] + room == context
     ended = httpx.post(f"{base}/sessions/room-chat/end", timeout=60).json()
     assert [b["turns"] for b in ended["branches"]] == [1] and ended["branches"][0]["engine_ok"]
+
+
+NOT_AN_IMAGE = "data:image/png;base64," + base64.b64encode(b"not an image at all").decode()
+TRUNCATED_PNG = "data:image/png;base64," + base64.b64encode(bytes.fromhex("89504e470d0a1a0a0000000d49484452")).decode()
+
+
+@pytest.mark.parametrize("url", [NOT_AN_IMAGE, TRUNCATED_PNG], ids=["not an image", "a cut PNG"])
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_an_undecodable_image_is_a_400_naming_the_bytes_not_a_python_object(
+    gateway: dict[str, Any], route: str, url: str
+) -> None:
+    data = url.split(",", 1)[1]
+    part, where = {
+        "chat": ({"type": "image_url", "image_url": {"url": url}}, "messages[0].content[0]"),
+        "responses": ({"type": "input_image", "image_url": url}, "input[0].content[0]"),
+        "messages": ({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}, None),
+    }[route]
+    message = {"role": "user", "content": [part, {"type": "text", "text": "What is this?"}]}
+    path, good = ROUTES[route]
+    body = {**good, "input": [message]} if route == "responses" else {**good, "messages": [message]}
+    response = _post(gateway["base"], f"sessions/img-{route}-{len(url)}/{path}", body)
+    assert response.status_code == 400, response.text
+    error = _error(response, route)
+    assert where is None or error["param"].startswith(where), error
+    text = error["message"]
+    assert "cannot be decoded as an image" in text and "send" in text, text
+    assert not re.search(r"<[\w.]+ object at 0x[0-9a-f]+>", text), text  # no Python repr
+    if url == NOT_AN_IMAGE:
+        assert "6e 6f 74 20 61 6e 20 69" in text and "PNG, JPEG, GIF or WebP" in text, text  # b"not an i"

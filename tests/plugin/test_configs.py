@@ -363,3 +363,16 @@ def test_the_extra_stop_tokens_fix_works_pasted_into_bash(source, tmp_path):
     (override,) = OverridesParser.create().parse_overrides([word])
     assert override.key_or_group == "verl_ext.extra_stop_tokens" and override.value() == ["</tool_call>"]
     assert LoopOptions.from_sources({"extra_stop_tokens": override.value()}).extra_stop_tokens == ("</tool_call>",)
+
+
+def test_an_unquoted_special_token_stops_main_ppo_with_the_quoted_fix_not_a_lexer_error():
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    override = "verl_ext.extra_stop_tokens=[</tool_call>]"
+    cmd = [sys.executable, "-m", "verl.trainer.main_ppo", "+verl_ext=warn", override]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert "LexerNoViableAltException" not in out.stderr, out.stderr[-2000:]
+    # Hydra prints the message, then its own line on HYDRA_FULL_ERROR
+    said = [line for line in out.stderr.splitlines() if line.startswith("Hydra cannot read the override")]
+    assert said == [said[0]] and f"{override!r}" in said[0], out.stderr[-2000:]
+    assert said[0].endswith("""'verl_ext.extra_stop_tokens=["</tool_call>"]'"""), said

@@ -44,5 +44,5 @@ def add_messages_route(
         stops = {gateway.renderer.encode(s)[0]: s for s in chat.stop}
         if chat.stream:
             events = message_events(done, session_id, model_name, stops)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return JSONResponse(message_body(done, session_id, model_name, stops))
+            return StreamingResponse(events, media_type="text/event-stream", headers=done.overridden_header())
+        return JSONResponse(message_body(done, session_id, model_name, stops), headers=done.overridden_header())

@@ -65,7 +65,12 @@ def _input(function: Mapping[str, Any]) -> Any:
 
 
 def _extension(done: Completion, session_id: str) -> dict[str, Any]:
-    return {"session": session_id, "branch": done.branch, "fork": done.fork.to_json() if done.fork else None}
+    return {
+        "session": session_id,
+        "branch": done.branch,
+        "fork": done.fork.to_json() if done.fork else None,
+        "sampling_overridden": {k: dict(v) for k, v in done.sampling_overridden.items()},
+    }
 
 
 def message_body(done: Completion, session_id: str, model: str, stop_sequences: Mapping[int, str]) -> dict[str, Any]:

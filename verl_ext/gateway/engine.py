@@ -38,7 +38,11 @@ class Sampled:
 class Engine(Protocol):
     """A token-in/token-out engine. ``max_context`` is the longest prompt + output it serves (None: no limit).
     An engine may name sampling options it cannot honour in ``unsupported_sampling`` (a request setting one gets a
-    400 naming it before anything changes)."""
+    400 naming it before anything changes). An engine whose sampling settings a trainer decides (verl's rollout
+    ``temperature``, ``top_p``, ``top_k``: the policy is trained on what it samples at those) has
+    ``decided_sampling(session_id) -> {name: value}``, the settings it samples that session with whatever a request
+    asks (a setting it does not pass, such as a seed, is None); the gateway serves the request and says in the answer
+    which of its settings were overridden (``Completion.sampling_overridden``)."""
 
     max_context: int | None
 

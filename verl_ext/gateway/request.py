@@ -42,8 +42,6 @@ _REFUSED_OUTPUTS = {
 }
 # Fields that change what is generated in a way the engine or the template does not serve, and why.
 _REFUSED_FIELDS = {
-    "reasoning_effort": "whether and how long the policy reasons is its chat template's choice (the gateway's "
-    "--template-kwargs, e.g. enable_thinking); leave it out",
     "verbosity": "the policy writes as it samples, at no verbosity level; leave it out",
     "web_search_options": "the gateway runs no hosted tools (declare a function tool and run the search yourself); "
     "leave it out",
@@ -56,6 +54,7 @@ KNOWN_FIELDS = frozenset(
         *("messages", "model", "tools", "tool_choice", "functions", "function_call", "parallel_tool_calls"),
         *("max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n"),
         *("stream", "stream_options", "response_format", "repetition_penalty"),
+        "reasoning_effort",  # the template's thinking switch, where it has one (verl_ext.gateway.thinking)
         *_REFUSED_IF_SET,
         *_REFUSED_OUTPUTS,
         *_REFUSED_FIELDS,
@@ -178,6 +177,10 @@ class ChatRequest:
     repetition_penalty: float | None = None  # None: 1.0
     legacy_functions: bool = False  # the request used ``functions``: the answer carries ``function_call``
     max_tokens_field: str = "max_tokens"  # the field that gave ``max_tokens``, named when it does not fit
+    # the reasoning the request asks for ("none" ... "high"), checked against the template's thinking switch
+    # (verl_ext.gateway.thinking) by the gateway, which renders; None: not asked
+    reasoning_effort: object = None
+    reasoning_effort_field: str = "reasoning_effort"  # the field that asked it, named in a refusal
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -217,6 +220,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         repetition_penalty=number_in(body, "repetition_penalty", 0.0, 2.0, low_open=True),
         legacy_functions=legacy,
         max_tokens_field=max_tokens_field,
+        reasoning_effort=body.get("reasoning_effort"),
     )
 
 

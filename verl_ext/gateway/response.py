@@ -2,8 +2,10 @@
 stream (server-sent events ending in ``data: [DONE]``, as the OpenAI SDK reads them).
 
 Extensions, in the places SGLang's and vLLM's servers use: ``choices[0].token_ids`` (the sampled ids, stop
-included) and ``verl_ext`` (the session, the branch, the fork the request started, if any, and the tool-call blocks
-the parser could not read).
+included) and ``verl_ext`` (the session, the branch, the fork the request started, if any, the tool-call blocks
+the parser could not read, and ``sampling_overridden``: each sampling setting of the request that training decided
+otherwise, ``{"temperature": {"requested": 0.2, "used": 1.0}}``, also said in the
+``X-Verl-Ext-Sampling-Overridden`` header on every route).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def _extension(done: Completion, session_id: str) -> dict[str, Any]:
         "branch": done.branch,
         "fork": done.fork.to_json() if done.fork else None,
         "malformed_calls": done.malformed_calls,
+        "sampling_overridden": {k: dict(v) for k, v in done.sampling_overridden.items()},
     }
 
 

@@ -27,5 +27,5 @@ def add_responses_route(
         done = await gateway.complete(session_id, chat)
         if chat.stream:
             events = response_events(done, session_id, model_name, chat)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return JSONResponse(response_body(done, session_id, model_name, chat))
+            return StreamingResponse(events, media_type="text/event-stream", headers=done.overridden_header())
+        return JSONResponse(response_body(done, session_id, model_name, chat), headers=done.overridden_header())

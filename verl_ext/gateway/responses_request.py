@@ -70,6 +70,8 @@ def parse_responses_request(body: Any) -> ChatRequest:
         top_k=top_k(body),
         repetition_penalty=number_in(body, "repetition_penalty", 0.0, 2.0, low_open=True),
         max_tokens_field="max_output_tokens",
+        reasoning_effort=(body.get("reasoning") or {}).get("effort"),  # the template's switch (gateway.thinking)
+        reasoning_effort_field="reasoning.effort",
     )
 
 
@@ -92,16 +94,8 @@ def _check_options(body: Mapping[str, Any]) -> None:
                 "unsupported",
             )
     reasoning = body.get("reasoning")
-    if reasoning is not None:
-        if not isinstance(reasoning, Mapping):
-            raise bad_request("reasoning", f"'reasoning' must be an object, got {json_type(reasoning)}")
-        if reasoning.get("effort") is not None:
-            raise bad_request(
-                "reasoning.effort",
-                "'reasoning.effort' is not served: whether and how long the policy reasons is its chat template's "
-                "choice (the gateway's --template-kwargs, e.g. enable_thinking); leave it out",
-                "unsupported",
-            )
+    if reasoning is not None and not isinstance(reasoning, Mapping):
+        raise bad_request("reasoning", f"'reasoning' must be an object, got {json_type(reasoning)}")
     truncation = body.get("truncation")
     if truncation not in (None, "disabled"):
         raise bad_request(

@@ -70,7 +70,7 @@ def response_body(
     output = output_items(done.message) if items is None else items
     incomplete = done.finish_reason == "length"
     return {
-        **_envelope(model, request, "incomplete" if incomplete else "completed"),
+        **_envelope(model, request, "incomplete" if incomplete else "completed", done.sampling_overridden),
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete else None,
         "output": output,
         "usage": {
@@ -86,11 +86,14 @@ def response_body(
             "branch": done.branch,
             "fork": done.fork.to_json() if done.fork else None,
             "malformed_calls": done.malformed_calls,
+            "sampling_overridden": {k: dict(v) for k, v in done.sampling_overridden.items()},
         },
     }
 
 
-def _envelope(model: str, request: ChatRequest, status: str) -> dict[str, Any]:
+def _envelope(
+    model: str, request: ChatRequest, status: str, overridden: Mapping[str, Mapping[str, Any]]
+) -> dict[str, Any]:
     return {
         "id": _id("resp"),
         "object": "response",
@@ -102,8 +105,9 @@ def _envelope(model: str, request: ChatRequest, status: str) -> dict[str, Any]:
         "model": model,
         "output": [],
         "parallel_tool_calls": True,
-        "temperature": request.temperature,
-        "top_p": request.top_p,
+        # the values sampled with: training's where it overrode the request's (Completion.sampling_overridden)
+        "temperature": overridden.get("temperature", {}).get("used", request.temperature),
+        "top_p": overridden.get("top_p", {}).get("used", request.top_p),
         "max_output_tokens": request.max_tokens,
         "tool_choice": request.tool_choice,
         "tools": [{"type": "function", **t["function"]} for t in request.tools or ()],

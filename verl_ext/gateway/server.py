@@ -77,8 +77,9 @@ def create_app(gateway: Gateway, model_name: str) -> FastAPI:
         done = await gateway.complete(session_id, chat)
         if chat.stream:
             events = stream_events(done, session_id, model_name, chat.include_usage, chat.legacy_functions)
-            return StreamingResponse(events, media_type="text/event-stream")
-        return JSONResponse(completion_body(done, session_id, model_name, chat.legacy_functions))
+            return StreamingResponse(events, media_type="text/event-stream", headers=done.overridden_header())
+        body = completion_body(done, session_id, model_name, chat.legacy_functions)
+        return JSONResponse(body, headers=done.overridden_header())
 
     add_messages_route(app, gateway, model_name, _json_body)
     add_responses_route(app, gateway, model_name, _json_body)

@@ -35,6 +35,7 @@ from verl_ext.gateway.images import TextOnlyTrajectory
 from verl_ext.gateway.parsing import ReasoningMarkers, ReasoningSplit, visible_message
 from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Prepared, Session
+from verl_ext.gateway.thinking import check_effort
 from verl_ext.gateway.training import BranchTraining
 from verl_ext.runtime import RolloutRuntime, turn_budget
 from verl_ext.runtime.rollout_runtime import Records
@@ -53,6 +54,19 @@ class Completion:
     branch: int
     fork: Fork | None
     malformed_calls: int = 0  # tool-call blocks the parser could not read (left out of content and tool_calls)
+    # What training decided over the request (``Engine.decided_sampling``): setting -> {"requested", "used"}, for
+    # each sampling setting the request gave that the engine sampled otherwise; said in the answer, never silent.
+    sampling_overridden: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    def overridden_header(self) -> dict[str, str]:
+        """``X-Verl-Ext-Sampling-Overridden: temperature=0.2->1.0`` where training overrode a setting, else none."""
+        if not self.sampling_overridden:
+            return {}
+        said = "; ".join(f"{k}={v['requested']}->{v['used']}" for k, v in self.sampling_overridden.items())
+        return {SAMPLING_OVERRIDDEN_HEADER: said}
+
+
+SAMPLING_OVERRIDDEN_HEADER = "X-Verl-Ext-Sampling-Overridden"
 
 
 # How many ended session ids a gateway remembers, to answer a late call on one with a 409 rather than a new session:
@@ -199,6 +213,7 @@ class Gateway:
             messages = request.messages if self.markers is None else ReasoningSplit(request.messages, self.markers)
             stop_ids = tuple(sorted(set(self._stop_ids(request.stop)) | set(self.reader.stop_token_ids)))
             self._refuse_unsupported_sampling(request)
+            check_effort(self.renderer, request.reasoning_effort, request.reasoning_effort_field)
             mark = session.mark()
             try:
                 prepared = session.prepare(messages, request.tools)
@@ -207,7 +222,9 @@ class Gateway:
                     self._conclude(session)
                 raise
             try:
-                return await self._prepared_turn(session, request, prepared, stop_ids)
+                done = await self._prepared_turn(session, request, prepared, stop_ids)
+                overridden = self._overridden(session_id, request)
+                return dataclasses.replace(done, sampling_overridden=overridden) if overridden else done
             except BaseException:  # a cancelled request too (the client went away): the branch stays consistent
                 if not session.ended:  # a client's error found late, or the server's fault: the session as it was
                     session.undo(mark)
@@ -331,6 +348,20 @@ class Gateway:
                 param=field,
                 code="context_length_exceeded",
             )
+
+    def _overridden(self, session_id: str, request: ChatRequest) -> dict[str, dict[str, Any]]:
+        """Each sampling setting the request gave that the engine samples otherwise (an engine whose settings a
+        trainer decides says them, ``Engine.decided_sampling``): its requested and used value."""
+        decided = getattr(self.engine, "decided_sampling", None)
+        if decided is None:
+            return {}
+        used = decided(session_id)
+        out: dict[str, dict[str, Any]] = {}
+        for name in ("temperature", "top_p", "top_k", "seed"):
+            asked = getattr(request, name)
+            if asked is not None and used.get(name) != asked:
+                out[name] = {"requested": asked, "used": used.get(name)}
+        return out
 
     def _refuse_unsupported_sampling(self, request: ChatRequest) -> None:
         """400 for a sampling option the engine cannot honour (``Engine.unsupported_sampling``), before any change."""

@@ -78,6 +78,18 @@ def register_sglang_rollout() -> None:
     RolloutReplicaRegistry.register("sglang", load_sglang_replica)
 
 
+def _explain_override_errors(module: Any) -> None:
+    """Runs inside ``import hydra``: a failure is logged, never breaks the import (Hydra's own message stands)."""
+    try:
+        from verl_ext.plugin.overrides import explain_hydra_errors
+
+        explain_hydra_errors(module)
+    except Exception:
+        logging.getLogger("verl_ext.plugin").exception(
+            "verl_ext: could not explain Hydra's override errors; an unquoted special token keeps Hydra's lexer error"
+        )
+
+
 def register_agent_loops() -> None:
     """Register ``verl_ext_tool_agent`` in verl's agent-loop registry, and the tito/ metrics hook on verl's tracker,
     when verl imports those modules (importing them from here, inside ``import verl``, would be circular)."""
@@ -106,6 +118,7 @@ def register_agent_loops() -> None:
     when_imported("verl.utils.tracking", hook_tracking)
     when_imported("verl.utils.config", hook_validate_config)
     when_imported("hydra", register_searchpath_plugin)  # once hydra is fully imported: Hydra's scan needs it
+    when_imported("hydra", _explain_override_errors)  # an unquoted special token: Hydra's lexer error, explained
 
 
 def _load() -> None:

@@ -126,6 +126,12 @@ class ServerManagerEngine:
             self.extra_fields.setdefault(session, {})[key] = dict(out.extra_fields)
         return sampled
 
+    def decided_sampling(self, session: str) -> dict[str, Any]:
+        """The settings the session's row samples with, whatever a harness asks (``Engine.decided_sampling``): verl's
+        rollout temperature, top_p and top_k (the policy trains on what it samples at those); no seed is passed."""
+        params = self.session_params.get(session, self.sampling_params)
+        return {"temperature": params.get("temperature"), "top_p": params.get("top_p"), "top_k": params.get("top_k")}
+
     def served_version(self, session: str) -> Any:
         """The weight version (verl's ``global_steps``) that served the session's first call; None before any."""
         filed = self.extra_fields.get(session) or {}

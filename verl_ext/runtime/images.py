@@ -62,8 +62,13 @@ def decode_image_bytes(raw: bytes | bytearray) -> tuple[Any, str | None]:
             return opened.convert("RGB"), found  # what the image processor converts to; the digest is of these
     except Image.DecompressionBombError as exc:
         raise ImageTooLarge(f"the image is too large to decode ({exc})") from None
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as exc:
-        raise UnusableImage(f"the bytes cannot be decoded as an image ({exc})") from None
+    except UnidentifiedImageError:  # Pillow's own text is the repr of the BytesIO it was handed: name the bytes
+        raise UnusableImage(
+            f"the bytes cannot be decoded as an image: they are in no image format Pillow reads (the first bytes: "
+            f"{bytes(raw[:8]).hex(' ') or 'none'}); send the bytes of a PNG, JPEG, GIF or WebP file"
+        ) from None
+    except (OSError, ValueError, SyntaxError) as exc:
+        raise UnusableImage(f"the bytes cannot be decoded as an image ({exc}); send a whole image file") from None
 
 
 def tool_image(image: Any) -> Any:

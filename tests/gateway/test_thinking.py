@@ -1,0 +1,157 @@
+"""A request's reasoning effort is the chat template's thinking switch: served where it asks for what the gateway
+renders, refused (naming the setting the gateway renders and how to start it with the other) where it asks for the
+other, refused where the template has no switch; never ignored. Over every fixture template with the tokenizers'
+own and the Qwen3 tokenizer, each with its switch on and off: an effort is served exactly when the template, given the
+setting the effort asks for, renders the prompt the gateway renders.
+
+And sampling that training decides: a request's temperature (top_p, top_k, seed) that the engine samples otherwise is
+served and said so in the answer (``verl_ext.sampling_overridden``, the ``X-Verl-Ext-Sampling-Overridden`` header)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from verl_ext.core.rendering import load_renderer
+from verl_ext.core.tokenizer_files import template_variables
+from verl_ext.gateway.errors import GatewayError
+from verl_ext.gateway.thinking import BOOLEAN_SWITCHES, EFFORTS, LEVEL_SWITCH, check_effort
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATES = sorted((REPO / "tests" / "fixtures" / "templates").glob("*.jinja"))
+PROBE = [{"role": "user", "content": "Hi"}]
+
+
+def _renderers() -> list[tuple[str, Any]]:
+    """Each fixture tokenizer with its own template, and the Qwen3 tokenizer with each fixture template (those that
+    render a plain user turn: Hermes' needs tools), each as served, with its switch off, and with gpt-oss's level."""
+    from verl_ext.core.errors import TemplateError
+    from verl_ext.core.rendering import ChatRenderer
+
+    bases = []
+    for folder in sorted(p for p in (REPO / "build" / "tokenizers").iterdir() if p.is_dir()):
+        bases.append((folder.name, load_renderer(folder)))
+    qwen3 = bases[[name for name, _ in bases].index("qwen3")][1]
+    for template in TEMPLATES:
+        bases.append((template.stem, ChatRenderer(qwen3.tokenizer, chat_template=template.read_text())))
+    out = []
+    for name, base in bases:
+        try:
+            base.render_text(PROBE, None, True)
+        except TemplateError:
+            continue
+        for kwargs in ({}, {"enable_thinking": False}, {"thinking": True}, {"reasoning_effort": "high"}):
+            out.append((f"{name} {kwargs}", base.with_template_kwargs(kwargs)))
+    return out
+
+
+def _render(renderer: Any, **kwargs: Any) -> str:
+    return renderer.with_template_kwargs({**renderer.template_kwargs, **kwargs}).render_text(PROBE, None, True)
+
+
+def _switch(renderer: Any) -> str | None:
+    """The variable the template reads that changes what it renders: a level's (gpt-oss) or a boolean's."""
+    variables = template_variables(renderer.chat_template or "")
+    for variable, one, other in [(LEVEL_SWITCH, "low", "high")] + [(v, True, False) for v in BOOLEAN_SWITCHES]:
+        if variable in variables and _render(renderer, **{variable: one}) != _render(renderer, **{variable: other}):
+            return variable
+    return None
+
+
+def test_an_effort_is_served_exactly_where_its_setting_renders_the_gateways_prompt() -> None:
+    served_somewhere = refused_somewhere = 0
+    for name, renderer in _renderers():
+        rendered = _render(renderer)
+        variable = _switch(renderer)
+        for effort in EFFORTS:
+            try:
+                check_effort(renderer, effort, "reasoning_effort")
+                served = True
+            except GatewayError as exc:
+                served = False
+                assert exc.status == 400 and exc.param == "reasoning_effort", (name, exc.message)
+                assert "leave 'reasoning_effort' out" in exc.message or "leave it out" in exc.message, exc.message
+            # the template, given the setting the effort asks for, renders what the gateway renders
+            asked = effort if variable == LEVEL_SWITCH else effort != "none"
+            expected = variable is not None and _render(renderer, **{variable: asked}) == rendered
+            assert served == expected, (name, effort, variable)
+            served_somewhere += served
+            refused_somewhere += not served
+    assert served_somewhere > 20 and refused_somewhere > 100, (served_somewhere, refused_somewhere)
+
+
+def test_the_refusal_names_the_setting_the_gateway_renders_and_the_other() -> None:
+    qwen3 = load_renderer(REPO / "build" / "tokenizers" / "qwen3")
+    with pytest.raises(GatewayError) as refused:
+        check_effort(qwen3, "none", "reasoning.effort")
+    assert refused.value.param == "reasoning.effort"
+    assert "enable_thinking=true" in refused.value.message
+    assert """--template-kwargs '{"enable_thinking": false}'""" in refused.value.message
+    check_effort(qwen3.with_template_kwargs({"enable_thinking": False}), "none", "reasoning_effort")  # served
+    with pytest.raises(GatewayError, match="must be one of"):
+        check_effort(qwen3, "max", "reasoning_effort")
+    with pytest.raises(GatewayError, match="has no thinking switch"):
+        check_effort(load_renderer(REPO / "build" / "tokenizers" / "qwen2.5"), "high", "reasoning_effort")
+
+
+class TrainingSampler:
+    """The CPU engine under sampling settings a trainer decides (as verl_ext_gateway_agent's engine samples at verl's
+    rollout settings): every turn is sampled at ``decided``, whatever the request asks."""
+
+    def __init__(self, inner: Any, decided: dict[str, Any]) -> None:
+        self.inner, self.decided = inner, decided
+        self.max_context = inner.max_context
+        self.unsupported_sampling = getattr(inner, "unsupported_sampling", ())
+        self.seen: list[Any] = []
+
+    async def generate(self, prompt_ids: Any, sampling: Any, **kw: Any) -> Any:
+        sampling = dataclasses.replace(sampling, temperature=self.decided["temperature"], top_p=self.decided["top_p"])
+        self.seen.append(sampling)
+        return await self.inner.generate(prompt_ids, sampling, **kw)
+
+    def decided_sampling(self, session: str) -> dict[str, Any]:
+        return dict(self.decided)
+
+
+def test_a_temperature_training_decides_is_served_and_said_in_the_answer(gateway_parts: dict[str, Any]) -> None:
+    from verl_ext.gateway.request import parse_chat_request
+    from verl_ext.gateway.response import completion_body
+    from verl_ext.gateway.responses_request import parse_responses_request
+    from verl_ext.gateway.responses_response import response_body
+    from verl_ext.gateway.service import SAMPLING_OVERRIDDEN_HEADER, Gateway
+    from verl_ext.runtime import RolloutRuntime
+
+    gateway_parts["script"].turns = ["Hi.<|im_end|>"] * 4
+    engine = TrainingSampler(gateway_parts["engine"], {"temperature": 1.0, "top_p": 1.0, "top_k": None})
+    runtime = RolloutRuntime.build(gateway_parts["renderer"])
+    gateway = Gateway(engine, runtime, gateway_parts["reader"], markers=gateway_parts["markers"])
+    body = {"messages": PROBE, "max_tokens": 8, "temperature": 0.2, "top_p": 1.0}
+    done = asyncio.run(gateway.complete("s", parse_chat_request(body)))
+    assert engine.seen[-1].temperature == 1.0  # sampled at training's temperature
+    assert done.sampling_overridden == {"temperature": {"requested": 0.2, "used": 1.0}}  # top_p agreed: not said
+    assert completion_body(done, "s", "m")["verl_ext"]["sampling_overridden"] == done.sampling_overridden
+    assert done.overridden_header() == {SAMPLING_OVERRIDDEN_HEADER: "temperature=0.2->1.0"}
+    request = parse_responses_request({"input": "Hi", "max_output_tokens": 8, "temperature": 0.5, "seed": 3})
+    answered = response_body(asyncio.run(gateway.complete("r", request)), "r", "m", request)
+    assert answered["temperature"] == 1.0  # the value sampled with, as the Responses object reports it
+    assert answered["verl_ext"]["sampling_overridden"] == {
+        "temperature": {"requested": 0.5, "used": 1.0},
+        "seed": {"requested": 3, "used": None},  # verl's engine is passed no request seed
+    }
+    # a request that asks for what training samples at, or asks nothing, is told nothing
+    plain = asyncio.run(gateway.complete("p", parse_chat_request({"messages": PROBE, "max_tokens": 8})))
+    assert plain.sampling_overridden == {} and plain.overridden_header() == {}
+    gateway.end_all()
+
+
+def test_the_worker_engine_says_the_rows_sampling_settings() -> None:
+    from verl_ext.plugin.gateway_loop import ServerManagerEngine
+
+    engine = ServerManagerEngine(None, {"temperature": 0.7, "top_p": 0.95, "top_k": -1})
+    engine.session_params["validation"] = {"temperature": 0.0, "top_p": 1.0}
+    assert engine.decided_sampling("row") == {"temperature": 0.7, "top_p": 0.95, "top_k": -1}
+    assert engine.decided_sampling("validation") == {"temperature": 0.0, "top_p": 1.0, "top_k": None}

@@ -20,7 +20,17 @@ Hooks (what a caller plugs in, never the runtime's business):
     caller's.
 """
 
+from verl_ext.runtime.rollout import FinishedRollout, LiveRollout
 from verl_ext.runtime.rollout_runtime import RolloutRuntime, checked_off
 from verl_ext.runtime.turn import Generated, Turn, keep_sampled, turn_budget
 
-__all__ = ["Generated", "RolloutRuntime", "Turn", "checked_off", "keep_sampled", "turn_budget"]
+__all__ = [
+    "FinishedRollout",
+    "Generated",
+    "LiveRollout",
+    "RolloutRuntime",
+    "Turn",
+    "checked_off",
+    "keep_sampled",
+    "turn_budget",
+]

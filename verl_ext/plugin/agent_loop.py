@@ -127,7 +127,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             step=training_step(kwargs, ro.extra_fields.get("global_steps")),
             extra={
                 "data_source": kwargs.get("data_source"),
-                "index": _plain_index(kwargs.get("index")),
+                "index": plain_index(kwargs.get("index")),
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),
             },
         )
@@ -375,7 +375,8 @@ def _malformed_message(turn: int, index: int) -> dict[str, Any]:
     }
 
 
-def _plain_index(value: Any) -> Any:
+def plain_index(value: Any) -> Any:
+    """A row's ``index`` as a record holds it: an int where it is one, else its text (None: none)."""
     try:
         return int(value)
     except (TypeError, ValueError):

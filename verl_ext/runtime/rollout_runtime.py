@@ -39,7 +39,7 @@ THUMBNAIL_FAILURES = "records/thumbnail_failures"  # images of written records w
 
 
 class Records(Protocol):
-    """Where records go: a ``RecordWriter``, or a wrapper of one (the gateway loop adds each row's step)."""
+    """Where records go: a ``RecordWriter``, or a stand-in of one (a test's)."""
 
     @property
     def path(self) -> Any: ...

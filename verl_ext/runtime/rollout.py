@@ -20,21 +20,51 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, EngineCalls, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.image_trajectory import ImageTrajectory
+from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.prompt_ids import PromptIds
-from verl_ext.core.trajectory import TokenTrajectory
+from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.runtime.images import image_sample
 from verl_ext.runtime.turn import G, Turn, keep_sampled, turn_budget
 
-if TYPE_CHECKING:
-    from verl_ext.runtime.rollout_runtime import RolloutRuntime
+
+class Runtime(Protocol):
+    """What a rollout is driven through: ``RolloutRuntime`` (its template, its turn, its end)."""
+
+    renderer: ChatRenderer
+    profile: TemplateProfile
+
+    async def turn(
+        self,
+        calls: EngineCalls,
+        prompt_ids: Sequence[int],
+        max_tokens: int,
+        stop_ids: Sequence[int],
+        generate: Callable[[int], Awaitable[G]],
+        read: Callable[[Sequence[int]], Awaitable[ParsedTurn]],
+    ) -> Turn[G]: ...
+
+    def engine_call(
+        self,
+        calls: EngineCalls,
+        prompt_ids: Sequence[int],
+        output_ids: Sequence[int],
+        logprobs: Sequence[float] | None,
+        max_tokens: int,
+        stop_ids: Sequence[int],
+    ) -> tuple[EngineCall, FinishReason]: ...
+
+    def conclude(self, rollout: Rollout, counters: Counter[str]) -> CheckResult: ...
+
+    def judge(self, rollout: Rollout, counters: Counter[str]) -> CheckResult: ...
 
 
 @dataclass(frozen=True)
@@ -55,7 +85,7 @@ class FinishedRollout:
 class LiveRollout:
     """One rollout in progress (module docstring). Made by ``RolloutRuntime.rollout``."""
 
-    def __init__(self, runtime: RolloutRuntime, trajectory: TokenTrajectory | None, clock: str | None) -> None:
+    def __init__(self, runtime: Runtime, trajectory: TokenTrajectory | None, clock: str | None) -> None:
         self.runtime = runtime
         self.trajectory = trajectory  # None: a watched loop, whose tokens are its own
         self._clock = clock
@@ -75,8 +105,8 @@ class LiveRollout:
         return prompt
 
     def watch(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> None:
-        """For a loop that renders its own tokens: note its first prompt's messages and tools (the clock is pinned
-        already: the loop renders its prompt now)."""
+        """For a loop that renders its own tokens: note the messages and tools its first prompt rendered, at any time
+        before ``finish`` (the clock was pinned when the rollout was made, as the loop rendered its prompt)."""
         if self.trajectory is not None:
             raise TrajectoryError(
                 "watch() is for a rollout without a trajectory (RolloutRuntime.rollout(watched=True))"

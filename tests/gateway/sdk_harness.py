@@ -30,17 +30,28 @@ def calculate(expression: str) -> str:
 
 
 def react_calculator(
-    client: OpenAI, question: str, tools: list[dict[str, Any]], max_turns: int = 4, max_tokens: int = 64
+    client: OpenAI,
+    question: str,
+    tools: list[dict[str, Any]],
+    max_turns: int = 4,
+    max_tokens: int | None = 64,
+    prompt: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """A ReAct loop: ask, run every tool call, send the results back, until the model answers. Like many harnesses
-    it drops the reasoning and re-serializes the arguments it sends back."""
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": "Use the calculator for arithmetic."},
-        {"role": "user", "content": question},
-    ]
+    it drops the reasoning and re-serializes the arguments it sends back. ``prompt``: the first messages (default: a
+    system message and ``question``); ``max_tokens`` None: none asked for."""
+    messages: list[dict[str, Any]] = (
+        [dict(m) for m in prompt]
+        if prompt
+        else [
+            {"role": "system", "content": "Use the calculator for arithmetic."},
+            {"role": "user", "content": question},
+        ]
+    )
     responses = []
+    budget = {} if max_tokens is None else {"max_tokens": max_tokens}
     for _ in range(max_turns):
-        response = client.chat.completions.create(model="policy", messages=messages, tools=tools, max_tokens=max_tokens)
+        response = client.chat.completions.create(model="policy", messages=messages, tools=tools, **budget)
         responses.append(response)
         choice = response.choices[0]
         message = choice.message
@@ -89,6 +100,14 @@ def loop_react(base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, An
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
     question = [m for m in row["raw_prompt"] if m["role"] == "user"][-1]["content"]
     out = react_calculator(client, question, CALCULATOR_TOOLS)
+    return {"answer": out["answer"], "turns": len(out["responses"])}
+
+
+def loop_row(base_url: str, api_key: str, row: dict[str, Any]) -> dict[str, Any]:
+    """The ReAct calculator on the row's own prompt and tools (``row["harness_tools"]``: the loop's tool schemas),
+    asking no budget of its own: the conversation ``verl_ext_tool_agent`` has with the same row."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0, timeout=120)
+    out = react_calculator(client, "", row["harness_tools"], max_tokens=None, prompt=row["raw_prompt"])
     return {"answer": out["answer"], "turns": len(out["responses"])}
 
 

@@ -266,7 +266,6 @@ def test_a_session_that_crosses_midnight_is_checked_and_recorded_with_its_own_da
     after midnight. Its record carries the branch's clock, so the check re-renders yesterday's date (no finding)
     and the record replays; without it the check read today's date and flagged the prompt."""
     from verl_ext.core.rendering import ChatRenderer
-    from verl_ext.core.trajectory import TokenTrajectory
 
     tokenizer = gateway_parts["tokenizer"]
     stamp = "{{- '<|im_start|>system\\nToday Date: ' + strftime_now('%d %b %Y') + '<|im_end|>\\n' }}"
@@ -274,7 +273,7 @@ def test_a_session_that_crosses_midnight_is_checked_and_recorded_with_its_own_da
     assert renderer.reads_clock
     gateway = make_gateway(["Hello.<|im_end|>"], renderer=renderer)  # its records replay with this template
     yesterday = "2026-11-25T23:59:00"
-    gateway._new_trajectory = lambda: TokenTrajectory(renderer.with_clock(yesterday), gateway.runtime.profile)
+    gateway.open("s").clock = yesterday  # the session's clock, as pinned by a first branch started yesterday
     done = ask(gateway, "s", [{"role": "user", "content": "Hi"}])
     assert "Today Date: 25 Nov 2026" in renderer.decode(gateway.sessions["s"].branches[0].trajectory.input_ids)
     assert done.finish_reason == "stop"

@@ -129,11 +129,11 @@ def test_an_image_dropped_for_the_trainer_or_the_engine_is_caught(
 ) -> None:
     import dataclasses
 
-    import verl_ext.gateway.conclude as conclude
     import verl_ext.plugin.gateway_loop as gateway_loop
+    import verl_ext.runtime.rollout as rollout
     from verl_ext.check.image_view import image_evidence
 
-    real_sample = conclude.image_sample
+    real_sample = rollout.image_sample  # where every rollout's trainer sample with images is cut
 
     def dropping_sample(t: Any, response_length: int | None) -> Any:
         """The defect: the trainer is handed the branch's images less the last (the evidence is of what it gets)."""
@@ -144,7 +144,7 @@ def test_an_image_dropped_for_the_trainer_or_the_engine_is_caught(
 
     metrics_sink.drain()
     loop, _ = gateway_vl_loop()
-    monkeypatch.setattr(conclude, "image_sample", dropping_sample)
+    monkeypatch.setattr(rollout, "image_sample", dropping_sample)
     out = _run(loop, _prompt(make_image(100, 100, 1)), screen=make_image(56, 112, 2))
     assert not out.extra_fields["verl_ext_check"]["engine_ok"]
     m = metrics_sink.drain()

@@ -1,10 +1,10 @@
-"""One branch of a session: a token trajectory, the messages the client sees, and a log to replay it from.
+"""One branch of a session: a rollout, the messages the client sees, and a log to replay it from.
 
-A branch is one rollout: its stream is built by the token core only (the first prompt rendered once, the engine's
-ids appended as sampled, every later message appended as a delta), and it is checked and recorded on its own. The
-log keeps each operation with its engine call, so a fork replays the parent's operations up to its last assistant
-turn inside the matched history and appends the request's messages after it: the engine's ids are kept, and no
-history is re-rendered from text.
+A branch is one rollout (``verl_ext.runtime.LiveRollout``, as every loop's): its stream is built by the token core
+only (the first prompt rendered once, the engine's ids appended as sampled, every later message appended as a
+delta), and it is checked and recorded on its own. The log keeps each operation with its engine call, so a fork
+replays the parent's operations up to its last assistant turn inside the matched history and appends the request's
+messages after it: the engine's ids are kept, and no history is re-rendered from text.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from verl_ext.check.inputs import EngineCall, EngineCalls
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.history import ROOT, Divergence, chain, message_key, tools_key
-from verl_ext.runtime import keep_sampled
+from verl_ext.runtime import LiveRollout
 
 
 @dataclass(frozen=True)
@@ -46,47 +46,60 @@ class _Turn:
 class Branch:
     """One rollout of a session (module docstring). ``messages`` is the history as the client holds it."""
 
-    def __init__(self, number: int, trajectory: TokenTrajectory, fork: Fork | None = None) -> None:
+    def __init__(self, number: int, rollout: LiveRollout, fork: Fork | None = None) -> None:
         self.number = number
-        self.trajectory = trajectory
+        self.rollout = rollout  # the trajectory, the engine calls, the replies and the clock: a rollout's
         self.fork = fork
         self.messages: list[Mapping[str, Any]] = []
         self.digests: list[bytes] = []  # digests[n]: the tools and the first n messages (set by start)
-        self.calls = EngineCalls()  # prompts kept as what each adds: O(stream) ids per branch
         self.turns: list[_Turn] = []
-        self.first_messages: tuple[Mapping[str, Any], ...] = ()
-        self.tools: list[dict[str, Any]] | None = None
-        self.first_prompt = 0
         self.exhausted = False  # the token budget is spent: every later call gets finish_reason "length"
+
+    @property
+    def trajectory(self) -> TokenTrajectory:
+        assert self.rollout.trajectory is not None  # a gateway rollout always renders its own tokens
+        return self.rollout.trajectory
+
+    @property
+    def calls(self) -> EngineCalls:
+        return self.rollout.calls
+
+    @property
+    def first_messages(self) -> tuple[Mapping[str, Any], ...]:
+        return self.rollout.first_messages
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return self.rollout.tools
+
+    @property
+    def first_prompt(self) -> int:
+        return self.rollout.first_prompt
 
     def start(self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None) -> PromptIds:
         """Render the first prompt (the only render of client text); returns it."""
-        prompt = self.trajectory.start([dict(m) for m in messages], tools)
-        self.first_messages = tuple(messages)
-        self.tools = [dict(t) for t in tools] if tools else None
-        self.first_prompt = len(prompt)
+        prompt = self.rollout.start(messages, tools)
         self.digests = [chain(ROOT, tools_key(tools))]
         self._add_messages(messages)
         return prompt
 
     def append(self, messages: Sequence[Mapping[str, Any]]) -> PromptIds:
-        """Append tool, user or system messages after the last turn, through the token core."""
-        prompt = self.trajectory.append_messages([dict(m) for m in messages])
+        """Append tool, user or system messages after the last turn, through the token core (a reply)."""
+        prompt = self.rollout.reply(messages)
         self._add_messages(messages)
         return prompt
 
     def add_turn(self, call: EngineCall, message: Mapping[str, Any] | None, visible: Mapping[str, Any]) -> None:
         """Keep an engine call's output as sampled, with the message it parses to (and the client's view of it);
         ``message`` None for an output that is not a message (invalid engine output: the trajectory cuts it)."""
-        keep_sampled(self.trajectory, call, message)  # as every loop keeps a turn (verl_ext.runtime)
-        self.calls.append(call)
+        self.rollout.keep(call, message)  # as every loop keeps a turn (verl_ext.runtime)
         self._add_messages([visible])
         self.turns.append(_Turn(call, message, visible, len(self.messages)))
 
     @property
     def response_tokens(self) -> int:
         """Tokens after the first prompt: what the session's budget counts."""
-        return len(self.trajectory.input_ids) - self.first_prompt
+        return self.rollout.response_tokens
 
     def _add_messages(self, messages: Sequence[Mapping[str, Any]]) -> None:
         for message in messages:

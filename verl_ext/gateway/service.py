@@ -20,7 +20,6 @@ from typing import Any
 from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
-from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.images import ImageTokens
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
@@ -37,7 +36,7 @@ from verl_ext.gateway.request import ChatRequest
 from verl_ext.gateway.session import Prepared, Session
 from verl_ext.gateway.thinking import check_effort
 from verl_ext.gateway.training import BranchTraining
-from verl_ext.runtime import RolloutRuntime, turn_budget
+from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout_runtime import Records
 
 log = logging.getLogger("verl_ext.gateway")
@@ -161,7 +160,7 @@ class Gateway:
             why = self.ended.get(session_id)
             if why is not None:
                 raise session_finished(session_id, why)
-            session = Session(session_id, self._new_trajectory, max_branches=self.config.max_branches)
+            session = Session(session_id, self._new_rollout, max_branches=self.config.max_branches)
             self.sessions[session_id] = session
             self.counters["sessions"] += 1
         elif session.ended:
@@ -241,9 +240,8 @@ class Gateway:
         if prepared.fork is not None:
             self.counters["forks"] += 1
             log.info("session %s: branch %d %s", session.id, branch.number, prepared.fork.to_json())
-        max_tokens = turn_budget(
+        max_tokens = branch.rollout.budget(
             self.config.response_length,
-            branch.response_tokens,
             requested=request.max_tokens,
             max_context=self.engine.max_context,
             prompt_length=prompt_length,
@@ -278,7 +276,7 @@ class Gateway:
         )
         parse = bool(request.tools) and request.tool_choice != "none"
 
-        images = getattr(branch.trajectory, "images", None)  # every image of the prompt, in placeholder order
+        images = branch.rollout.images  # every image of the prompt, in placeholder order (None: no image side)
 
         async def generate(budget: int) -> Any:
             return await self._generate(session, prompt, sampling, images)
@@ -294,7 +292,7 @@ class Gateway:
                 self.profile.generation_prompt_ids,
             )
 
-        turn = await self.runtime.turn(branch.calls, prompt, max_tokens, stop_ids, generate, read)
+        turn = await branch.rollout.turn(max_tokens, stop_ids, generate, read)
         call = turn.call
         if turn.parsed is None:
             # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
@@ -435,9 +433,9 @@ class Gateway:
                 branch,
                 session.id,
                 session.ended or "",
-                self.runtime,
                 self.counters,
                 response_length=self.config.response_length,
+                row=session.row,
                 training=None if training is None else training.get(branch.number),
             )
             if result is not None:
@@ -447,10 +445,13 @@ class Gateway:
         self.counters["engine_view_failures"] += sum(1 for r in out if not r.result.engine_ok)
         return out
 
-    def _new_trajectory(self) -> TokenTrajectory:
-        if self.vision is None:
-            return TextOnlyTrajectory(self.renderer, self.profile, self.no_images)
-        return ImageTrajectory(self.renderer, self.profile, image_tokens=self.vision)
+    def _new_rollout(self, clock: str | None) -> LiveRollout:
+        """A branch's rollout on ``clock`` (its session's; None: now): images expanded with the image side, or
+        refused with a 400 naming ``no_images``."""
+        return self.runtime.rollout(self.vision, text_only=self._text_only, clock=clock)
+
+    def _text_only(self, renderer: ChatRenderer, profile: TemplateProfile) -> TokenTrajectory:
+        return TextOnlyTrajectory(renderer, profile, self.no_images)
 
     def _stop_ids(self, stops: Sequence[str]) -> list[int]:
         try:

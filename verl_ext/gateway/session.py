@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.core.prompt_ids import PromptIds
-from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.branch import Branch, Fork
 from verl_ext.gateway.errors import GatewayError
 from verl_ext.gateway.history import ROOT, Divergence, chain, divergence, message_key, reasoning_differs, tools_key
+from verl_ext.runtime import LiveRollout
 
 
 @dataclass
@@ -65,11 +65,17 @@ class Session:
     """One client conversation (module docstring). Requests are served one at a time (``lock``)."""
 
     def __init__(
-        self, session_id: str, new_trajectory: Callable[[], TokenTrajectory], *, max_branches: int = 8
+        self, session_id: str, new_rollout: Callable[[str | None], LiveRollout], *, max_branches: int = 8
     ) -> None:
         self.id = session_id
-        self.new_trajectory = new_trajectory
+        self.new_rollout = new_rollout  # a new rollout reading the given clock (None: now)
         self.max_branches = max_branches
+        # The time the session's template reads (pinned with its first branch): every branch of it, and a branch
+        # rebuilt by ``undo``, renders the same date, so a fork replays its parent's prompt as it was sampled.
+        self.clock: str | None = None
+        # What each branch's record says of the data row the session serves (the in-training loop sets the row's
+        # training step, data source and index; the standalone gateway names the session).
+        self.row: dict[str, Any] = {"step": 0, "data_source": "gateway", "index": session_id}
         self.branches: list[Branch] = []
         self.ended: str | None = None  # why the session ended, once it has
         self.concluded = False  # its branches are checked and recorded
@@ -173,7 +179,7 @@ class Session:
 
     def _rebuilt(self, branch: Branch, held: int) -> Branch:
         """``branch`` as it was when it held its first ``held`` messages."""
-        child = Branch(branch.number, self.new_trajectory(), branch.fork)
+        child = Branch(branch.number, self._rollout(), branch.fork)
         previous = branch.replay_into(child, held)
         if not previous:
             child.start(branch.first_messages, branch.tools)
@@ -254,7 +260,7 @@ class Session:
         keep = parent.kept_end(matched) if tools_key(tools) == tools_key(parent.tools) else 0
         if keep and _first_assistant(messages[keep:]) is not None:
             keep = 0  # an assistant message the engine did not sample: the new branch starts from the request
-        child = Branch(len(self.branches), self.new_trajectory(), None)
+        child = Branch(len(self.branches), self._rollout(), None)
         if keep:
             parent.replay_into(child, keep)
             prompt = child.append(messages[keep:])
@@ -268,11 +274,18 @@ class Session:
     def _new_branch(
         self, messages: Sequence[Mapping[str, Any]], tools: Sequence[Mapping[str, Any]] | None, fork: Fork | None
     ) -> Branch:
-        branch = Branch(len(self.branches), self.new_trajectory(), fork)
+        branch = Branch(len(self.branches), self._rollout(), fork)
         branch.start(messages, tools)
         self.branches.append(branch)
         self._register(branch)
         return branch
+
+    def _rollout(self) -> LiveRollout:
+        """A new branch's rollout, on the session's clock (pinned by the first)."""
+        rollout = self.new_rollout(self.clock)
+        if self.clock is None:
+            self.clock = rollout.clock
+        return rollout
 
     def register(self, branch: Branch) -> None:
         """Index the branch's messages added since the last call (after a turn was added to it)."""

@@ -22,25 +22,22 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, ToolAgentLoop
 from verl.utils.profiler import simple_timer
 
-from verl_ext.check.findings import CheckResult
-from verl_ext.check.inputs import EngineCalls, trainer_sample_from_trajectory
-from verl_ext.check.record import Rollout
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
-from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
-from verl_ext.core.trajectory import FinishReason, TokenTrajectory
+from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
-from verl_ext.plugin.image_loop import image_sample, prompt_images_decoded, refuse_images_without_vision, vision_for
+from verl_ext.plugin.image_loop import prompt_images_decoded, refuse_images_without_vision, vision_for
+from verl_ext.plugin.loop_output import loop_output
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
@@ -51,7 +48,7 @@ from verl_ext.plugin.tool_calls import (
     parse_turn,
     run_tool,
 )
-from verl_ext.runtime import RolloutRuntime, turn_budget
+from verl_ext.runtime import LiveRollout, RolloutRuntime
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -116,49 +113,33 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         """One rollout: render the prompt once, then turn by turn generate, parse, run the tools and append their
         replies as tokens; check and record the result; hand verl the trainer sample. Raises ``OptionsError`` for
         a prompt over ``rollout.prompt_length``, ``ConsistencyError`` in strict mode for a defect."""
-        rt = self.rt
         messages = [dict(m) for m in kwargs["raw_prompt"]]
         ro = self._start(messages, sampling_params, kwargs)
         try:
             while await self._turn(ro):
                 pass
         except RolloutInterrupted:
-            metrics_sink.count(ro.counters)  # the rollout is dropped, but what happened to it is counted
+            metrics_sink.count(ro.live.counters)  # the rollout is dropped, but what happened to it is counted
             raise
-        t = ro.trajectory
-        t.finish()
-
-        sample = trainer_sample_from_trajectory(t, self.response_length)
-        images = image_sample(t, self.response_length) if isinstance(t, ImageTrajectory) else None
-        if images is not None:  # a rollout with a VL model: no image cut in two, the record holds digests
-            sample = images.sample
-        # step 4: check the rollout, write its record, report its metrics, apply the policy
-        rollout = Rollout.of(
-            ro.calls,
-            sample,
-            images.record_messages if images is not None else t.messages,
-            ro.tools,
-            prompt_messages=len(messages),
+        # step 4: finish the rollout; check it, write its record, report its metrics, apply the policy
+        finished = ro.live.finish(
             response_length=self.response_length,
             step=training_step(kwargs, ro.extra_fields.get("global_steps")),
-            chat_template_kwargs=rt.renderer.template_kwargs,
-            template_clock=t.clock,
-            kinds=t.kind_values(len(sample.stream)),
-            repairs=Counter(e.kind.value for e in t.edits),
-            repair_log=t.repair_log(),
             extra={
                 "data_source": kwargs.get("data_source"),
-                "index": _plain_index(kwargs.get("index")),
+                "index": plain_index(kwargs.get("index")),
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),
-                **({"images": images.record_images} if images is not None else {}),
             },
-            pixels=images.pixels if images is not None else None,
         )
-        result = rt.conclude(rollout, ro.counters)
-        output = self._output(ro, rollout, result)
-        if images is not None:
-            output.multi_modal_data = images.multi_modal_data
-        return output
+        result = ro.live.conclude(finished)
+        # step 5: what verl trains on, with the verdict and verl's own extra fields
+        return loop_output(
+            finished,
+            result,
+            engine_fields=ro.extra_fields,
+            loop_fields={"turn_scores": [], "tool_rewards": ro.rewards},
+            metrics=ro.metrics,
+        )
 
     # -- the rollout's steps, in order ------------------------------------------------------------
     def _start(
@@ -172,12 +153,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             refuse_images_without_vision(messages, "the prompt")
         else:
             messages = prompt_images_decoded(messages)
-        t = (
-            self.rt.new_trajectory()
-            if vision is None
-            else ImageTrajectory(self.rt.renderer, self.rt.profile, image_tokens=vision)
-        )
-        prompt_ids = t.start(messages, tools)
+        live = self.rt.rollout(vision)
+        prompt_ids = live.start(messages, tools)
         if len(prompt_ids) > self.prompt_length:
             raise OptionsError(
                 f"{AGENT_NAME}: the prompt renders to {len(prompt_ids)} tokens, more than rollout.prompt_length="
@@ -192,14 +169,12 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         params = dict(sampling_params)
         if stop_ids:
             params["stop_token_ids"] = stop_ids
-        return _RolloutState(
-            t, tools, active, prompt_ids, len(prompt_ids), request_id, params, stop_ids, agent_data, metrics
-        )
+        return _RolloutState(live, active, prompt_ids, request_id, params, stop_ids, agent_data, metrics)
 
     async def _turn(self, ro: _RolloutState) -> bool:
         """Step 2, once per assistant turn: generate, keep the output as sampled tokens, parse it, and answer its
         tool calls. False when the rollout ends (no room left, invalid output, no call, length cap, turn limit)."""
-        remaining = turn_budget(self.response_length, len(ro.trajectory.input_ids) - ro.first_prompt)
+        remaining = ro.live.budget(self.response_length)
         if remaining <= 0:
             return False
 
@@ -211,30 +186,29 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                     ro.prompt_ids,
                     dict(ro.params),
                     max_tokens,
-                    ro.counters,
-                    image_data=list(ro.trajectory.images) if isinstance(ro.trajectory, ImageTrajectory) else None,
+                    ro.live.counters,
+                    image_data=None if ro.live.images is None else list(ro.live.images),
                 )
 
         async def read(ids: Sequence[int]) -> ParsedTurn:
-            return await self._parse(list(ids), ro.turn, ro.counters, ro.active)
+            return await self._parse(list(ids), ro.turn, ro.live.counters, ro.active)
 
         try:
-            turn = await self.rt.turn(ro.calls, ro.prompt_ids, remaining, ro.stop_ids, generate, read)
+            turn = await ro.live.turn(remaining, ro.stop_ids, generate, read)
         except ImagePromptRebuildError as exc:
             # SGLang would have run this turn on other ids than the trajectory's (engine_turn counted it); nothing
             # was sent. The rollout ends before the turn, as when its budget runs out: its earlier turns are exact.
             log.warning("verl_ext: the rollout ends before turn %d: %s", ro.turn, exc)
             return False
-        ro.calls.append(turn.call)
         if len(turn.output.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": turn.output.segments})
         merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
-        turn.keep(ro.trajectory)
+        ro.live.keep(turn.call, turn.message)
         if not turn.valid:
             # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
             # keeps the turn up to the first problem (nothing after it trains), the check names the failure,
             # and no parser or next turn sees the rest.
-            ro.counters["rollouts_ended_on_invalid_output"] += 1
+            ro.live.counters["rollouts_ended_on_invalid_output"] += 1
             return False
         assert turn.parsed is not None  # a valid turn is read
         ro.turn += 1
@@ -248,21 +222,21 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     ) -> bool:
         """Step 3: run the parsed calls and append their results (and an error per malformed call) as context
         tokens. False when the template cannot render the reply: the rollout ends there, the check reports it."""
-        tool_messages = await self._run_tools(parsed, ro.active, ro.agent_data, ro.counters, ro.metrics, ro.rewards)
+        counters = ro.live.counters
+        tool_messages = await self._run_tools(parsed, ro.active, ro.agent_data, counters, ro.metrics, ro.rewards)
         tool_messages += [over_limit_message(c, self.max_parallel_calls) for c in dropped]
         tool_messages += [_malformed_message(ro.turn - 1, i) for i in range(malformed)]
-        if not isinstance(ro.trajectory, ImageTrajectory):
+        if ro.live.images is None:
             refuse_images_without_vision(tool_messages, "a tool result")
         try:
-            ro.prompt_ids = ro.trajectory.append_messages(tool_messages)
-            ro.replies += 1
+            ro.prompt_ids = ro.live.reply(tool_messages)
             return True
         except TemplateError as exc:
             if len(parsed) + len(dropped) > 1 and self.rt.profile.parallel_tool_calls is False:
                 # The model wrote more calls in one turn than the template can render: the trajectory refused
                 # the reply (naming the limit); end this rollout, the check reports it, training goes on.
                 log.warning("%s: %s; ending the rollout", AGENT_NAME, exc)
-                ro.counters["tool/over_template_call_limit"] += 1
+                counters["tool/over_template_call_limit"] += 1
                 return False
             if not malformed:
                 raise
@@ -270,23 +244,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             log.warning(
                 "%s: the template cannot render a reply to a malformed tool call; ending the rollout", AGENT_NAME
             )
-            ro.counters["tool/malformed_unanswerable"] += malformed
+            counters["tool/malformed_unanswerable"] += malformed
             return False
-
-    def _output(self, ro: _RolloutState, rollout: Rollout, result: CheckResult) -> AgentLoopOutput:
-        """Step 5 (after the check): what verl trains on, with the verdict and verl's own extra fields."""
-        sample, extra_fields = rollout.sample, ro.extra_fields
-        extra_fields.update(rollout.batch_fields(result))
-        extra_fields.update({"turn_scores": [], "tool_rewards": ro.rewards})
-        return AgentLoopOutput(
-            prompt_ids=list(sample.prompt_ids),
-            response_ids=list(sample.response_ids),
-            response_mask=list(sample.response_mask),
-            response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
-            num_turns=1 + len(ro.calls) + ro.replies,  # as verl's tool_agent counts: prompt, assistant turns, replies
-            metrics=AgentLoopMetrics(**{k: v for k, v in ro.metrics.items() if k in AgentLoopMetrics.model_fields}),
-            extra_fields=extra_fields,
-        )
 
     # -- helpers ----------------------------------------------------------------------------------
     async def _parse(self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]) -> ParsedTurn:
@@ -370,22 +329,17 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
 class _RolloutState:
     """What one rollout of ``VerlExtToolAgentLoop.run`` carries from turn to turn."""
 
-    trajectory: TokenTrajectory
-    tools: list[dict[str, Any]] | None  # the schemas the prompt rendered (None: no tools)
+    live: LiveRollout  # the rollout itself: its trajectory, engine calls, replies, clock and counters
     active: Mapping[str, Any]  # the tools this sample may call, by name
     prompt_ids: PromptIds  # the next engine call's prompt (a read-only view of the trajectory's stream)
-    first_prompt: int  # tokens in the first prompt (the response length counts from there)
     request_id: str
     params: dict[str, Any]  # sampling params of every call, stop ids merged in
     stop_ids: list[int]
     agent_data: AgentData
     metrics: dict[str, Any]  # the same dict as agent_data's: verl's tools time into it too
-    counters: Counter[str] = field(default_factory=Counter)
-    calls: EngineCalls = field(default_factory=EngineCalls)
     extra_fields: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
-    replies: int = 0  # tool replies appended
     turn: int = 0  # assistant turns kept
 
 
@@ -421,7 +375,8 @@ def _malformed_message(turn: int, index: int) -> dict[str, Any]:
     }
 
 
-def _plain_index(value: Any) -> Any:
+def plain_index(value: Any) -> Any:
+    """A row's ``index`` as a record holds it: an int where it is one, else its text (None: none)."""
     try:
         return int(value)
     except (TypeError, ValueError):

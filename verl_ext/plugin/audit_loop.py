@@ -8,41 +8,38 @@ metrics, extra fields and records as ``verl_ext_tool_agent``. The tokens the tra
 from __future__ import annotations
 
 import dataclasses
-from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, ToolAgentLoop
 
-from verl_ext.check.inputs import EngineCalls, TrainerSample
+from verl_ext.check.inputs import TrainerSample
 from verl_ext.check.policy import CheckMode
-from verl_ext.check.record import Rollout
-from verl_ext.plugin.agent_loop import runtime_for, training_step
+from verl_ext.plugin.agent_loop import plain_index, runtime_for, training_step
 from verl_ext.plugin.options import LoopOptions
-from verl_ext.runtime import RolloutRuntime
+from verl_ext.runtime import LiveRollout
 
 
 class _RecordingServer:
-    """Forwards to verl's server manager and records each call as it returns, into the rollout's engine-call log
-    (``calls``; None: the check is off, nothing is recorded). The log keeps only what each prompt adds to the previous
-    call's prompt + output (``EngineCalls``), so a long rollout's record is O(stream), not O(turns x stream); the call
-    is recorded before the stock loop gets the output, and so before it extends its prompt list in place."""
+    """Forwards to verl's server manager and records each call as it returns, into the watched rollout
+    (``LiveRollout.record``; None: the check is off, nothing is recorded). Its log keeps only what each prompt adds to
+    the previous call's prompt + output (``EngineCalls``), so a long rollout's record is O(stream), not O(turns x
+    stream); the call is recorded before the stock loop gets the output, and so before it extends its prompt list in
+    place."""
 
-    def __init__(self, inner: Any, rt: RolloutRuntime, calls: EngineCalls | None) -> None:
+    def __init__(self, inner: Any, rollout: LiveRollout | None) -> None:
         self.inner = inner
-        self.rt = rt
-        self.calls = calls
+        self.rollout = rollout
         self.made = 0  # generate calls answered
         self.last_output: Any = None
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
         output = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
-        if self.calls is not None:
+        if self.rollout is not None:
             max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
             stops = sampling_params.get("stop_token_ids") or ()
-            call, _ = self.rt.engine_call(self.calls, prompt_ids, output.token_ids, output.log_probs, max_tokens, stops)
-            self.calls.append(call)
+            self.rollout.record(prompt_ids, output.token_ids, output.log_probs, max_tokens, stops)
         self.made += 1
         self.last_output = output
         return output
@@ -73,13 +70,15 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         """Run verl's loop with its server manager recorded, then check the rollout it produced (the verdict goes into
         the output's ``extra_fields``)."""
         checked = self.options.check.mode is not CheckMode.OFF
-        recorder = _RecordingServer(self.server_manager, self.rt, EngineCalls() if checked else None)
+        # the rollout starts as the stock loop renders its prompt: its template clock is pinned now
+        live = self.rt.rollout(watched=True) if checked else None
+        recorder = _RecordingServer(self.server_manager, live)
         self.server_manager = recorder
         try:
             output = await super().run(sampling_params, **kwargs)
         finally:
             self.server_manager = recorder.inner
-        if recorder.calls is None:
+        if live is None:
             return output
         sample = TrainerSample.of(
             output.prompt_ids, output.response_ids, output.response_mask, output.response_logprobs
@@ -89,19 +88,17 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         prompt_messages = len(kwargs["raw_prompt"])
         await self._complete_messages(messages, prompt_messages, recorder, data)
         tools = (getattr(data, "_active_tool_schemas", None) if data is not None else None) or self.tool_schemas or None
-        rollout = Rollout.of(
-            recorder.calls,
-            sample,
-            messages,
-            tools,
-            prompt_messages=prompt_messages,
+        live.watch(kwargs["raw_prompt"], tools)
+        finished = live.finish(
             response_length=self.response_length,
             # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
             step=training_step(kwargs, output.extra_fields.get("global_steps")),
-            chat_template_kwargs=self.rt.renderer.template_kwargs,
+            extra={"data_source": kwargs.get("data_source"), "index": plain_index(kwargs.get("index"))},
+            sample=sample,
+            messages=messages,
         )
-        result = self.rt.conclude(rollout, Counter())
-        output.extra_fields.update(rollout.batch_fields(result))
+        result = live.conclude(finished)
+        output.extra_fields.update(finished.rollout.batch_fields(result))
         return output
 
     async def _complete_messages(

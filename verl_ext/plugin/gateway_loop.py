@@ -23,7 +23,6 @@ each engine call passes every image of the prompt as ``image_data``, and each sa
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import inspect
 import json
 import logging
@@ -36,12 +35,11 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import uuid4
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_ext.check.inputs import EngineCall
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
-from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.images import ImageTokens, has_images
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.gateway.conclude import BranchResult
@@ -50,7 +48,7 @@ from verl_ext.gateway.parsing import ToolCallReader, reasoning_markers
 from verl_ext.gateway.service import Gateway, GatewayConfig
 from verl_ext.gateway.training import plan_training, trained_count
 from verl_ext.plugin import metrics_sink
-from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop, _plain_index, merge_engine_extra_fields, training_step
+from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop, merge_engine_extra_fields, plain_index, training_step
 from verl_ext.plugin.engine_turn import generate_turn
 from verl_ext.plugin.harness_options import (
     V0_TRAINER_REFUSED,
@@ -59,8 +57,7 @@ from verl_ext.plugin.harness_options import (
     resolve_function,
 )
 from verl_ext.plugin.image_loop import vision_for
-from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
-from verl_ext.telemetry.records import RecordWriter
+from verl_ext.plugin.loop_output import loop_output, untrained_output
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -157,29 +154,6 @@ class ServerManagerEngine:
         return out, missing
 
 
-class _RowRecords:
-    """The worker gateway's record writer: a branch's record gets its row's training step, data source and index (the
-    gateway knows only the session), as verl_ext_tool_agent's records have, so the report groups them by step."""
-
-    def __init__(self) -> None:
-        self.writer: RecordWriter | None = None
-        self.rows: dict[str, dict[str, Any]] = {}  # session -> {"step", "data_source", "index"}
-
-    @property
-    def path(self) -> Any:
-        return None if self.writer is None else self.writer.path
-
-    def write(self, record: Any) -> None:
-        if self.writer is None:
-            return
-        session = (getattr(record, "extra", None) or {}).get("gateway", {}).get("session")
-        row = self.rows.get(str(session))
-        if row is not None:
-            extra = {**record.extra, "data_source": row["data_source"], "index": row["index"]}
-            record = dataclasses.replace(record, step=row["step"], extra=extra)
-        self.writer.write(record)
-
-
 class _SessionGateway(Gateway):
     """The worker's gateway: every engine call of a request runs with ``_SESSION`` set to the request's session."""
 
@@ -197,7 +171,6 @@ class _WorkerGateway:
     engine: ServerManagerEngine
     url: str
     server: Any
-    records: _RowRecords
     vision_of: tuple[Any, str] | None = None  # (verl's processor, template fingerprint) the gateway's image side is of
 
 
@@ -249,23 +222,20 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         worker = await self._worker(sampling_params)
         _refuse_row_images_without_vision(worker.gateway, kwargs["raw_prompt"])
         session_id = uuid4().hex
-        worker.records.rows[session_id] = {
-            "step": training_step(kwargs, None),
-            "data_source": kwargs.get("data_source"),
-            "index": _plain_index(kwargs.get("index")),
-        }
         worker.engine.session_params[session_id] = dict(sampling_params)
         try:
-            worker.gateway.open(session_id)
+            session = worker.gateway.open(session_id)
+            # each branch's record names the row it served, as verl_ext_tool_agent's records do
+            row = {"data_source": kwargs.get("data_source"), "index": plain_index(kwargs.get("index"))}
+            session.row.update(step=training_step(kwargs, None), **row)
             base_url = f"{worker.url}/sessions/{session_id}/v1"
             result, failure = await run_harness(self.harness, base_url, session_id, kwargs)
             # v0 passes no step: it is the weight version that served the session + 1, as for the built-in loop
-            worker.records.rows[session_id]["step"] = training_step(kwargs, worker.engine.served_version(session_id))
+            session.row["step"] = training_step(kwargs, worker.engine.served_version(session_id))
             results, failure = await self._end_session(worker.gateway, session_id, failure)
         finally:
             if session_id in worker.gateway.sessions:  # the rollout was cancelled: what was served is still recorded
                 worker.gateway.end(session_id, "the rollout was cancelled before the harness finished")
-            del worker.records.rows[session_id]
             del worker.engine.session_params[session_id]
         counters = _session_counters(results, worker.engine)
         trained = [r for r in results if r.trained_tokens]  # branch order: the last branch last
@@ -343,9 +313,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         # Loop instances of one worker share these in a run; set them per rollout all the same (they are this
         # instance's: its server manager, check, records and limits; the sampling parameters are per session).
         worker.engine.server_manager = self.server_manager
-        if worker.gateway.runtime.checker is not self.rt.checker:  # kept otherwise: it logs each write failure once
-            worker.gateway.runtime = self.rt.with_writer(worker.records)
-        worker.records.writer = self.rt.writer
+        worker.gateway.runtime = self.rt  # a session's branches keep the runtime they started with
         worker.gateway.config.response_length = self.response_length
         worker.gateway.config.max_branches = self.harness.max_branches
         vision_of = (self.processor, self.rt.renderer.fingerprint)
@@ -362,14 +330,13 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         from verl_ext.gateway.server import KEEP_ALIVE_S, create_app
 
         engine = ServerManagerEngine(self.server_manager, sampling_params)
-        records = _RowRecords()
         config = GatewayConfig(
             response_length=self.response_length, max_branches=self.harness.max_branches, open_on_demand=False
         )
         reader = ToolCallReader(self.tokenizer, self.config.actor_rollout_ref.rollout.multi_turn.format or "hermes")
         gateway = _SessionGateway(
             engine,
-            self.rt.with_writer(records),
+            self.rt,
             reader,
             config,
             markers=reasoning_markers(self.tokenizer),
@@ -387,31 +354,20 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             await asyncio.sleep(0.01)
         url = f"http://127.0.0.1:{sock.getsockname()[1]}"
         log.info("%s: gateway serving on %s (pid %d)", AGENT_NAME, url, os.getpid())
-        return _WorkerGateway(gateway, engine, url, server, records)
+        return _WorkerGateway(gateway, engine, url, server)
 
     def _output(self, chosen: BranchResult, harness_result: Any, engine_fields: Mapping[str, Any]) -> AgentLoopOutput:
-        """One training sample: the branch's checked sample, its mask the turns the branch trains, and the images
-        whose placeholder runs it holds (``multi_modal_data``: the list the record's image evidence was computed
-        from, so the check's image view judged what verl's worker gets)."""
-        sample = chosen.rollout.sample
-        mask = chosen.trained_mask if chosen.trained_mask is not None else sample.response_mask
-        return AgentLoopOutput(
-            prompt_ids=list(sample.prompt_ids),
-            response_ids=list(sample.response_ids),
-            response_mask=list(mask),
-            response_logprobs=list(sample.response_logprobs) if sample.response_logprobs is not None else None,
-            num_turns=1 + 2 * len(chosen.rollout.calls),
-            metrics=AgentLoopMetrics(),
-            multi_modal_data=chosen.multi_modal_data,
-            extra_fields={
-                **engine_fields,
-                **chosen.rollout.batch_fields(chosen.result),
-                "harness_result": harness_result,
-                "verl_ext_gateway": dict(chosen.rollout.extra["gateway"]),
-                "turn_scores": [],
-                "tool_rewards": [],
-            },
-        )
+        """One training sample (``loop_output``): the branch's checked sample, its mask the turns the branch trains,
+        and the images whose placeholder runs it holds (the list the record's image evidence was computed from, so
+        the check's image view judged what verl's worker gets)."""
+        loop_fields = {
+            "harness_result": harness_result,
+            "verl_ext_gateway": dict(chosen.rollout.extra["gateway"]),
+            "turn_scores": [],
+            "tool_rewards": [],
+        }
+        finished, mask = chosen.finished, chosen.trained_mask
+        return loop_output(finished, chosen.result, engine_fields=engine_fields, loop_fields=loop_fields, mask=mask)
 
     def _untrained(
         self,
@@ -421,45 +377,22 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
         engine_fields: Mapping[str, Any],
         vision: ImageTokens | None,
     ) -> AgentLoopOutput:
-        """A rollout whose harness failed: the row's prompt and one end-of-turn token, all masked out; a prompt's
-        images expanded as the processor expands them and handed on with it (verl's worker pairs each placeholder
-        run with an image)."""
+        """A rollout whose harness failed (``untrained_output``): the row's prompt, rendered by a rollout of the
+        gateway's image side, and one end-of-turn token, all masked out."""
         log.warning("%s: %s; the rollout is not trained", AGENT_NAME, why)
-        t = (
-            self.rt.new_trajectory()
-            if vision is None
-            else ImageTrajectory(self.rt.renderer, self.rt.profile, image_tokens=vision)
-        )
-        prompt = t.start(list(kwargs["raw_prompt"]))
-        images = list(t.images) if isinstance(t, ImageTrajectory) else []
-        end = self.rt.profile.stop_ids[0].id
-        return AgentLoopOutput(
-            prompt_ids=list(prompt),
-            response_ids=[end],
-            response_mask=[0],
-            response_logprobs=[0.0],
-            num_turns=1,
-            metrics=AgentLoopMetrics(),
-            multi_modal_data={"images": images} if images else None,
-            extra_fields={
-                **engine_fields,
-                "harness_result": harness_result,
-                "verl_ext_gateway": {"failed": why},
-                "turn_scores": [],
-            },
-        )
+        fields = {**engine_fields, "harness_result": harness_result, "verl_ext_gateway": {"failed": why}}
+        return untrained_output(self.rt.rollout(vision), list(kwargs["raw_prompt"]), {**fields, "turn_scores": []})
 
 
 def _session_counters(results: Sequence[BranchResult], engine: ServerManagerEngine) -> Counter[str]:
     """What one session counts in ``tito/`` (the loop routing counts ``tito/loop/<name>`` once per rollout): forks,
-    branches, records not written (counted, as verl_ext_tool_agent counts its own: the rollout goes on) and the
-    engine's counters since the last session, which it forgets."""
+    branches, records and thumbnails not written (each branch's own count, as verl_ext_tool_agent counts its
+    rollout's: the rollout goes on) and the engine's counters since the last session, which it forgets."""
     counters: Counter[str] = Counter()
     counters["gateway/forks"] = sum(1 for r in results if "fork" in r.rollout.extra["gateway"])
     counters["gateway/branches"] = len(results)
-    failed_records = sum(1 for r in results if r.record_failed)
-    if failed_records:
-        counters[WRITE_FAILURES] += failed_records
+    for r in results:  # what each branch's conclusion counted (records and thumbnails not written)
+        counters.update(r.counters)
     counters.update(engine.counters)
     engine.counters.clear()
     return counters

@@ -5,7 +5,8 @@ a rollout is built, stepped and concluded one way wherever it comes from.
 
 Runtime API (what a loop or the gateway calls):
     ``RolloutRuntime.build`` probes the template once and refuses an unsupported one, with the check, the policy's
-    enforcer and the record writer; ``new_trajectory`` starts a rollout's token stream; ``turn_budget`` is what a
+    enforcer and the record writer; ``rollout`` makes one ``LiveRollout`` (``verl_ext.runtime.rollout``: the object
+    each caller drives from start to conclusion, which assembles the ``Rollout`` once); ``turn_budget`` is what a
     turn may still sample; ``turn`` generates one turn through the caller's engine, judges how it ended, records
     the engine call, validates the output and reads it into a message; ``keep_sampled`` appends a turn to the
     trajectory as sampled tokens; ``conclude`` checks a finished rollout (not when the check is off), writes its
@@ -20,7 +21,17 @@ Hooks (what a caller plugs in, never the runtime's business):
     caller's.
 """
 
+from verl_ext.runtime.rollout import FinishedRollout, LiveRollout
 from verl_ext.runtime.rollout_runtime import RolloutRuntime, checked_off
 from verl_ext.runtime.turn import Generated, Turn, keep_sampled, turn_budget
 
-__all__ = ["Generated", "RolloutRuntime", "Turn", "checked_off", "keep_sampled", "turn_budget"]
+__all__ = [
+    "FinishedRollout",
+    "Generated",
+    "LiveRollout",
+    "RolloutRuntime",
+    "Turn",
+    "checked_off",
+    "keep_sampled",
+    "turn_budget",
+]

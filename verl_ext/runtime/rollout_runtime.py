@@ -20,11 +20,14 @@ from verl_ext.check.record import Rollout, RolloutRecord
 from verl_ext.core.call_reader import CallReader, learn_call_reader
 from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import TemplateError
+from verl_ext.core.image_trajectory import ImageTrajectory
+from verl_ext.core.images import ImageTokens
 from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.runtime.rollout import LiveRollout
 from verl_ext.runtime.turn import G, Turn
 from verl_ext.telemetry.records import RecordWriter, header_record
 from verl_ext.telemetry.thumbnails import ThumbnailWriter, thumbnails_folder
@@ -36,7 +39,7 @@ THUMBNAIL_FAILURES = "records/thumbnail_failures"  # images of written records w
 
 
 class Records(Protocol):
-    """Where records go: a ``RecordWriter``, or a wrapper of one (the gateway loop adds each row's step)."""
+    """Where records go: a ``RecordWriter``, or a stand-in of one (a test's)."""
 
     @property
     def path(self) -> Any: ...
@@ -45,6 +48,7 @@ class Records(Protocol):
 
 
 MetricsSink = Callable[[CheckResult, Mapping[str, float]], None]
+TextTrajectory = Callable[[ChatRenderer, TemplateProfile], TokenTrajectory]  # a caller's text-only trajectory
 
 
 @dataclass
@@ -111,6 +115,30 @@ class RolloutRuntime:
     def new_trajectory(self) -> TokenTrajectory:
         """An empty token trajectory for one rollout (its ``start`` renders the first prompt)."""
         return TokenTrajectory(self.renderer, self.profile)
+
+    def rollout(
+        self,
+        images: ImageTokens | None = None,
+        *,
+        text_only: TextTrajectory | None = None,
+        clock: str | None = None,
+        watched: bool = False,
+    ) -> LiveRollout:
+        """A new rollout (``LiveRollout``): its trajectory expands images with ``images`` (a VL model's probed image
+        side), or is ``text_only`` (the caller's text trajectory, built from the renderer and profile: the gateway's
+        refuses an image with a 400) or a plain one; ``clock``: the time its template reads (a fork shares its
+        session's), else now where the template reads one. ``watched``: no trajectory, for a loop that renders its
+        own tokens (the clock is pinned all the same)."""
+        renderer = self.renderer.with_clock(clock) if clock is not None else self.renderer.pinned()
+        if watched:
+            return LiveRollout(self, None, renderer.clock)
+        if images is not None:
+            trajectory: TokenTrajectory = ImageTrajectory(renderer, self.profile, image_tokens=images)
+        elif text_only is not None:
+            trajectory = text_only(renderer, self.profile)
+        else:
+            trajectory = TokenTrajectory(renderer, self.profile)
+        return LiveRollout(self, trajectory, trajectory.clock)
 
     @functools.cached_property
     def end_of_turn_ids(self) -> frozenset[int]:

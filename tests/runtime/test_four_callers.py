@@ -27,6 +27,7 @@ from gateway_fixtures import Script
 from loop_harness import RecordingServer, load_tools, run_loop, verl_config
 
 from verl_ext.plugin import metrics_sink
+from verl_ext.report.loops import loop_of as record_loop
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPT = [{"role": "system", "content": "Use the calculator tool."}, {"role": "user", "content": "What is 12 * 7?"}]
@@ -217,6 +218,15 @@ def test_the_four_callers_record_the_same_rollout(runs: dict[str, dict[str, Any]
     causes = {f.cause for f in audited.check.findings}
     assert {"stop_text_in_message", "boundary_missing"} <= causes, causes
     assert len({r.rollout_id for r in ours.values()}) == 4
+    # each record names the loop that wrote it, as the report reads it (its fix texts depend on it)
+    loops = {kind: record_loop(record).value for kind, record in ours.items()}
+    assert loops == {
+        "tool_agent": "verl_ext_tool_agent",
+        "audited": "verl_ext_audited_tool_agent",
+        "gateway_agent": "verl_ext_gateway_agent",
+        "gateway": "verl-ext gateway",
+    }, loops
+    assert all(record.extra["loop"] == loops[kind] for kind, record in ours.items())  # named, not inferred
 
 
 def test_a_record_that_cannot_be_written_counts_the_same_from_the_four_callers(

@@ -87,7 +87,9 @@ def branch_rollout(
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
-    extra = {"data_source": row["data_source"], "index": row["index"], "gateway": gateway}
+    # the loop that wrote the record, by the name a user knows it by (the report picks its fix texts by it)
+    loop = "verl_ext_gateway_agent" if training is not None else "verl-ext gateway"
+    extra = {"loop": loop, "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
     finished = live.finish(response_length=response_length, step=row["step"], extra=extra)
     if training is None:
         return finished

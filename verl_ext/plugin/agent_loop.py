@@ -37,6 +37,7 @@ from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
 from verl_ext.plugin.image_loop import prompt_images_decoded, refuse_images_without_vision, vision_for
+from verl_ext.plugin.loop_names import AGENT_LOOP_NAME
 from verl_ext.plugin.loop_output import loop_output
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.tool_calls import (
@@ -126,6 +127,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             response_length=self.response_length,
             step=training_step(kwargs, ro.extra_fields.get("global_steps")),
             extra={
+                "loop": AGENT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
                 "index": plain_index(kwargs.get("index")),
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),

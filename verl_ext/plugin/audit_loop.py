@@ -17,6 +17,7 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 from verl_ext.check.inputs import TrainerSample
 from verl_ext.check.policy import CheckMode
 from verl_ext.plugin.agent_loop import plain_index, runtime_for, training_step
+from verl_ext.plugin.loop_names import AUDIT_LOOP_NAME
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.runtime import LiveRollout
 
@@ -93,7 +94,11 @@ class AuditedToolAgentLoop(ToolAgentLoop):
             response_length=self.response_length,
             # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
             step=training_step(kwargs, output.extra_fields.get("global_steps")),
-            extra={"data_source": kwargs.get("data_source"), "index": plain_index(kwargs.get("index"))},
+            extra={
+                "loop": AUDIT_LOOP_NAME,
+                "data_source": kwargs.get("data_source"),
+                "index": plain_index(kwargs.get("index")),
+            },
             sample=sample,
             messages=messages,
         )

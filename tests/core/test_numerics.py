@@ -301,40 +301,58 @@ def test_merge_refuses_another_rollout() -> None:
 
 # Mutants of the module (source edits), each a defect the properties above must catch on generated rollouts.
 SOURCE = Path(numerics.__file__).read_text()
-MUTANTS = {
-    "mask ignored": (
-        "for t, e, m in zip(trainer[a:b], engine[a:b], mask[a:b], strict=True) if m]",
-        "for t, e, m in zip(trainer[a:b], engine[a:b], mask[a:b], strict=True)]",
-    ),
-    "depth without the prompt": (
-        "depth = depth_bucket_of(edges, prompt_length + a)",
-        "depth = depth_bucket_of(edges, a)",
-    ),
-    "turn off by one": ("turn = bisect_right(starts, a) - 1", "turn = max(bisect_right(starts, a) - 2, 0)"),
-    "no depth cut at edges": ("cuts.update(e - prompt_length for e in edges if 0 < e - prompt_length < n)", "pass"),
-    "k3 sign": ("return math.expm1(delta) - delta", "return math.expm1(delta) + delta"),
-    "delta engine minus trainer": ("deltas = [t - e for", "deltas = [e - t for"),
-    "first past at the segment start": ("stats.first_past = next(", "stats.first_past = offset + a if True else next("),
-    "verdict on overall only": (
-        "drift_turns = [t for t, s in self.by_turn.items() if",
-        "drift_turns = [t for t, s in {}.items() if",
-    ),
+MUTANTS: dict[str, list[tuple[str, str]]] = {
+    "mask ignored": [
+        ("positions = list(compress(range(n), response_mask))", "positions = list(range(n))"),
+        (
+            "compress(trainer_logprobs, response_mask), compress(engine_logprobs, response_mask)",
+            "trainer_logprobs, engine_logprobs",
+        ),
+    ],
+    "depth without the prompt": [
+        ("depth = depth_bucket_of(edges, prompt_length + a)", "depth = depth_bucket_of(edges, a)")
+    ],
+    "turn off by one": [("turn = bisect_right(starts, a) - 1", "turn = max(bisect_right(starts, a) - 2, 0)")],
+    "no depth cut at edges": [("cuts.update(e - prompt_length for e in edges if 0 < e - prompt_length < n)", "pass")],
+    "k3 sign": [("sum(terms[ca:cb]) - sum_delta if", "sum(terms[ca:cb]) + sum_delta if")],
+    "k3 sign on the overflow path": [("return math.expm1(delta) - delta", "return math.expm1(delta) + delta")],
+    "delta engine minus trainer": [
+        (
+            "compress(trainer_logprobs, response_mask), compress(engine_logprobs, response_mask)",
+            "compress(engine_logprobs, response_mask), compress(trainer_logprobs, response_mask)",
+        )
+    ],
+    "first past at the segment start": [
+        ("positions[ca + next(k for k, x in enumerate(seg_abs) if x > thr)]", "positions[ca]")
+    ],
+    "verdict on overall only": [
+        ("drift_turns = [t for t, s in self.by_turn.items() if", "drift_turns = [t for t, s in {}.items() if")
+    ],
+    "turn and bucket share one summary": [("by_depth[depth] = seg.copy()", "by_depth[depth] = seg")],
 }
 
 
 def mutant(name: str) -> types.ModuleType:
-    old, new = MUTANTS[name]
-    assert SOURCE.count(old) == 1, f"mutant {name!r} no longer applies: edit MUTANTS"
+    source = SOURCE
+    for old, new in MUTANTS[name]:
+        assert source.count(old) == 1, f"mutant {name!r} no longer applies: edit MUTANTS"
+        source = source.replace(old, new)
     module = types.ModuleType(f"numerics_mutant_{name.replace(' ', '_')}")
     sys.modules[module.__name__] = module  # dataclasses look their module up while the class is built
     try:
-        exec(compile(SOURCE.replace(old, new), module.__name__, "exec"), module.__dict__)  # noqa: S102
+        exec(compile(source, module.__name__, "exec"), module.__dict__)  # noqa: S102
     finally:
         del sys.modules[module.__name__]
     return module
 
 
 def run_properties(module: types.ModuleType, seeds: range) -> None:
+    # A Δ past expm1's range (~709.78) in turn 0: its k3 is infinite (as torch's exp gives), turn 1's stays exact.
+    big = module.summarize_rollout(
+        "r", [749.0, -801.0, -0.7], [-1.0] * 3, [1, 1, 1], 0, [0, 1], module.NumericsOptions(), "old_log_prob"
+    )
+    assert big.by_turn[0].sum_k3 == math.inf
+    assert math.isclose(big.by_turn[1].sum_k3, (math.exp(-800) + 800 - 1) + (math.exp(0.3) - 0.3 - 1))
     for seed in seeds:
         r = make_rollout(random.Random(seed))
         assert_matches_oracle(r, summarize(r, module))

@@ -514,18 +514,8 @@ def summarize_rollout(
     fast_k3 = max(deltas, default=0.0) < 700.0
     terms = list(map(math.expm1, deltas)) if fast_k3 else list(map(_k3, deltas))
 
-    def stats(ca: int, cb: int) -> DeltaStats:
-        """Summary of trained tokens ``ca``..``cb`` (indexes into ``positions``), each sum one C call on a slice."""
-        seg_abs = abses[ca:cb]
-        sum_delta = sum(deltas[ca:cb])
-        sum_k3 = sum(terms[ca:cb]) - sum_delta if fast_k3 else sum(terms[ca:cb])
-        out = DeltaStats(cb - ca, sum(seg_abs), max(seg_abs), sum_delta, sum_k3)
-        if out.max_abs > thr:
-            out.first_past = prompt_length + positions[ca + next(k for k, x in enumerate(seg_abs) if x > thr)]
-        return out
-
-    overall = DeltaStats()
-    # Segments where turn and depth bucket are both constant: each one's summary goes to its turn and its bucket.
+    # Segments where turn and depth bucket are both constant: each one's summary goes to its turn and its bucket,
+    # every sum one C call on a slice of the trained tokens (``ca``..``cb``: indexes into ``positions``).
     cuts = {0, n}
     cuts.update(s for s in starts if 0 < s < n)
     cuts.update(e - prompt_length for e in edges if 0 < e - prompt_length < n)
@@ -534,10 +524,14 @@ def summarize_rollout(
     for a, ca, cb in zip(bounds, trained_at, trained_at[1:], strict=False):
         if ca == cb:
             continue
-        seg = stats(ca, cb)
+        seg_abs = abses[ca:cb]
+        sum_delta = sum(deltas[ca:cb])
+        sum_k3 = sum(terms[ca:cb]) - sum_delta if fast_k3 else sum(terms[ca:cb])
+        seg = DeltaStats(cb - ca, sum(seg_abs), max(seg_abs), sum_delta, sum_k3)
+        if seg.max_abs > thr:
+            seg.first_past = prompt_length + positions[ca + next(k for k, x in enumerate(seg_abs) if x > thr)]
         turn = bisect_right(starts, a) - 1
-        depth = depth_bucket_of(edges, prompt_length + a)
-        overall.absorb(seg)
+        depth = bisect_right(edges, prompt_length + a) - 1
         if turn in by_turn:
             by_turn[turn].absorb(seg)
         else:
@@ -546,4 +540,7 @@ def summarize_rollout(
             by_depth[depth].absorb(seg)
         else:
             by_depth[depth] = seg.copy()  # the turn's and the bucket's summaries grow apart
+    overall = DeltaStats()
+    for stats in by_depth.values():  # a handful of buckets: every token is in exactly one
+        overall.absorb(stats)
     return RolloutNumerics(rollout_id, step, source, overall, by_turn, by_depth, tuple(edges))

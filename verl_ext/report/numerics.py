@@ -214,7 +214,7 @@ def drift_examples(
         v = verdicts[ref.label]
         at = v.numerics.position if v.numerics else None
         title = f"the numbers drift from here: {v.numbers_detail}"
-        marker = Marker("D", "numbers drift", True, None, title)
+        marker = Marker("D", "numbers drift", False, None, title, drift=True)
         items = token_view(
             ref.record,
             decode,

@@ -69,6 +69,7 @@ class Marker:
     failure: bool = False
     # Where an image's placeholder run starts (not a finding): the image and its thumbnail.
     image: ImageMark | None = None
+    drift: bool = False  # where the numbers' drift starts (the numerics view), not a finding
 
 
 @dataclass(frozen=True)

@@ -303,33 +303,30 @@ def test_merge_refuses_another_rollout() -> None:
 # Mutants of the module (source edits), each a defect the properties above must catch on generated rollouts.
 SOURCE = Path(numerics.__file__).read_text()
 MUTANTS: dict[str, list[tuple[str, str]]] = {
-    "mask ignored": [
-        ("positions = list(compress(range(n), response_mask))", "positions = list(range(n))"),
-        (
-            "compress(trainer_logprobs, response_mask), compress(engine_logprobs, response_mask)",
-            "trainer_logprobs, engine_logprobs",
-        ),
-    ],
+    "mask ignored": [("compress(trainer, mask), compress(engine, mask)", "trainer, engine")],
     "depth without the prompt": [
         ("depth = bisect_right(edges, prompt_length + a) - 1", "depth = bisect_right(edges, a) - 1")
     ],
     "turn off by one": [("turn = bisect_right(starts, a) - 1", "turn = max(bisect_right(starts, a) - 2, 0)")],
     "no depth cut at edges": [("cuts.update(e - prompt_length for e in edges if 0 < e - prompt_length < n)", "pass")],
-    "k3 sign": [("sum(terms[ca:cb]) - sum_delta if", "sum(terms[ca:cb]) + sum_delta if")],
+    "k3 sign": [("sum(map(math.expm1, deltas)) - sum_delta", "sum(map(math.expm1, deltas)) + sum_delta")],
     "k3 sign on the overflow path": [("return math.expm1(delta) - delta", "return math.expm1(delta) + delta")],
     "delta engine minus trainer": [
-        (
-            "compress(trainer_logprobs, response_mask), compress(engine_logprobs, response_mask)",
-            "compress(engine_logprobs, response_mask), compress(trainer_logprobs, response_mask)",
-        )
+        ("compress(trainer, mask), compress(engine, mask)", "compress(engine, mask), compress(trainer, mask)")
     ],
     "first past at the segment start": [
-        ("positions[ca + next(k for k, x in enumerate(seg_abs) if x > thr)]", "positions[ca]")
+        ("compress(range(len(mask)), mask), k, None)", "compress(range(len(mask)), mask), 0, None)")
     ],
     "verdict on overall only": [
         ("drift_turns = [t for t, s in self.by_turn.items() if", "drift_turns = [t for t, s in {}.items() if")
     ],
     "turn and bucket share one summary": [("by_depth[depth] = seg.copy()", "by_depth[depth] = seg")],
+    "absorb keeps the last first position": [
+        (
+            "        if other.first_past is not None:\n            self._past(other.first_past)",
+            "        if other.first_past is not None:\n            self.first_past = other.first_past",
+        )
+    ],
 }
 
 
@@ -354,8 +351,15 @@ def run_properties(module: types.ModuleType, seeds: range) -> None:
     )
     assert big.by_turn[0].sum_k3 == math.inf
     assert math.isclose(big.by_turn[1].sum_k3, (math.exp(-800) + 800 - 1) + (math.exp(0.3) - 0.3 - 1))
+    # A NaN beside a finite Δ: the NaN is counted apart, the other token's k3 summed token by token.
+    nan = module.summarize_rollout(
+        "r", [math.nan, -0.7], [-1.0] * 2, [1, 1], 0, [0], module.NumericsOptions(), "refeed"
+    )
+    assert (nan.overall.nonfinite, nan.overall.count) == (1, 1)
+    assert math.isclose(nan.overall.sum_k3, math.exp(0.3) - 0.3 - 1)
     for seed in seeds:
-        r = make_rollout(random.Random(seed))
+        # every fourth rollout long (turns of up to 3,000 tokens): segments cut at CHUNK, several per turn
+        r = make_rollout(random.Random(seed), max_turn_tokens=3000 if seed % 4 == 0 else 300)
         assert_matches_oracle(r, summarize(r, module))
         if r.trained:
             start = r.trained[len(r.trained) // 2]

@@ -470,7 +470,8 @@ def summarize_rollout(
 ) -> RolloutNumerics:
     """Summaries of Δ = trainer − engine logprob over a rollout's response positions where the mask is 1.
 
-    The three sequences cover the response positions (equal lengths; padding past the response has mask 0).
+    The three sequences cover the response positions (equal lengths; padding past the response has mask 0): lists
+    of Python numbers (a tensor's ``.tolist()``; a tensor itself works, one element at a time, far slower).
     A token's depth is ``prompt_length`` + its response position; its turn is the index of the last
     ``turn_starts`` entry (response-relative start of each engine call's sampled tokens, non-decreasing) at or
     before it. Raises ValueError naming the problem for unequal lengths, a mask value other than 0/1, a mask-1

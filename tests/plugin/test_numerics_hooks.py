@@ -249,3 +249,49 @@ def test_strict_bypass_masks_the_drifting_rollout_in_the_loss(actor_config: Any)
     without = call_loss(actor_config, rows[1:], micro_batch(rows[1:], None))["loss"]
     assert numerics_sink.drain().counters["masked"] == 1
     assert torch.isclose(strict, without) and not torch.isclose(strict, warn)  # row 0 drifts: out of the loss
+
+
+def v0_trainer(strict: bool) -> Any:
+    """What measure_v0 reads of verl's RayPPOTrainer: its composed config and step."""
+    from types import SimpleNamespace
+
+    from loop_harness import verl_config
+
+    from verl_ext.plugin import numerics_trainer
+
+    numerics_trainer._settings = None  # read once per process: each test its own
+    extra = ["+verl_ext.check.mode=strict"] if strict else []
+    overrides = [*extra, "+verl_ext.numerics.drift_mean_abs_delta=0.05", "+verl_ext.numerics.depth_edges=[0,8,16]"]
+    return SimpleNamespace(config=verl_config(overrides), global_steps=4)
+
+
+@pytest.mark.parametrize("strict", [False, True])
+def test_v0_strict_masks_the_drifting_rollout_before_advantages(strict: bool) -> None:
+    from verl import DataProto
+
+    from verl_ext.plugin.numerics_trainer import measure_v0
+
+    rows = make_rows(random.Random(4), 4)  # row 0 drifts
+    batch, trainer = v0_batch(rows)
+    before = batch.batch["response_mask"].clone()
+    numerics_sink.drain()
+    measure_v0(v0_trainer(strict), batch, DataProto.from_dict(tensors={"old_log_probs": trainer}))
+    got = numerics_sink.drain()
+    assert got.measured == expected(rows, "old_log_prob", step=4) and got.unavailable_count == 0
+    after = batch.batch["response_mask"]
+    assert torch.equal(after[1:], before[1:])
+    assert (after[0].sum() == 0) == strict and got.counters.get("masked", 0) == int(strict)
+
+
+def test_strict_refuses_a_batch_whose_every_rollout_drifts() -> None:
+    from verl import DataProto
+
+    from verl_ext.plugin.numerics_trainer import NumericsStrictError, measure_v0
+
+    rows = make_rows(random.Random(5), 3)
+    for r in rows:
+        r["trainer"] = [t + 0.2 for t in r["trainer"]]
+    batch, trainer = v0_batch(rows)
+    with pytest.raises(NumericsStrictError, match="every one of step 4's 3 rollouts drifts.*drift_mean_abs_delta"):
+        measure_v0(v0_trainer(True), batch, DataProto.from_dict(tensors={"old_log_probs": trainer}))
+    numerics_sink.drain()

@@ -13,7 +13,8 @@ plugin's post-import style (verl_ext.plugin.post_import); neither adds a forward
   hands to every micro-batch the loss sees; the rollouts of the batch are registered as expected, so those that no
   micro-batch measured are counted ``numerics_unavailable``.
 
-Strict mode (``verl_ext.numerics.policy=strict``) zeroes a drifting rollout's response mask before verl computes
+Strict mode (``verl_ext.numerics.policy=strict`` where numcore's options have it; until then
+``verl_ext.check.mode=strict``) zeroes a drifting rollout's response mask before verl computes
 advantages (the old-logprob pass comes first), counted in ``tito/numerics/masked``; in bypass mode the loss masks
 it instead (advantages exist by then).
 """
@@ -40,6 +41,23 @@ log = logging.getLogger("verl_ext.plugin")
 
 ANNOUNCE_KEY = "verl_ext_numerics"  # the batch meta entry that switches the loss's measuring on (bypass mode)
 SOURCE_OLD_LOG_PROB = "old_log_prob"
+
+
+class NumericsStrictError(RuntimeError):
+    """Strict mode found every rollout of a batch drifting: nothing would be left to train on (verl itself refuses
+    a batch whose response masks are all 0, with an error that does not say why)."""
+
+
+def _refuse_all_drifting(summary: Any, rows: int, step: int, options: NumericsOptions) -> None:
+    if rows and len(summary.drifting_rows) == rows:
+        worst = max(summary.measured, key=lambda n: n.verdict(options).worst_mean_abs)
+        raise NumericsStrictError(
+            f"verl_ext numerics (strict): every one of step {step}'s {rows} rollouts drifts (the trainer's logprobs "
+            f"against the engine's; worst {worst.rollout_id}: {worst.verdict(options).reason}); masking them all "
+            "leaves nothing to train on. Fix: read the numerics lines of the records (verl-ext report) for where it "
+            "starts; if this level is expected on your hardware, raise verl_ext.numerics.drift_mean_abs_delta "
+            f"(now {options.drift_mean_abs_delta}); or run with the warn policy"
+        )
 
 
 @dataclass(frozen=True)
@@ -81,7 +99,9 @@ def settings_of(config: Any) -> NumericsSettings:
         section = config.get("verl_ext") if hasattr(config, "get") else None
         opts = LoopOptions.from_sources(section)
         numerics = getattr(opts, "numerics", None) or NumericsOptions()
-        policy = str(getattr(numerics, "policy", "warn"))
+        # the numbers' policy: ``verl_ext.numerics.policy`` where the options have one, else the check's mode (the
+        # strict preset masks drifting rollouts as it refuses broken tokens)
+        policy = str(getattr(numerics, "policy", opts.check.mode))
         _settings = NumericsSettings(
             options=numerics if isinstance(numerics, NumericsOptions) else NumericsOptions(),
             strict=policy.endswith("strict"),
@@ -134,6 +154,7 @@ def measure_v0(trainer: Any, batch: Any, old_log_prob: Any) -> None:
     )
     masked = 0
     if s.strict and summary.drifting_rows:
+        _refuse_all_drifting(summary, len(keys.rollout_ids), trainer.global_steps, s.options)
         mask[summary.drifting_rows] = 0  # before advantages: the rollout is out of the loss and the advantage
         masked = len(summary.drifting_rows)
     _report(summary, keys, None, masked)
@@ -207,6 +228,7 @@ def measure_v1(trainer: Any, batch: Any) -> None:
     )
     masked = 0
     if s.strict and summary.drifting_rows:
+        _refuse_all_drifting(summary, sum(not p for p in skip), trainer.global_steps, s.options)
         masked = _mask_v1(tq, batch, data, summary.drifting_rows)
     _report(summary, keys, skip, masked)
 
@@ -271,6 +293,8 @@ def _guarded(fn: Any, *args: Any) -> None:
     no number (the Tracking hook counts what was expected and not measured)."""
     try:
         fn(*args)
+    except NumericsStrictError:
+        raise  # strict mode's refusal is meant to stop the run
     except Exception:
         log.exception("verl_ext numerics: %s failed; this batch's rollouts are counted unavailable", fn.__name__)
 

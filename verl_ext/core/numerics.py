@@ -46,6 +46,9 @@ DEFAULT_TOKEN_ABS_DELTA = 0.5
 # re-feed audit's re-score on the engine.
 SOURCES: tuple[str, ...] = ("old_log_prob", "bypass_loss", "refeed")
 
+# Record files are strict JSON: a sum that overflowed (k3 of a Δ past ~709 nats) is written as one of these strings.
+_NON_FINITE_JSON = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}
+
 
 def _position(value: Any) -> int:
     if isinstance(value, bool):
@@ -217,20 +220,20 @@ class DeltaStats:
         for k, v in ints.items():
             if isinstance(v, bool) or not isinstance(v, int) or v < 0:
                 raise ValueError(f"{where}.{k} must be a non-negative integer, got {v!r}")
+        nums: dict[str, float] = {}
         for k in ("sum_abs", "max_abs", "sum_delta", "sum_k3"):
-            if isinstance(d[k], bool) or not isinstance(d[k], int | float):
-                raise ValueError(f"{where}.{k} must be a number, got {d[k]!r}")
+            v = d[k]
+            if isinstance(v, str) and v in _NON_FINITE_JSON:  # a record file's strict JSON (an overflowing k3)
+                nums[k] = _NON_FINITE_JSON[v]
+            elif isinstance(v, bool) or not isinstance(v, int | float):
+                raise ValueError(f'{where}.{k} must be a number (or "Infinity", "NaN"), got {v!r}')
+            else:
+                nums[k] = float(v)
         first = d.get("first_past")
         if first is not None and (isinstance(first, bool) or not isinstance(first, int) or first < 0):
             raise ValueError(f"{where}.first_past must be a token position or null, got {first!r}")
         return cls(
-            ints["count"],
-            float(d["sum_abs"]),
-            float(d["max_abs"]),
-            float(d["sum_delta"]),
-            float(d["sum_k3"]),
-            first,
-            ints["nonfinite"],
+            ints["count"], nums["sum_abs"], nums["max_abs"], nums["sum_delta"], nums["sum_k3"], first, ints["nonfinite"]
         )
 
     def _key(self) -> tuple[Any, ...]:

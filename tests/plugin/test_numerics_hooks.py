@@ -295,3 +295,27 @@ def test_strict_refuses_a_batch_whose_every_rollout_drifts() -> None:
     with pytest.raises(NumericsStrictError, match="every one of step 4's 3 rollouts drifts.*drift_mean_abs_delta"):
         measure_v0(v0_trainer(True), batch, DataProto.from_dict(tensors={"old_log_probs": trainer}))
     numerics_sink.drain()
+
+
+def test_each_step_writes_a_numerics_line_per_rollout_and_is_never_silently_absent(tmp_path: Any) -> None:
+    """The driver's step hook: measured rollouts become numerics record lines (read back by the record reader)
+    and tito/numerics/ metrics; a training step whose checked rollouts got no number counts them unavailable."""
+    from verl_ext.plugin import numerics_step, numerics_trainer
+    from verl_ext.telemetry.records import read_record_files
+
+    rows = make_rows(random.Random(6), 3)
+    numerics_sink.drain()
+    numerics_step._writer.clear()
+    numerics_trainer._settings = NumericsSettings(OPTIONS, records_dir=str(tmp_path))
+    numerics_sink.report(expected(rows, "old_log_prob").values(), expected=["r0", "r1", "r2", "r9"])
+    m = numerics_step.step_metrics(3, checked=4.0)
+    assert m["tito/numerics/rollouts"] == 3 and m["tito/numerics/numerics_unavailable"] == 1  # r9: no number
+    assert m["tito/numerics/drift_rollouts"] == 1
+    lines = read_record_files(sorted(tmp_path.glob("numerics-*.jsonl"))).numerics
+    assert sorted(line.rollout_id for line in lines) == ["r0", "r1", "r2"]
+    # nothing reached the collector in a step whose 4 rollouts were checked: all 4 unavailable, not absent
+    m = numerics_step.step_metrics(4, checked=4.0)
+    assert m["tito/numerics/rollouts"] == 0 and m["tito/numerics/numerics_unavailable"] == 4
+    assert numerics_step.step_metrics(5, checked=0.0) == {}  # a validation log: no trainer numbers by design
+    numerics_trainer._settings = None
+    numerics_step._writer.clear()

@@ -146,7 +146,9 @@ def install_tracking_hook(tracking_module: Any) -> None:
         try:  # the trainer's numbers of the step's rollouts (verl_ext.plugin.numerics_step)
             from verl_ext.plugin.numerics_step import step_metrics
 
-            tito.update(step_metrics(step, tito.get(f"{PREFIX}rollouts_checked", 0.0)))
+            # a validation log (no training/global_step) has rollouts but, by design, no trainer numbers
+            checked = tito.get(f"{PREFIX}rollouts_checked", 0.0) if "training/global_step" in data else 0.0
+            tito.update(step_metrics(step, checked))
         except Exception:
             log.exception("verl_ext: could not collect tito/numerics/ metrics for step %s", step)
         return original(self, {**data, **tito} if tito else data, step, *args, **kwargs)

@@ -62,7 +62,8 @@ def test_engine_view_passes_on_every_rollout(demo: DemoResult) -> None:
 def test_every_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
     # Every demo rollout fills its response budget (a random model rarely stops): the loop's synthetic close after
     # the cut lies past the trainer's cap, and replay must cut where the trainer did (record key response_length).
-    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))
+    # the rollout files: the numerics file beside them holds no rollout to replay
+    files = sorted(str(f) for f in (demo.out / "records").glob("rollouts-*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
     out = capsys.readouterr().out
     assert code == 0, out.splitlines()[0]
@@ -126,7 +127,7 @@ def test_every_rollout_gets_the_trainers_numbers_beside_the_engines(demo: DemoRe
 
 
 def test_the_demo_prints_a_numerics_line_per_step(demo_runs: Callable[[str], Any]) -> None:
-    lines = demo_runs("v1").lines
+    lines = [line for said in demo_runs("v1").lines for line in said.splitlines()]  # a step is said as one block
     steps = [i for i, line in enumerate(lines) if "] step " in line]
     assert len(steps) == 2
     for i in steps:

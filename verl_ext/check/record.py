@@ -167,8 +167,20 @@ class Rollout:
     def batch_fields(self, result: CheckResult) -> dict[str, Any]:
         """What verl's batch carries of this rollout per sample (the agent loop's ``extra_fields``, which verl keeps
         as ``non_tensor_batch`` columns): the check's compact verdict and the rollout's id, the key its record line
-        and anything recorded about it later share."""
-        return {"verl_ext_check": result.verdict_fields(), "verl_ext_rollout_id": self.rollout_id}
+        and anything recorded about it later share; and ``verl_ext_turn_starts``, where each engine call's sampled
+        tokens start in the response (response-relative: position minus the prompt's length), so the trainer's
+        numbers can be split by turn where only the batch is at hand."""
+        return {
+            "verl_ext_check": result.verdict_fields(),
+            "verl_ext_rollout_id": self.rollout_id,
+            "verl_ext_turn_starts": self.turn_starts,
+        }
+
+    @property
+    def turn_starts(self) -> list[int]:
+        """Each engine call's first sampled token, as a position in the trainer's response (``batch_fields``)."""
+        p = len(self.sample.prompt_ids)
+        return [c.output_start - p for c in self.calls]
 
     @cached_property
     def assistants(self) -> tuple[int, ...]:

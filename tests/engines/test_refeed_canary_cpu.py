@@ -52,7 +52,9 @@ def test_the_cpu_scoring_path_passes_its_canary_at_the_calibrated_tolerance(
 
 
 @pytest.mark.parametrize("shift", [-20.0, -0.01, -2 * CPU_SCORING_TOLERANCE])
-def test_a_cpu_engine_whose_scores_are_shifted_is_refused(tiny_qwen3_dir: Path, prompt: list[int], shift: float) -> None:
+def test_a_cpu_engine_whose_scores_are_shifted_is_refused(
+    tiny_qwen3_dir: Path, prompt: list[int], shift: float
+) -> None:
     lying = server(tiny_qwen3_dir, [{"kind": "score_shift", "shift": shift}])
     verdict = canary(lying, prompt, 1.0, CPU_SCORING_TOLERANCE)
     assert not verdict.accepted and verdict.max_abs_delta == pytest.approx(-shift, rel=0.05)

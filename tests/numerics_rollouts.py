@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 import random
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from verl_ext.core.numerics import DEFAULT_DEPTH_EDGES, NumericsOptions
+from verl_ext.core.numerics import DEFAULT_DEPTH_EDGES, NumericsOptions, RolloutNumerics, summarize_rollout
 
 GARBAGE = (math.nan, math.inf, -math.inf, 1e6, -50.0, 0.0)
 
@@ -106,3 +107,23 @@ def oracle(r: NumericsRollout) -> dict[str, dict[Any, dict[str, Any]]]:
                 "first_past": min((p for p, d in items if abs(d) > thr), default=None),
             }
     return out
+
+
+def numerics_of_record(
+    record: Any,
+    shift: Callable[[int, int], float] = lambda position, turn: 0.0,
+    options: NumericsOptions | None = None,
+    source: str = "old_log_prob",
+) -> RolloutNumerics:
+    """A recorded rollout's numerics as the trainer would report them: its trainer logprob of each sampled token is
+    the engine's plus ``shift(absolute position, turn)``."""
+    p = record.prompt_length
+    n = len(record.input_ids)
+    engine_at = record.sampled_logprobs
+    mask = list(record.loss_mask[p:n])
+    engine = [engine_at.get(i, 0.0) for i in range(p, n)]
+    trainer = [e + (shift(p + k, record.turn_of[p + k]) if mask[k] else 0.0) for k, e in enumerate(engine)]
+    starts = [c.output_start - p for c in record.engine_calls]
+    return summarize_rollout(
+        record.rollout_id, trainer, engine, mask, p, starts, options or NumericsOptions(), source, step=record.step
+    )

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from loop_harness import run_loop
 
+from verl_ext.check.record import SCHEMA_VERSION
 from verl_ext.cli.main import main as cli
 
 PROMPT = [
@@ -81,6 +82,6 @@ def test_the_record_line_and_verls_batch_carry_the_same_rollout_id(make_loop, tm
     _, rollouts = read_records(sorted(tmp_path.glob("*.jsonl")))
     assert [r.rollout_id for r in rollouts] == ids and len(set(ids)) == 2 and all(len(i) == 32 for i in ids)
     line = rollouts[0].to_json()
-    assert line["version"] == 5 and line["rollout_id"] == ids[0]
+    assert line["version"] == SCHEMA_VERSION and line["rollout_id"] == ids[0]
     old = {k: v for k, v in line.items() if k != "rollout_id"} | {"version": 4}
     assert RolloutRecord.from_json(old).rollout_id is None

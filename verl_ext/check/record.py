@@ -40,9 +40,12 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
   "added": [...]}``, the first ``n`` images of the call before it then these; only on calls whose loop recorded
   them), and the check's ``image_calls_unchecked``. Lines of versions 1 to 3 lack them and still load; the image
   view then says it had no per-call evidence.
-- 5 (current): ``rollout_id``, a stable id of the rollout, which verl's batch carries too (the loops' ``extra_fields``
+- 5: ``rollout_id``, a stable id of the rollout, which verl's batch carries too (the loops' ``extra_fields``
   ``verl_ext_rollout_id``): what arrives later about the rollout (the trainer's numbers) joins by it, as its own
   line, so records stay append-only. Lines of versions 1 to 4 lack it and load with ``rollout_id`` None.
+- 6 (current): ``"type": "numerics"`` lines (``check/numerics_record.py``): the trainer's numbers of a rollout, per
+  turn and depth, joined to its rollout line by ``rollout_id``. Rollout lines are unchanged; files of versions 1 to
+  5 have no numerics lines, and the report says the view is absent and why.
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
 The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.

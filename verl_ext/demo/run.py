@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[2]
 STEP_METRICS = (
     ("critic/rewards/mean", "reward"),
     ("actor/grad_norm", "grad_norm"),
-    ("training/rollout_probs_diff_max", "rollout-vs-trainer logprob diff (max)"),
+    ("training/rollout_probs_diff_max", "rollout-vs-trainer prob diff (max)"),  # exp() of each side, then the diff
     ("num_turns/mean", "turns"),
 )
 _NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\)?$")

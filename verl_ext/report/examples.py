@@ -7,6 +7,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from verl_ext.check.numerics_verdict import TwoPartVerdict
 from verl_ext.check.record import RecordedCheck, RecordedFailure, RecordedFinding
 from verl_ext.report.load import RolloutRef
 from verl_ext.report.thumbnails import ThumbnailShelf, image_spans
@@ -25,6 +26,7 @@ class Example:
     tokens: int
     defects: int
     why: str = ""  # why a rollout that is not among the worst is shown (e.g. for its images)
+    numbers: TwoPartVerdict | None = None  # the two-part verdict, for a rollout shown because its numbers drift
 
     @property
     def anchor(self) -> str:

@@ -64,3 +64,11 @@ def cause_fix(cause: str) -> str:
 def engine_fix(kind: str) -> str:
     """The one-line fix for an engine-view failure kind (a generic one for a kind this version does not know)."""
     return ENGINE_FIXES.get(kind, GENERIC_FIX)
+
+
+NUMERICS_FIX = (
+    "Find where it starts (the Numerics section: depth, turn, step). Drift growing with depth points at long-context "
+    "attention or position handling in one of the two (kernels, RoPE scaling); one turn or one step at a weight sync "
+    "(the engine serving other weights); a flat offset at precision (bf16 against fp32). Make the two sides agree "
+    "before trusting the importance ratio and KL: docs/numerics.md."
+)

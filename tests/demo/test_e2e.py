@@ -62,7 +62,8 @@ def test_engine_view_passes_on_every_rollout(demo: DemoResult) -> None:
 def test_every_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
     # Every demo rollout fills its response budget (a random model rarely stops): the loop's synthetic close after
     # the cut lies past the trainer's cap, and replay must cut where the trainer did (record key response_length).
-    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))
+    # the rollout files: the numerics file beside them holds no rollout to replay
+    files = sorted(str(f) for f in (demo.out / "records").glob("rollouts-*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
     out = capsys.readouterr().out
     assert code == 0, out.splitlines()[0]
@@ -90,3 +91,46 @@ def test_step_line_parser() -> None:
     line = "\x1b[36m(TaskRunnerV1 pid=1)\x1b[0m step:3 - a/b:0.5 - c:np.float64(-1.5e-05) - d:np.int32(5) - e:abc\n"
     assert parse_step_line(line) == (3, {"a/b": 0.5, "c": -1.5e-05, "d": 5.0})
     assert parse_step_line("no step here") is None
+
+
+def numerics_lines(result: DemoResult) -> list[dict]:
+    records = [
+        json.loads(line) for f in (result.out / "records").glob("*.jsonl") for line in f.read_text().splitlines()
+    ]
+    return [r for r in records if r["type"] == "numerics"]
+
+
+def test_every_rollout_gets_the_trainers_numbers_beside_the_engines(demo: DemoResult) -> None:
+    """The old-logprob pass's logprobs joined with the engine's by rollout id: one numerics line per rollout, every
+    one measured (none unavailable), the clean run's verdict ok at every depth and turn; the baseline is float32
+    rounding (the CPU engine and the fp32 trainer compute the same logprobs apart: a few units in the last place)."""
+    from verl_ext.core.numerics import NumericsOptions, RolloutNumerics
+
+    for step, metrics in demo.steps.items():
+        assert metrics["tito/numerics/rollouts"] == 4 and metrics["tito/numerics/numerics_unavailable"] == 0, step
+        assert metrics["tito/numerics/drift_rollouts"] == 0
+        assert metrics["tito/numerics/tokens"] == metrics["tito/sampled_tokens"]  # every sampled token, no other
+        assert 0 < metrics["tito/numerics/max_abs_delta"] < 1e-4
+        assert metrics["tito/numerics/turn/0/tokens"] > 0 and metrics["tito/numerics/turn/1/tokens"] > 0
+    lines = numerics_lines(demo)
+    by_id = {r["rollout_id"]: r for r in rollouts(demo)}
+    assert sorted(line["rollout_id"] for line in lines) == sorted(by_id)  # one each, joined by id
+    options = NumericsOptions()
+    for line in lines:
+        numerics = RolloutNumerics.from_json(line["numerics"])
+        assert numerics.source == "old_log_prob" and numerics.step == by_id[line["rollout_id"]]["step"]
+        assert numerics.verdict(options).status == "ok"
+        # the tokens measured are the rollout's sampled ones (mask 1), turn by turn as the engine sampled them
+        record = by_id[line["rollout_id"]]
+        assert numerics.overall.tokens == sum(record["loss_mask"])
+        assert len(numerics.by_turn) == len(record["engine_calls"])
+
+
+def test_the_demo_prints_a_numerics_line_per_step(demo_runs: Callable[[str], Any]) -> None:
+    lines = [line for said in demo_runs("v1").lines for line in said.splitlines()]  # a step is said as one block
+    steps = [i for i, line in enumerate(lines) if "] step " in line]
+    assert len(steps) == 2
+    for i in steps:
+        numerics = next(line for line in lines[i:] if line.startswith("    numerics"))
+        assert re.match(r"    numerics: 4 rollouts, 0 unavailable, 0 drift; \|Δ\| mean \S+ max \S+, k3 ", numerics)
+        assert "by depth: 0-512 " in numerics and "by turn: 0 " in numerics

@@ -1,9 +1,12 @@
-"""End to end through the gateway: ``verl-ext demo --loop gateway --trainer v0`` runs verl's real GRPO trainer (its
-legacy v0 trainer, which no other test starts: tests/demo/test_e2e.py runs v1; Ray, FSDP2 on gloo, the CPU engine)
-with ``verl_ext_gateway_agent``, whose harness is the demo's ReAct calculator agent on the official openai SDK
+"""End to end through the gateway: ``verl-ext demo --loop gateway --trainer v0 --bypass`` runs verl's real GRPO trainer
+(its legacy v0 trainer, which no other test starts: tests/demo/test_e2e.py runs v1; Ray, FSDP2 on gloo, the CPU
+engine) with ``verl_ext_gateway_agent``, whose harness is the demo's ReAct calculator agent on the official openai SDK
 (verl_ext/demo/harness.py): each row is a gateway session, the harness runs the calculator the model called, and the
-session's branch is the row's training sample. One step of one row x 2 samples: the least that trains a GRPO group
-(CI time: this is one trainer start; the start, not the rollouts, is most of it)."""
+session's branch is the row's training sample. The same start runs verl's bypass mode
+(``algorithm.rollout_correction.bypass_mode``: no old-logprob pass), where the numerics view measures inside the
+policy loss. One step of two rows x 2 samples in two mini-batches of one row: the second mini-batch comes after the
+step's first update, so its rollouts are the ones counted unavailable (CI time: this is one trainer start; the
+start, not the rollouts, is most of it)."""
 
 from __future__ import annotations
 
@@ -19,15 +22,19 @@ from verl_ext.demo.data import DATA_SOURCE
 from verl_ext.demo.run import DemoResult, run_demo
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("ray")]  # demo beside a worker; Ray group
-ONE_ROW = ("data.train_batch_size=1", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
-ROLLOUTS = 2  # 1 row x rollout.n 2 (configs/cpu_demo.yaml)
+# two rows, a mini-batch (an optimizer update) per row
+TWO_MINI_BATCHES = ("data.train_batch_size=2", "actor_rollout_ref.actor.ppo_mini_batch_size=1")
+ROLLOUTS = 4  # 2 rows x rollout.n 2 (configs/cpu_demo.yaml)
+MEASURED = 2  # the first mini-batch's: before the step's first update
 
 
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory: pytest.TempPathFactory) -> DemoResult:
     lines: list[str] = []
     out = tmp_path_factory.mktemp("demo-gateway")
-    result = run_demo(out, steps=1, trainer="v0", loop="gateway", extra_overrides=ONE_ROW, say=lines.append)
+    result = run_demo(
+        out, steps=1, trainer="v0", loop="gateway", bypass=True, extra_overrides=TWO_MINI_BATCHES, say=lines.append
+    )
     assert result.returncode == 0, "\n".join(lines)
     return result
 
@@ -39,7 +46,8 @@ def records(result: DemoResult) -> list[dict[str, Any]]:
 def test_a_grpo_step_trains_on_the_harness_sessions(demo: DemoResult) -> None:
     assert sorted(demo.steps) == [1]
     m = demo.steps[1]
-    assert m["actor/grad_norm"] > 0 and m["training/rollout_probs_diff_max"] < 1e-3
+    assert m["actor/grad_norm"] > 0
+    assert "training/rollout_probs_diff_max" not in m  # bypass mode: verl computes no old logprobs
     assert m["tito/loop/verl_ext_gateway_agent"] == ROLLOUTS and "tito/loop/verl_ext_tool_agent" not in m
     assert m["tito/rollouts_checked"] == ROLLOUTS and m["tito/engine_view_failures"] == 0
     assert m["tito/lost_sampled_tokens"] == 0 and m["tito/sampled_tokens"] > 0
@@ -72,8 +80,27 @@ def test_every_session_is_checked_recorded_and_reported(demo: DemoResult) -> Non
 
 
 def test_every_session_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
-    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))
+    # the rollout files: the numerics file beside them holds no rollout to replay
+    files = sorted(str(f) for f in (demo.out / "records").glob("rollouts-*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
     out = capsys.readouterr().out
     assert code == 0, out.splitlines()[0]
     assert out.count("recorded stream: the same ") == ROLLOUTS
+
+
+def test_bypass_mode_measures_the_numbers_inside_the_loss_before_the_first_update(demo: DemoResult) -> None:
+    """verl has no old-logprob pass here: the registered policy loss measured the first mini-batch's rollouts
+    (trainer logprobs beside the rollout's, before any update), counted the second's unavailable, and the driver
+    wrote a numerics line per measured rollout, joined to its rollout line by id, verdict ok."""
+    from verl_ext.core.numerics import NumericsOptions, RolloutNumerics
+
+    m = demo.steps[1]
+    assert m["tito/numerics/rollouts"] == MEASURED and m["tito/numerics/numerics_unavailable"] == ROLLOUTS - MEASURED
+    assert m["tito/numerics/drift_rollouts"] == 0 and 0 < m["tito/numerics/max_abs_delta"] < 1e-4
+    lines = [r for r in records(demo) if r["type"] == "numerics"]
+    rollout_ids = {r["rollout_id"] for r in records(demo) if r["type"] == "rollout"}
+    assert len(lines) == MEASURED and {r["rollout_id"] for r in lines} < rollout_ids
+    for line in lines:
+        numerics = RolloutNumerics.from_json(line["numerics"])
+        assert numerics.source == "bypass_loss" and numerics.step == 1
+        assert numerics.verdict(NumericsOptions()).status == "ok"

@@ -45,6 +45,10 @@ def test_a_grpo_step_trains_on_the_engines_images(vl_demo: tuple[DemoResult, lis
     # the loop's multi_modal_data: a dropped, swapped or misplaced image would move them far past this
     assert metrics["training/rollout_probs_diff_max"] < 1e-3
     assert metrics["num_turns/mean"] >= 4  # system+user with an image, the screenshot call, its image result, more
+    # the same, per token in logprobs: every rollout measured (depth counts the prompt's image tokens), none drifts
+    assert metrics["tito/numerics/rollouts"] == 4 and metrics["tito/numerics/numerics_unavailable"] == 0
+    assert metrics["tito/numerics/drift_rollouts"] == 0 and metrics["tito/numerics/max_abs_delta"] < 1e-3
+    assert metrics["tito/numerics/tokens"] == metrics["tito/sampled_tokens"]
 
 
 def test_engine_view_and_image_view_pass(vl_demo: tuple[DemoResult, list[str]]) -> None:
@@ -81,7 +85,8 @@ def test_report_and_replay_read_the_image_records(
     assert thumbnails == digests
     html = result.report.read_text()
     assert "data:image/png;base64," in html and "thumbnail missing" not in html
-    files = sorted(str(f) for f in (result.out / "records").glob("*.jsonl"))
+    # the rollout files: the numerics file beside them holds no rollout to replay
+    files = sorted(str(f) for f in (result.out / "records").glob("rollouts-*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(result.out / "tiny-qwen2.5-vl")])
     out = capsys.readouterr().out
     assert code == 0, out

@@ -179,7 +179,7 @@ def test_budget_defaults_and_context_clamp(server_class: type) -> None:
 def test_only_generate_and_the_abort_signature_are_overridden(server_class: type) -> None:
     """Weight sync, sleep/wake, launch, resume: verl's own methods, untouched."""
     own = {name for name, _ in inspect.getmembers(server_class, inspect.isfunction) if name in vars(server_class)}
-    assert own == {"generate", "abort_all_requests"}
+    assert own == {"generate", "abort_all_requests", "score"}  # score: the re-feed audit's path, verl has none
     params = inspect.signature(server_class.abort_all_requests).parameters
     assert "reject_request" in params
 
@@ -358,3 +358,64 @@ def test_replica_server_class_follows_the_switch_and_the_hook(
         monkeypatch.delenv(SGLANG_FORCE_ENV, raising=False)
     chosen = server_class_for(server_enabled({"agent": {"default_agent_loop": "tool_agent"}}))
     assert (chosen.__name__ if chosen else None) == expected
+
+
+# The re-feed audit's scoring path (sglang_scoring.py): a prefill with input logprobs through SGLang's own request,
+# proven on a canary (engines/scoring_canary.py) before any score is used.
+
+
+def honest_script(prompt: list[int], n: int) -> Script:
+    """A generation whose logprobs are what the stand-in's prefill scores those positions: an engine whose scoring
+    path tells the truth."""
+    return Script([1000 + i for i in range(n)], logprobs=[input_logprob_at(len(prompt) + i) for i in range(n)])
+
+
+def canary(server: Any, tolerance: float = 1e-6) -> Any:
+    from verl_ext.engines.scoring_canary import prove_scoring_path
+
+    async def generate(prompt: list[int], params: dict[str, Any]) -> Any:
+        return await server.generate(prompt, params, "canary")
+
+    return asyncio.run(prove_scoring_path("sglang", generate, server.score, PROMPT, tolerance=tolerance, max_tokens=6))
+
+
+def test_score_sends_a_prefill_with_input_logprobs_and_reads_the_ids_back(server_class: type) -> None:
+    server, tm = scripted(server_class, Script([5]))
+    ids = [*PROMPT, 1000, 1001, 1002]
+    scored = asyncio.run(server.score(ids, len(PROMPT)))
+    assert scored["ids"] == [1000, 1001, 1002] and scored["global_steps"] == 3 and scored["weight_version"] == "7"
+    assert scored["logprobs"] == [input_logprob_at(len(PROMPT) + i) for i in range(3)]
+    sent = tm.requests[0]
+    assert list(sent.input_ids) == ids and sent.return_logprob is True
+    assert sent.logprob_start_len == len(PROMPT) - 1 and sent.sampling_params["max_new_tokens"] == 1
+    from verl_ext.core.errors import EngineRequestError
+
+    with pytest.raises(EngineRequestError, match="temperature 1"):
+        asyncio.run(server.score(ids, len(PROMPT), 0.7))
+
+
+def test_the_canary_accepts_an_honest_sglang_scoring_path(server_class: type) -> None:
+    server, _ = scripted(server_class, honest_script(PROMPT, 6), Script([5]))
+    verdict = canary(server)
+    assert verdict.accepted and verdict.tokens == 6 and verdict.max_abs_delta == 0.0, verdict.reason
+
+
+@pytest.mark.parametrize(
+    ("lie", "reason"),
+    [
+        (lambda p: input_logprob_at(p) - 20.0, "differ from generation by up to 20 nats"),  # sparkinfer #1001
+        (lambda p: input_logprob_at(p + 1), "differ from generation"),  # each score one position off
+        (lambda p: input_logprob_at(p) - (0.5 if p > len(PROMPT) + 3 else 0.0), "canary position 4"),
+    ],
+    ids=["shifted", "off-by-one", "shifted-past-a-depth"],
+)
+def test_the_canary_refuses_an_sglang_engine_whose_scores_lie(
+    server_class: type, monkeypatch: pytest.MonkeyPatch, lie: Any, reason: str
+) -> None:
+    import sglang_standin
+
+    server, _ = scripted(server_class, honest_script(PROMPT, 6), Script([5]))
+    monkeypatch.setattr(sglang_standin, "input_logprob_at", lie)  # the engine's prefill scores, not its generation
+    verdict = canary(server)
+    assert not verdict.accepted and reason in verdict.reason, verdict
+    assert verdict.reason.startswith("re-feed audit: the scoring path of sglang is refused")

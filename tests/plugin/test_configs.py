@@ -182,6 +182,17 @@ def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
         ({"extra_stop_tokens": [151657]}, "verl_ext.extra_stop_tokens[0]", "a token's text"),  # encoded as digits
         ({"extra_stop_tokens": [""]}, "verl_ext.extra_stop_tokens[0]", "non-empty string"),
         ({"agent_name_column": "drop"}, "verl_ext.agent_name_column", "one of ['switch', 'stop', 'keep']"),
+        ({"numerics": {"drift_mean_abs_delta": 0}}, "verl_ext.numerics.drift_mean_abs_delta", "the default is 0.05"),
+        ({"numerics": {"token_abs_delta": "0.5"}}, "verl_ext.numerics.token_abs_delta", "positive finite number"),
+        ({"numerics": {"depth_edges": [512, 1024]}}, "verl_ext.numerics.depth_edges", "put 0 first: [0, 512, 1024]"),
+        ({"numerics": {"depth_edges": [0, 8, 4]}}, "verl_ext.numerics.depth_edges", "sort them"),
+        ({"numerics": {"depth_edges": 512}}, "verl_ext.numerics.depth_edges", "non-empty list of integer"),
+        (
+            {"numerics": {"token_abs_delt": 1}},
+            "verl_ext.numerics.token_abs_delt",
+            "did you mean verl_ext.numerics.token_abs_delta",
+        ),
+        ({"numerics": [0.05]}, "verl_ext.numerics", "must be a mapping of options"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_the_key_and_the_fix(options, key, fix):
@@ -210,7 +221,7 @@ JSON_VALUES = st.recursive(
     max_leaves=4,
 )
 KEYS = [(key,) for key in sorted(_KNOWN[""])] + [
-    (section, key) for section in ("check", "records", "harness") for key in sorted(_KNOWN[section])
+    (section, key) for section in ("check", "records", "harness", "numerics") for key in sorted(_KNOWN[section])
 ]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from loop_harness import run_loop
 
+from verl_ext.check.record import SCHEMA_VERSION
 from verl_ext.cli.main import main as cli
 
 PROMPT = [
@@ -81,6 +82,22 @@ def test_the_record_line_and_verls_batch_carry_the_same_rollout_id(make_loop, tm
     _, rollouts = read_records(sorted(tmp_path.glob("*.jsonl")))
     assert [r.rollout_id for r in rollouts] == ids and len(set(ids)) == 2 and all(len(i) == 32 for i in ids)
     line = rollouts[0].to_json()
-    assert line["version"] == 5 and line["rollout_id"] == ids[0]
+    assert line["version"] == SCHEMA_VERSION and line["rollout_id"] == ids[0]
     old = {k: v for k, v in line.items() if k != "rollout_id"} | {"version": 4}
     assert RolloutRecord.from_json(old).rollout_id is None
+
+
+def test_verls_batch_carries_where_each_engine_calls_tokens_start_in_the_response(make_loop):
+    """``verl_ext_turn_starts`` (response-relative) is where each engine call's output begins: the engine's own
+    prompt lengths say so, independently of the loop's bookkeeping, and each start opens a run of sampled tokens
+    (mask 1 after mask 0) in what verl trains on."""
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
+    loop, server = make_loop(force_text=call)
+    out = run_loop(loop, PROMPT)
+    starts = out.extra_fields["verl_ext_turn_starts"]
+    prompt = len(out.prompt_ids)
+    assert len(server.requests) == 2
+    assert starts == [len(r["prompt_ids"]) - prompt for r in server.requests]
+    mask = out.response_mask
+    opened = [i for i, m in enumerate(mask) if m == 1 and (i == 0 or mask[i - 1] == 0)]
+    assert starts == opened

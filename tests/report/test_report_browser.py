@@ -82,6 +82,7 @@ def test_browser_renders_the_report(built_report, tmp_path):
         "What to do, per cause",
         "Findings per cause over training steps",
         "Findings per turn",
+        "Numerics: the trainer's logprobs beside the engine's",
         "All rollouts",
         "Worst examples",
         "Template audit",

@@ -14,7 +14,7 @@ from rollouts import TOOLS
 from verl_ext.check.findings import Cause
 from verl_ext.cli.main import main
 
-SECTIONS = ("verdict", "summary", "fixes", "steps", "turns", "rollouts", "examples", "audit")
+SECTIONS = ("verdict", "summary", "fixes", "steps", "turns", "numerics", "rollouts", "examples", "audit")
 PRESENT = {  # causes the records hold (see report_rollouts.py)
     Cause.BPE_REMERGE,
     Cause.REASONING_INSERTED,

@@ -40,9 +40,12 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
   "added": [...]}``, the first ``n`` images of the call before it then these; only on calls whose loop recorded
   them), and the check's ``image_calls_unchecked``. Lines of versions 1 to 3 lack them and still load; the image
   view then says it had no per-call evidence.
-- 5 (current): ``rollout_id``, a stable id of the rollout, which verl's batch carries too (the loops' ``extra_fields``
+- 5: ``rollout_id``, a stable id of the rollout, which verl's batch carries too (the loops' ``extra_fields``
   ``verl_ext_rollout_id``): what arrives later about the rollout (the trainer's numbers) joins by it, as its own
   line, so records stay append-only. Lines of versions 1 to 4 lack it and load with ``rollout_id`` None.
+- 6 (current): ``"type": "numerics"`` lines (``check/numerics_record.py``): the trainer's numbers of a rollout, per
+  turn and depth, joined to its rollout line by ``rollout_id``. Rollout lines are unchanged; files of versions 1 to
+  5 have no numerics lines, and the report says the view is absent and why.
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
 The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.
@@ -164,8 +167,20 @@ class Rollout:
     def batch_fields(self, result: CheckResult) -> dict[str, Any]:
         """What verl's batch carries of this rollout per sample (the agent loop's ``extra_fields``, which verl keeps
         as ``non_tensor_batch`` columns): the check's compact verdict and the rollout's id, the key its record line
-        and anything recorded about it later share."""
-        return {"verl_ext_check": result.verdict_fields(), "verl_ext_rollout_id": self.rollout_id}
+        and anything recorded about it later share; and ``verl_ext_turn_starts``, where each engine call's sampled
+        tokens start in the response (response-relative: position minus the prompt's length), so the trainer's
+        numbers can be split by turn where only the batch is at hand."""
+        return {
+            "verl_ext_check": result.verdict_fields(),
+            "verl_ext_rollout_id": self.rollout_id,
+            "verl_ext_turn_starts": self.turn_starts,
+        }
+
+    @property
+    def turn_starts(self) -> list[int]:
+        """Each engine call's first sampled token, as a position in the trainer's response (``batch_fields``)."""
+        p = len(self.sample.prompt_ids)
+        return [c.output_start - p for c in self.calls]
 
     @cached_property
     def assistants(self) -> tuple[int, ...]:

@@ -21,6 +21,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     check_output_folder(args.out, "--out")  # before the model, the data and the trainer: a wrong path costs nothing
     harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
     trainer = f"{counted(args.steps, 'GRPO step')} of verl's {args.trainer} trainer on CPU"
+    if args.bypass:
+        trainer += " in bypass mode"
     print(
         f"verl-ext demo: {trainer}, with {LOOPS[loop]}{harness}, the verl_ext_cpu engine and {MODELS[model]} "
         "(the first assistant turn is a forced "
@@ -28,7 +30,13 @@ def run_demo_command(args: argparse.Namespace) -> int:
         flush=True,
     )
     result = run_demo(
-        Path(args.out), steps=args.steps, trainer=args.trainer, extra_overrides=args.overrides, loop=loop, model=model
+        Path(args.out),
+        steps=args.steps,
+        trainer=args.trainer,
+        extra_overrides=args.overrides,
+        loop=loop,
+        model=model,
+        bypass=args.bypass,
     )
     if result.returncode != 0:
         return result.returncode

@@ -91,6 +91,12 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
         help="qwen3: a tiny random Qwen3 with the calculator tool (default); qwen2.5-vl: a tiny random Qwen2.5-VL with "
         "the screenshot tool, an image in every prompt and tool result (with --loop tool)",
     )
+    demo.add_argument(
+        "--bypass",
+        action="store_true",
+        help="verl's bypass mode (algorithm.rollout_correction.bypass_mode): no old-logprob pass; the numerics view "
+        "measures inside the policy loss",
+    )
     demo.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="extra Hydra overrides for verl's trainer")
 
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.check.image_view import ImageReplay, image_replay, replay_renderer
+from verl_ext.check.numerics_record import NumericsRecord
 from verl_ext.check.record import RecordedFailure, RecordHeader, RolloutRecord
 from verl_ext.check.replay_diff import fingerprint_difference, stream_difference
 from verl_ext.check.revalidate import revalidated
@@ -38,13 +39,17 @@ def read_records(path: str) -> Iterator[ReplayItem]:
     """Each conversation of a replay file or a check's record file (whose header line is read, not replayed).
     Raises RecordError naming file:line for a malformed record (an unknown key or ``type``, a newer version), and
     for a file with none."""
-    count = 0
+    count = numerics = 0
     header: RecordHeader | None = None
     for line_no, obj in read_json_lines(path, "replay file"):
         where = f"{path}:{line_no}"
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "header":  # a check's record file: the template profile its rollouts were checked against
             header = RecordHeader.from_json(obj, where)
+            continue
+        if kind == "numerics":  # the trainer's numbers of a rollout (schema 6): checked, nothing to replay
+            NumericsRecord.from_json(obj, where)
+            numerics += 1
             continue
         count += 1
         if kind == "rollout":  # a check's record: the typed record's loader
@@ -57,6 +62,11 @@ def read_records(path: str) -> Iterator[ReplayItem]:
             )
         else:
             yield ReplayItem(line_no, ReplayRecord.from_json(obj, where=where), None, header)
+    if count == 0 and numerics:
+        raise RecordError(
+            f"{path}: only numerics lines (the trainer's numbers, {numerics}), no rollout to replay; replay the "
+            "rollout files beside it in the records folder"
+        )
     if count == 0:
         raise RecordError(f"{path}: no records (the file is empty); write one JSON object per line")
 

@@ -37,10 +37,15 @@ REPO = Path(__file__).resolve().parents[2]
 STEP_METRICS = (
     ("critic/rewards/mean", "reward"),
     ("actor/grad_norm", "grad_norm"),
-    ("training/rollout_probs_diff_max", "rollout-vs-trainer logprob diff (max)"),
+    # verl's figure is a difference of probabilities (exp applied to both logprobs first), batch-wide
+    ("training/rollout_probs_diff_max", "rollout-vs-trainer prob diff (max)"),
     ("num_turns/mean", "turns"),
 )
 _NUMBER = re.compile(r"^(?:np\.\w+\()?([-+]?(?:[0-9.]+(?:[eE][-+]?[0-9]+)?|nan|inf))\)?$")
+NUMERICS = "tito/numerics/"
+# the demo's bypass mode: verl skips the old-logprob pass and trains against the rollout's logprobs; the numbers are
+# then measured inside the policy loss (verl_ext.plugin.numerics_loss)
+BYPASS_OVERRIDES = ("algorithm.rollout_correction.bypass_mode=true",)
 _STEP_LINE = re.compile(r"step:(\d+) - ")  # after Ray's "(TaskRunner pid=...)" prefix, if any
 JOB_CONFIGS = REPO / "configs"  # the user-facing job configs (the verl_ext option group stays in the package)
 DEMO_HARNESS = "verl_ext.demo.harness:run"
@@ -90,16 +95,49 @@ def parse_step_line(line: str) -> tuple[int, dict[str, float]] | None:
 def format_step(step: int, total: int, metrics: dict[str, float]) -> str:
     head = [f"step {step}/{total}"]
     head += [f"{label} {metrics[key]:.4g}" for key, label in STEP_METRICS if key in metrics]
-    tito = {k: v for k, v in metrics.items() if k.startswith("tito/")}
+    tito = {k: v for k, v in metrics.items() if k.startswith("tito/") and not k.startswith(NUMERICS)}
     lines = ["  ".join(head)]
     if not tito:
         lines.append("    (no tito/ metrics: the verl_ext loop did not run in this step)")
+    lines.append(format_numerics(metrics))
     counts = [
         f"{k.removeprefix('tito/')} {v:g}" for k, v in sorted(tito.items()) if v or "/" not in k.removeprefix("tito/")
     ]
     for i in range(0, len(counts), 4):
         lines.append("    " + "   ".join(counts[i : i + 4]))
     return "\n".join(lines)
+
+
+def format_numerics(metrics: dict[str, float]) -> str:
+    """The step's ``numerics`` line from its ``tito/numerics/`` metrics: the trainer's logprob of each sampled token
+    minus the engine's (Δ), overall, per depth bucket and per turn that had tokens."""
+    m = {k.removeprefix(NUMERICS): v for k, v in metrics.items() if k.startswith(NUMERICS)}
+    if not m:
+        return "    numerics: none (no tito/numerics/ metrics in this step)"
+    head = (
+        f"    numerics: {m.get('rollouts', 0):g} rollouts, {m.get('numerics_unavailable', 0):g} unavailable, "
+        f"{m.get('drift_rollouts', 0):g} drift; |Δ| mean {m.get('mean_abs_delta', 0):.3g} max "
+        f"{m.get('max_abs_delta', 0):.3g}, k3 {m.get('k3', 0):.3g}"
+    )
+    groups = []
+    for kind in ("depth", "turn"):
+        cells = [
+            f"{key.split('/')[1]} {m[key]:.3g}"
+            for key in sorted(m, key=_bucket_order)
+            if key.startswith(f"{kind}/")
+            and key.endswith("/mean_abs_delta")
+            and m.get(key.replace("mean_abs_delta", "tokens"), 0)
+        ]
+        if cells:
+            groups.append(f"by {kind}: " + ", ".join(cells))
+    return "; ".join([head, *groups])
+
+
+def _bucket_order(key: str) -> tuple[str, int]:
+    """``depth/512-1024/...`` and ``turn/3/...`` in numeric order of their first number."""
+    kind, _, rest = key.partition("/")
+    digits = re.match(r"\d+", rest)
+    return kind, int(digits.group()) if digits else -1
 
 
 def shipped_tokenizers() -> dict[str, Path]:
@@ -165,11 +203,12 @@ def trainer_command(
     extra: Sequence[str],
     loop: str = "tool",
     model: str = "qwen3",
+    bypass: bool = False,
 ) -> list[str]:
     """verl's trainer on the demo's job config, with the paths ``prepare`` made (and, for ``loop="gateway"``, the
     gateway preset with the demo's harness; for ``model="qwen2.5-vl"``, the screenshot tool and ``VL_OVERRIDES``;
-    ``extra`` comes after, so it can name another). Raises MissingFileError outside a clone of the repository (the
-    job config is in its top-level configs/, not in the package)."""
+    with ``bypass``, ``BYPASS_OVERRIDES``; ``extra`` comes after, so it can name another). Raises MissingFileError
+    outside a clone of the repository (the job config is in its top-level configs/, not in the package)."""
     if not (JOB_CONFIGS / "cpu_demo.yaml").is_file():
         raise MissingFileError(
             f"{JOB_CONFIGS / 'cpu_demo.yaml'} is missing: `verl-ext demo` runs from a clone of the verl_ext "
@@ -194,6 +233,7 @@ def trainer_command(
         f"hydra.run.dir={out / 'hydra'}",
         *(GATEWAY_OVERRIDES if loop == "gateway" else ()),
         *(VL_OVERRIDES if model == "qwen2.5-vl" else ()),
+        *(BYPASS_OVERRIDES if bypass else ()),
         *extra,
     ]
 
@@ -224,9 +264,11 @@ def run_demo(
     say: Callable[[str], None] = print,
     loop: str = "tool",
     model: str = "qwen3",
+    bypass: bool = False,
 ) -> DemoResult:
     """The demo, end to end (module docstring); ``loop`` is ``tool`` (verl_ext_tool_agent) or ``gateway``
-    (verl_ext_gateway_agent with the demo's harness); ``model`` one of ``MODELS``. Raises ``OptionsError`` for
+    (verl_ext_gateway_agent with the demo's harness); ``model`` one of ``MODELS``; ``bypass``: verl's bypass mode
+    (no old-logprob pass; the numbers come from inside the policy loss). Raises ``OptionsError`` for
     another ``loop`` or ``model`` (``check_choices``)."""
     check_choices(loop, model)
     started = time.monotonic()
@@ -250,8 +292,10 @@ def run_demo(
             "VERL_EXT_CPU_FORCE_FIRST_TURN", FORCED_SCREENSHOT_CALL if model == "qwen2.5-vl" else FORCED_TOOL_CALL
         ),
     }
-    command = trainer_command(paths, out, steps, trainer, extra_overrides, loop, model)
-    stamp(f"starting verl's trainer ({trainer}, {counted(steps, 'GRPO step')}, Ray on CPU); full log: {shown(log)}")
+    command = trainer_command(paths, out, steps, trainer, extra_overrides, loop, model, bypass)
+    mode = ", bypass mode" if bypass else ""
+    steps_run = counted(steps, "GRPO step")
+    stamp(f"starting verl's trainer ({trainer}{mode}, {steps_run}, Ray on CPU); full log: {shown(log)}")
     result = DemoResult(returncode=-1, out=out, log=log)
     with log.open("w", encoding="utf-8") as fh:
         fh.write(" ".join(command) + "\n")

@@ -19,6 +19,11 @@ TEST/DEMO ONLY: ``VERL_EXT_CPU_FORCE_FIRST_TURN`` (see ``FORCE_ENV``) holds a te
 ``<|im_end|>``. It is tokenized and teacher-forced as the first assistant turn of every trajectory (any request whose
 prompt does not already contain it), because a random model never calls a tool. The logprobs of the forced tokens
 are still the model's. Never set it in a real run: the "sampled" tokens of that turn are then not the policy's.
+
+TEST ONLY: ``rollout.engine_kwargs.verl_ext_cpu.faults`` injects faults in the reported logprobs or the weights
+served (cpu_faults.py), to prove the numerics view localizes them.
+
+``score`` is the engine's scoring path (a prefill of given ids, their logprobs), used by the re-feed audit.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +41,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_ext.core.errors import EngineRequestError, OptionsError
+from verl_ext.engines.cpu_faults import CallNumbers, Fault, parse_faults, perturbed
 from verl_ext.engines.cpu_images import VisionInputs, ban, vision_of
 from verl_ext.engines.forced_turn import contains_subsequence, forced_prefix  # noqa: F401 - the hook lives there
 from verl_ext.engines.prefix_cache import PrefixCache
@@ -44,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 FORCE_ENV = "VERL_EXT_CPU_FORCE_FIRST_TURN"
 SERVER_NAME_PREFIX = "verl_ext_cpu_server_"
+ENGINE_KWARGS_KEY = "verl_ext_cpu"  # rollout.engine_kwargs.<this>: the CPU engine's own options
+_ENGINE_OPTIONS = frozenset({"faults"})
 
 # sampling_params keys verl's agent loops send (agent_loop.py, tool_agent_loop.py); anything else is refused loudly.
 _KNOWN_PARAMS = frozenset(
@@ -240,6 +248,41 @@ def _scores(rows: torch.Tensor, forced: Sequence[int], temperature: float) -> li
     return scores.gather(1, torch.tensor(list(forced), device=scores.device)[:, None])[:, 0].tolist()
 
 
+@torch.no_grad()
+def score_tokens(model: torch.nn.Module, ids: Sequence[int], start: int, temperature: float = 1.0) -> list[float]:
+    """The scoring path: one prefill forward over ``ids`` (no KV cache, no sampling) and the logprob of each of
+    ``ids[start:]`` given the ids before it, under logits / temperature in fp32 (temperature 0 scores at 1, as
+    generation reports greedy tokens)."""
+    if not 0 < start < len(ids):
+        raise EngineRequestError(
+            f"verl_ext_cpu: score needs 0 < start < len(ids) (a context and at least one id to score), got start "
+            f"{start} for {len(ids)} ids"
+        )
+    device = next(model.parameters()).device
+    out = model(input_ids=torch.tensor([[int(i) for i in ids]], dtype=torch.long, device=device), use_cache=False)
+    rows = out.logits[0, start - 1 : len(ids) - 1].float()  # row j predicts ids[start + j]
+    return _scores(rows, [int(i) for i in ids[start:]], temperature)
+
+
+def engine_options(engine_kwargs: Any) -> dict[str, Any]:
+    """``rollout.engine_kwargs.verl_ext_cpu`` as a plain dict (empty when unset); an unknown key is refused."""
+    from omegaconf import OmegaConf  # verl's config library: engine_kwargs arrives as a DictConfig or a dict
+
+    raw = engine_kwargs.get(ENGINE_KWARGS_KEY) if engine_kwargs else None
+    if raw is None:
+        return {}
+    raw = OmegaConf.to_container(raw, resolve=True) if OmegaConf.is_config(raw) else raw
+    if not isinstance(raw, dict):
+        raise OptionsError(f"rollout.engine_kwargs.{ENGINE_KWARGS_KEY} must be a mapping, got {raw!r}")
+    unknown = sorted(set(raw) - _ENGINE_OPTIONS)
+    if unknown:
+        raise OptionsError(
+            f"rollout.engine_kwargs.{ENGINE_KWARGS_KEY}: unknown keys {unknown}; the CPU engine takes "
+            f"{sorted(_ENGINE_OPTIONS)}"
+        )
+    return dict(raw)
+
+
 def forced_run(forced_ids: Sequence[int], cfg: SamplingConfig) -> list[int]:
     """The forced ids this request emits: cut at ``max_tokens``, and just after the first stop id (it ends the
     turn)."""
@@ -342,10 +385,12 @@ class CPUGenerationServer:
         force_text: str | None = None,
         force_every_turn: bool = False,
         prefix_cache: bool = False,
+        faults: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """``force_text``: the TEST/DEMO hook (see the module docstring), forced on a trajectory's first turn, or on
         every turn with ``force_every_turn`` (a long-rollout benchmark: every turn a tool call). ``prefix_cache``:
-        keep the last request's keys and values for the next request that extends it (``PrefixCache``)."""
+        keep the last request's keys and values for the next request that extends it (``PrefixCache``).
+        ``faults``: TEST ONLY (cpu_faults.py), ``engine_kwargs.verl_ext_cpu.faults`` as configured."""
         from transformers import AutoTokenizer
 
         self.model = load_model(model_path)
@@ -361,8 +406,20 @@ class CPUGenerationServer:
         self.force_ids: list[int] = []
         self.force_every_turn = force_every_turn
         self.cache = PrefixCache() if prefix_cache else None
+        self.faults: tuple[Fault, ...] = parse_faults(faults)
+        self._reported = tuple(f for f in self.faults if f.kind in ("past_depth", "turn", "bf16"))
+        self._stale = frozenset().union(*(f.versions or () for f in self.faults if f.kind == "stale_weights"))
+        self._score_shift = sum(f.shift for f in self.faults if f.kind == "score_shift")
+        self._calls = CallNumbers() if any(f.kind == "turn" for f in self.faults) else None
+        self._received: list[tuple[str, torch.Tensor]] | None = None  # the last sync's weights (stale_weights)
+        self.fault_hits: dict[str, int] = {}
+        self.tokenizer: Any = None
+        if force_text or any(f.rows_containing for f in self.faults):
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        if self.faults:
+            logger.warning("verl_ext_cpu: TEST ONLY faults set, reported numbers are wrong on purpose: %s", self.faults)
         if force_text:
-            tokenizer = AutoTokenizer.from_pretrained(model_path)
+            tokenizer = self.tokenizer
             self.force_ids = tokenizer.encode(force_text, add_special_tokens=False)
             logger.warning(
                 "verl_ext_cpu: TEST/DEMO hook %s set: forcing %d tokens as %s",
@@ -408,13 +465,47 @@ class CPUGenerationServer:
                 banned_ids=self.vision.banned_ids if self.vision is not None else (),
                 prefix_cache=self.cache,
             )
+        log_probs = self._reported_logprobs(prompt_ids, result) if cfg.logprobs else None
         return TokenOutput(
             token_ids=result.token_ids,
-            log_probs=result.log_probs if cfg.logprobs else None,
+            log_probs=log_probs,
             stop_reason=result.finish_reason,
             num_preempted=0,
             extra_fields={"global_steps": self.global_steps},
         )
+
+    def _reported_logprobs(self, prompt_ids: list[int], result: Generation) -> list[float]:
+        """The logprobs this request reports: the generation's own, or with the TEST ONLY faults that select it
+        applied (the ids, counts and everything else of the output are left as sampled)."""
+        number = 0
+        if self._calls is not None:  # every call is numbered, selected or not, so later calls count right
+            number = self._calls.number(prompt_ids)
+            self._calls.remember(prompt_ids, result.token_ids, number)
+        if not self._reported:
+            return result.log_probs
+        text: list[str] = []
+
+        def prompt_text() -> str:
+            if not text:
+                text.append(self.tokenizer.decode(prompt_ids, skip_special_tokens=False))
+            return text[0]
+
+        hit = [f for f in self._reported if f.selects(self.global_steps, prompt_text)]
+        for fault in hit:
+            self.fault_hits[fault.kind] = self.fault_hits.get(fault.kind, 0) + 1
+        return perturbed(result.log_probs, len(prompt_ids), number, hit) if hit else result.log_probs
+
+    async def score(self, ids: list[int], start: int, temperature: float = 1.0) -> dict[str, Any]:
+        """The scoring path (the re-feed audit's): the logprob of each of ``ids[start:]`` after the ids before it,
+        from one prefill forward on the weights now served; ``ids`` the scored ids and ``global_steps`` the version
+        that scored them. Temperature as in generation (logits / temperature; 0 scores at 1)."""
+        ids = [int(i) for i in ids]
+        async with self.lock:
+            scores = await asyncio.to_thread(score_tokens, self.model, ids, int(start), float(temperature))
+            version = self.global_steps
+        if self._score_shift:  # TEST ONLY: a scoring path that lies
+            scores = [x + self._score_shift for x in scores]
+        return {"logprobs": scores, "ids": ids[int(start) :], "global_steps": version}
 
     def _vision_inputs(self, prompt_ids: list[int], image_data: Any) -> VisionInputs | None:
         """The request's images as model inputs (None without images); an image for a text-only model, and a prompt
@@ -432,7 +523,15 @@ class CPUGenerationServer:
         async with self.lock:
             if self.cache is not None:  # its keys and values are the old weights'
                 self.cache.clear()
-            loaded = load_weights(self.model, weights)
+            weights = list(weights)
+            if global_steps is not None and global_steps in self._stale:  # TEST ONLY: the sync is not applied
+                previous, self._received = self._received, weights
+                loaded = load_weights(self.model, previous) if previous is not None else len(weights)
+                self.fault_hits["stale_weights"] = self.fault_hits.get("stale_weights", 0) + 1
+                logger.warning("verl_ext_cpu: TEST ONLY stale_weights: sync %s not applied", global_steps)
+            else:
+                loaded = load_weights(self.model, weights)
+                self._received = weights if self._stale else None
             self.weight_syncs += 1
             if global_steps is not None:
                 self.global_steps = global_steps
@@ -449,8 +548,14 @@ class CPUGenerationServer:
         self.global_steps = global_steps
 
     async def stats(self) -> dict[str, Any]:
-        """Weight syncs, the weights' step and the forced-call ids, for tests and logs."""
-        return {"weight_syncs": self.weight_syncs, "global_steps": self.global_steps, "force_ids": len(self.force_ids)}
+        """Weight syncs, the weights' step, the forced-call ids and how often each TEST ONLY fault hit, for tests and
+        logs."""
+        return {
+            "weight_syncs": self.weight_syncs,
+            "global_steps": self.global_steps,
+            "force_ids": len(self.force_ids),
+            "fault_hits": dict(self.fault_hits),
+        }
 
     # Lifecycle calls verl's replica/checkpoint manager forward to every server. Nothing to free on CPU: the model
     # stays resident, no KV cache is kept between requests but the optional prefix cache, and a request cannot be
@@ -525,6 +630,7 @@ class CPURolloutReplica(RolloutReplica):
                 max_model_len=self.config.max_model_len,
                 seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
                 force_text=force_text,
+                faults=engine_options(getattr(self.config, "engine_kwargs", None)).get("faults"),
             )
         )
         await server.stats.remote()  # surfaces a model-loading error here rather than at the first request

@@ -23,6 +23,7 @@ from verl_ext.engines.sglang_images import (
     refusal,
 )
 from verl_ext.engines.sglang_output import build_request, forced_switch, server_class_name, token_output_fields
+from verl_ext.engines.sglang_scoring import input_scores, score_request
 
 log = logging.getLogger("verl_ext.engines")
 
@@ -107,6 +108,26 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
             global_steps=self.global_steps,
         )
         return TokenOutput(**fields)
+
+    async def score(self, ids: list[int], start: int, temperature: float = 1.0) -> dict[str, Any]:
+        """The scoring path (the re-feed audit's, sglang_scoring.py): SGLang's input logprobs of ``ids[start:]``
+        after the ids before it, from one prefill request through SGLang's own request path; ``ids`` as SGLang
+        reported them, ``global_steps`` and SGLang's ``weight_version`` the weights that scored them."""
+        from uuid import uuid4
+
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        ids = [int(i) for i in ids]
+        fields = score_request(f"verl-ext-score-{uuid4().hex}", ids, int(start), temperature)
+        output = await self.tokenizer_manager.generate_request(GenerateReqInput(**fields), None).__anext__()
+        scored_ids, logprobs = input_scores(output, len(ids) - int(start))
+        meta = output.get("meta_info") or {}
+        return {
+            "ids": scored_ids,
+            "logprobs": logprobs,
+            "global_steps": self.global_steps,
+            "weight_version": meta.get("weight_version"),
+        }
 
     async def abort_all_requests(self, reject_request: bool = False) -> None:
         """verl 0.9.1's replica calls ``abort_all_requests(reject_request=...)`` but its SGLang server takes no

@@ -6,6 +6,8 @@ It registers, cheaply (names and import paths only; the heavy modules load when 
   its audit-only twin ``verl_ext_audited_tool_agent`` (verl's stock ``tool_agent`` with the check watching), the
   gateway loop ``verl_ext_gateway_agent`` (a harness per row through the OpenAI-compatible gateway), and a
   hook that adds the ``tito/`` metrics to each step's metrics in verl's tracker;
+* the numerics view's hooks: the v0 and v1 trainers' old-logprob passes, and in bypass mode the policy losses of
+  verl's registry (verl_ext.plugin.numerics_trainer, verl_ext.plugin.numerics_loss);
 * the CPU rollout backend ``actor_rollout_ref.rollout.name=verl_ext_cpu`` (verl_ext.engines.cpu);
 * verl_ext's SGLang server for ``actor_rollout_ref.rollout.name=sglang`` (verl_ext.engines.sglang_server), used when
   the rollout runs ``verl_ext_tool_agent`` or a subclass (the rule of verl_ext.plugin.loop_routing.LoopKind); SGLang
@@ -114,6 +116,25 @@ def register_agent_loops() -> None:
 
         wrap_validate_config(module)  # verl's drivers call it before ray.init: verl_ext's options are checked there
 
+    def hook_numerics(installer: str) -> Any:
+        def hook(module: Any) -> None:
+            import importlib
+
+            owner, name = installer.rsplit(".", 1)
+            getattr(importlib.import_module(owner), name)(module)
+
+        return hook
+
+    # the trainer's logprobs beside the engine's: the trainers' old-logprob passes in the driver; in bypass mode the
+    # policy loss on the FSDP ranks (each hook's module says why it sits there)
+    for module_name, installer in (
+        ("verl.trainer.ppo.ray_trainer", "verl_ext.plugin.numerics_trainer.install_v0"),
+        ("verl.trainer.ppo.v1.trainer_base", "verl_ext.plugin.numerics_trainer.install_v1"),
+        ("verl.trainer.ppo.core_algos", "verl_ext.plugin.numerics_loss.install_registry"),
+        ("verl.workers.utils.losses", "verl_ext.plugin.numerics_loss.install_micro_batch_channel"),
+        ("verl.workers.engine.base", "verl_ext.plugin.numerics_loss.install_update_marker"),
+    ):
+        when_imported(module_name, hook_numerics(installer))
     when_imported("verl.experimental.agent_loop.agent_loop", add_loop)
     when_imported("verl.utils.tracking", hook_tracking)
     when_imported("verl.utils.config", hook_validate_config)

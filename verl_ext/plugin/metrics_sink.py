@@ -129,7 +129,8 @@ def warn_if_bypassed(metrics: Mapping[str, float], step: Any) -> None:
 
 
 def install_tracking_hook(tracking_module: Any) -> None:
-    """Wrap ``Tracking.log`` so each step's metrics include the tito/ metrics of the rollouts since the last step."""
+    """Wrap ``Tracking.log`` so each step's metrics include the tito/ metrics of the rollouts since the last step,
+    and the trainer's numbers of them (``tito/numerics/``, with their record lines written)."""
     tracking = tracking_module.Tracking
     if getattr(tracking.log, "_verl_ext", False):
         return
@@ -142,6 +143,14 @@ def install_tracking_hook(tracking_module: Any) -> None:
             log.exception("verl_ext: could not collect tito/ metrics for step %s", step)
             tito = {}
         warn_if_bypassed(tito, step)
+        try:  # the trainer's numbers of the step's rollouts (verl_ext.plugin.numerics_step)
+            from verl_ext.plugin.numerics_step import step_metrics
+
+            # a validation log (no training/global_step) has rollouts but, by design, no trainer numbers
+            checked = tito.get(f"{PREFIX}rollouts_checked", 0.0) if "training/global_step" in data else 0.0
+            tito.update(step_metrics(step, checked))
+        except Exception:
+            log.exception("verl_ext: could not collect tito/numerics/ metrics for step %s", step)
         return original(self, {**data, **tito} if tito else data, step, *args, **kwargs)
 
     log_with_tito._verl_ext = True  # type: ignore[attr-defined]

@@ -18,6 +18,7 @@ from typing import Any
 
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.core.errors import OptionsError
+from verl_ext.core.numerics import NumericsOptions
 from verl_ext.core.option_rules import choice, reject_unknown
 from verl_ext.plugin.harness_options import HarnessOptions
 
@@ -56,6 +57,8 @@ class LoopOptions:
     extra_stop_tokens: tuple[str, ...] = ()  # stop tokens the engine is configured with beyond the template's
     agent_name_column: AgentNameColumn = AgentNameColumn.SWITCH
     harness: HarnessOptions = field(default_factory=HarnessOptions)
+    # The numerics view's thresholds and depth buckets (verl_ext.core.numerics; docs/numerics.md justifies them)
+    numerics: NumericsOptions = field(default_factory=NumericsOptions)
 
     @classmethod
     def from_sources(cls, *sources: Mapping[str, Any] | None) -> LoopOptions:
@@ -113,6 +116,7 @@ class LoopOptions:
                 "verl_ext.agent_name_column", AgentNameColumn, options.get("agent_name_column", d.agent_name_column)
             ),
             harness=HarnessOptions.from_mapping(options.get("harness")),  # its keys and rules live in HarnessOptions
+            numerics=_numerics(options.get("numerics")),
         )
 
 
@@ -125,7 +129,31 @@ _KNOWN: dict[str, set[str]] = {
     "check": {f.name for f in fields(CheckPolicy)},
     "records": {f.name for f in fields(RecordsOptions)},
     "harness": {f.name for f in fields(HarnessOptions)},
+    "numerics": {f.name for f in fields(NumericsOptions)},
 }
+
+
+def _numerics(section: Any) -> NumericsOptions:
+    """``verl_ext.numerics``: ``NumericsOptions.problems`` owns the rules; the first problem is the error."""
+    if section is None:
+        return NumericsOptions()
+    if not isinstance(section, Mapping):
+        raise OptionsError(
+            f"verl_ext.numerics must be a mapping of options (or null for the defaults), got {section!r}; set "
+            "single keys, e.g. verl_ext.numerics.drift_mean_abs_delta=0.05"
+        )
+    reject_unknown("verl_ext.numerics", section, _KNOWN["numerics"])
+    d = _DEFAULTS.numerics
+    edges = section.get("depth_edges", d.depth_edges)
+    options = NumericsOptions(
+        depth_edges=tuple(edges) if isinstance(edges, list | tuple) else edges,
+        drift_mean_abs_delta=section.get("drift_mean_abs_delta", d.drift_mean_abs_delta),
+        token_abs_delta=section.get("token_abs_delta", d.token_abs_delta),
+    )
+    problems = options.problems("verl_ext.numerics")
+    if problems:
+        raise OptionsError(problems[0])
+    return NumericsOptions(options.depth_edges, float(options.drift_mean_abs_delta), float(options.token_abs_delta))
 
 
 def _not_a_mapping(value: Any) -> str:

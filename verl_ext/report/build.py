@@ -12,17 +12,18 @@ from verl_ext.check.findings import FailureKind
 from verl_ext.core.errors import MissingFileError
 from verl_ext.report.audit import audit_view
 from verl_ext.report.examples import worst_examples
-from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
+from verl_ext.report.fixes import NUMERICS_FIX, SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
 from verl_ext.report.forks import forked_sessions
 from verl_ext.report.html import render
 from verl_ext.report.listing import filter_options, rollout_rows
 from verl_ext.report.load import Records, RolloutRef, load_records, revalidated_records
 from verl_ext.report.loops import Loop, loop_of
+from verl_ext.report.numerics import drift_examples, numerics_section, rollout_numbers, run_absent
 from verl_ext.report.plots import findings_over_steps
 from verl_ext.report.summary import Summary, summarize
 from verl_ext.report.thumbnails import ThumbnailCounts, ThumbnailShelf, thumbnail_counts
 from verl_ext.report.tokens import Decode
-from verl_ext.report.verdict import verdict
+from verl_ext.report.verdict import verdict, with_numerics
 
 
 @dataclass(frozen=True)
@@ -103,9 +104,16 @@ def build_report(
         )
     if not records.profiles:
         warnings.append("the record files have no header line, so the template audit is missing")
-    shown = worst_examples(records.rollouts, decode, examples, ThumbnailShelf())
+    shelf = ThumbnailShelf()
+    shown = worst_examples(records.rollouts, decode, examples, shelf)
+    numbers = rollout_numbers(records.rollouts, records.numerics)
+    if not run_absent(records.rollouts, records.numerics):
+        shown += drift_examples(
+            records.rollouts, records.numerics, numbers, decode, len(shown) + 1, {ex.label for ex in shown}, shelf
+        )
     anchors = {ex.label: ex.anchor for ex in shown}
-    rows, rows_left_out = rollout_rows(records.rollouts, anchors)
+    numerics = numerics_section(records.rollouts, records.numerics, numbers, anchors)
+    rows, rows_left_out = rollout_rows(records.rollouts, anchors, None if numerics.absent else numbers)
     sessions, sessions_left_out = forked_sessions(records.rollouts, anchors)
     images = thumbnail_counts(records.rollouts)
     kinds = [k.value for k in FailureKind] + sorted(set(summary.engine_failure_kinds) - {k.value for k in FailureKind})
@@ -114,7 +122,8 @@ def build_report(
         "report.html.j2",
         files=records.files,
         summary=summary,
-        verdict=verdict(summary, cause_fixes, engine_fixes),
+        verdict=with_numerics(verdict(summary, cause_fixes, engine_fixes), numerics),
+        numerics=numerics,
         plot=findings_over_steps(summary, {r.cause for r in summary.causes if not r.is_defect}),
         examples=shown,
         rows=rows,
@@ -129,6 +138,7 @@ def build_report(
         engine_fix=engine_fix,
         truncation_fix=TRUNCATION_FIX,
         skipped_fix=SKIPPED_FIX,
+        numerics_fix=NUMERICS_FIX,
         audits=[audit_view(p, decode) for p in records.profiles],
         warnings=warnings,
         images=images,

@@ -7,6 +7,7 @@ import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from verl_ext.check.numerics_verdict import TwoPartVerdict
 from verl_ext.check.record import RecordedCheck, RecordedFailure, RecordedFinding
 from verl_ext.report.load import RolloutRef
 from verl_ext.report.loops import Loop, loop_of
@@ -27,6 +28,7 @@ class Example:
     defects: int
     why: str = ""  # why a rollout that is not among the worst is shown (e.g. for its images)
     loop: Loop = Loop.UNKNOWN  # the loop that wrote it: its findings' fixes are that loop's
+    numbers: TwoPartVerdict | None = None  # the two-part verdict, for a rollout shown because its numbers drift
 
     @property
     def anchor(self) -> str:

@@ -108,3 +108,11 @@ def engine_fix(kind: str, loop: Loop = Loop.UNKNOWN) -> str:
     """The one-line fix for an engine-view failure kind on a record ``loop`` wrote (a generic one for a kind this
     version does not know)."""
     return fix_for(ENGINE_FIXES.get(kind, GENERIC_FIX), kind, loop)
+
+
+NUMERICS_FIX = (
+    "Find where it starts (the Numerics section: depth, turn, step). Drift growing with depth points at long-context "
+    "attention or position handling in one of the two (kernels, RoPE scaling); one turn or one step at a weight sync "
+    "(the engine serving other weights); a flat offset at precision (bf16 against fp32). Make the two sides agree "
+    "before trusting the importance ratio and KL: docs/numerics.md."
+)

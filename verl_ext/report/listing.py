@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from verl_ext.check.numerics_verdict import TwoPartVerdict
 from verl_ext.report.examples import severity
 from verl_ext.report.forks import GatewayBranch, gateway_branch
 from verl_ext.report.load import RolloutRef
@@ -28,6 +29,7 @@ class RolloutRow:
     skipped: bool
     example: str | None  # anchor of its token-by-token view, when the page has one
     gateway: GatewayBranch | None = None  # its gateway session and branch (a fork's cause), for a gateway rollout
+    numbers: TwoPartVerdict | None = None  # the two-part verdict's numbers half (None: the page has no numerics)
 
     @property
     def filter_keys(self) -> tuple[str, ...]:
@@ -38,7 +40,8 @@ class RolloutRow:
         keys += ["truncated"] if self.lost_sampled_tokens else []
         keys += ["skipped"] if self.skipped else []
         fork = ["fork"] if self.gateway is not None and self.gateway.fork is not None else []
-        return (*(keys or ["clean"]), *fork)
+        drift = ["numbers drift"] if self.numbers is not None and self.numbers.numbers == "drift" else []
+        return (*(keys or ["clean"]), *fork, *drift)
 
     @property
     def status(self) -> str:
@@ -48,9 +51,11 @@ class RolloutRow:
         return "bad" if self.defect_causes else ("warn" if self.lost_sampled_tokens or self.skipped else "good")
 
 
-def rollout_rows(rollouts: Sequence[RolloutRef], examples: Mapping[str, str]) -> tuple[list[RolloutRow], int]:
+def rollout_rows(
+    rollouts: Sequence[RolloutRef], examples: Mapping[str, str], numbers: Mapping[str, TwoPartVerdict] | None = None
+) -> tuple[list[RolloutRow], int]:
     """Rows worst first (ties in file order) and how many were left out past ``LIST_LIMIT``.
-    ``examples``: rollout label -> anchor of its example."""
+    ``examples``: rollout label -> anchor of its example; ``numbers``: rollout label -> its two-part verdict."""
     ranked = sorted(rollouts, key=lambda r: tuple(-x for x in severity(r)))
     rows = []
     for ref in ranked[:LIST_LIMIT]:
@@ -72,6 +77,7 @@ def rollout_rows(rollouts: Sequence[RolloutRef], examples: Mapping[str, str]) ->
                 skipped=bool(check.template_view_skipped),
                 example=examples.get(ref.label),
                 gateway=gateway_branch(ref),
+                numbers=(numbers or {}).get(ref.label),
             )
         )
     return rows, max(0, len(ranked) - LIST_LIMIT)

@@ -6,13 +6,14 @@ import dataclasses
 import os
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from verl_ext.check.numerics_record import NumericsIndex
 from verl_ext.check.record import HeaderProfile, RolloutRecord
 from verl_ext.check.revalidate import revalidated
 from verl_ext.core.replay import RecordError
-from verl_ext.telemetry.records import read_records
+from verl_ext.telemetry.records import read_record_files
 
 
 @dataclass(frozen=True)
@@ -38,11 +39,13 @@ class RolloutRef:
 
 @dataclass(frozen=True)
 class Records:
-    """Record files read: their names, the distinct template profiles of their headers, every rollout."""
+    """Record files read: their names, the distinct template profiles of their headers, every rollout, and the
+    numerics lines of every file joined by rollout id (the driver writes them to a file of its own)."""
 
     files: tuple[str, ...]
     profiles: tuple[HeaderProfile, ...]  # distinct template profiles from the headers, by fingerprint
     rollouts: tuple[RolloutRef, ...]
+    numerics: NumericsIndex = field(default_factory=NumericsIndex, compare=False)
 
 
 def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
@@ -51,21 +54,30 @@ def load_records(paths: Sequence[str | os.PathLike[str]]) -> Records:
     no rollout (an empty report would look like a clean run)."""
     profiles: dict[str, HeaderProfile] = {}
     rollouts: list[RolloutRef] = []
+    numerics = NumericsIndex()
     for path in paths:
         # One file at a time, so each rollout keeps its file and position.
-        headers, records = read_records([path])
-        for h in headers:
+        files = read_record_files([path])
+        for h in files.headers:
             if h.template_profile:
                 profiles.setdefault(h.fingerprint, h.profile)
-        rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(records, 1)]
+        rollouts += [RolloutRef(str(path), i, r) for i, r in enumerate(files.rollouts, 1)]
+        for line in files.numerics:
+            try:
+                numerics.add(line)
+            except RecordError as exc:
+                raise RecordError(f"{path}: {exc}") from None
     rollouts = _named_by_session(rollouts)
     if not rollouts:
         names = ", ".join(str(p) for p in paths)
+        only = (
+            f" ({numerics.lines} numerics lines: the trainer's numbers, which join rollouts)" if numerics.lines else ""
+        )
         raise RecordError(
-            f"no rollout records in {names}; pass the JSONL files the consistency check writes "
+            f"no rollout records in {names}{only}; pass the JSONL files the consistency check writes "
             '(lines with "type": "rollout"), not only their headers'
         )
-    return Records(tuple(str(p) for p in paths), tuple(profiles.values()), tuple(rollouts))
+    return Records(tuple(str(p) for p in paths), tuple(profiles.values()), tuple(rollouts), numerics)
 
 
 def session_name(record: RolloutRecord) -> str:

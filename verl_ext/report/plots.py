@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import io
+import math
 import re
+from typing import TYPE_CHECKING
 
 import matplotlib
 
@@ -11,9 +13,13 @@ matplotlib.use("Agg")  # headless: the report is built on training hosts and in 
 
 import matplotlib.pyplot as plt  # noqa: E402
 from markupsafe import Markup  # noqa: E402
+from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause  # noqa: E402
 from verl_ext.report.summary import Summary  # noqa: E402
+
+if TYPE_CHECKING:
+    from verl_ext.report.numerics import NumericsSection
 
 _BY_DESIGN = {c.value for c in ALLOWED_BY_DESIGN}
 
@@ -109,4 +115,74 @@ def findings_over_steps(summary: Summary, allowed: set[str]) -> Markup:
         bottom.set_xlabel("training step")
         if len(steps) <= 40:
             bottom.set_xticks(steps)
+        return _svg(fig)
+
+
+NUMERICS_FLOOR = 1e-16  # a mean |Δ| of exactly 0 (bit-identical numbers) is drawn here on the log axis
+NUMERICS_STEP_LINES = 10  # steps drawn as lines in the depth and turn panels (evenly picked, first and last kept)
+THRESHOLD_COLOR = "#d62728"
+
+
+def _picked_steps(steps: list[int]) -> list[int]:
+    if len(steps) <= NUMERICS_STEP_LINES:
+        return steps
+    picks = {steps[round(k * (len(steps) - 1) / (NUMERICS_STEP_LINES - 1))] for k in range(NUMERICS_STEP_LINES)}
+    return sorted(picks)
+
+
+def _floored(values: list[float | None]) -> tuple[list[float], bool]:
+    """Values for the log axis (None: not drawn, NaN) and whether a 0 was raised to the floor."""
+    out, floored = [], False
+    for v in values:
+        if v is None:
+            out.append(math.nan)
+        elif v < NUMERICS_FLOOR:
+            out.append(NUMERICS_FLOOR)
+            floored = True
+        else:
+            out.append(v)
+    return out, floored
+
+
+def numerics_plot(section: NumericsSection) -> Markup:
+    """Three panels, mean |trainer − engine logprob| on a log axis with the drift threshold dashed: by depth bucket
+    (a line per step), by turn (a line per step), and over the steps."""
+    steps = list(section.steps)
+    picked = _picked_steps(steps)
+    thr = section.options.drift_mean_abs_delta
+    cmap = plt.get_cmap("viridis")
+    floored_any = False
+    with plt.rc_context(_STYLE):
+        fig, (top, middle, bottom) = plt.subplots(3, 1, figsize=(10, 8.2), gridspec_kw={"hspace": 0.55})
+        for k, step in enumerate(picked):
+            color = cmap(0.85 * k / max(1, len(picked) - 1))
+            ys, f1 = _floored(list(section.depth_by_step[step]))
+            top.plot(range(len(ys)), ys, marker="o", markersize=4, color=color, label=f"step {step}")
+            turns = section.turn_by_step[step]
+            ys, f2 = _floored([turns.get(t) for t in sorted(turns)])
+            middle.plot(sorted(turns), ys, marker="o", markersize=4, color=color, label=f"step {step}")
+            floored_any |= f1 or f2
+        top.set_xticks(range(len(section.depth_labels)), section.depth_labels, rotation=20, fontsize=9)
+        top.set_title("mean |Δ| by context depth (tokens, prompt included)", loc="left", fontsize=11)
+        top.set_xlabel("depth bucket")
+        middle.set_title("mean |Δ| by turn (engine call, from 0)", loc="left", fontsize=11)
+        middle.set_xlabel("turn")
+        middle.xaxis.get_major_locator().set_params(integer=True)
+        ys, f3 = _floored([section.overall_by_step.get(s) for s in steps])
+        floored_any |= f3
+        bottom.plot(steps, ys, marker="s" if len(steps) <= 40 else None, color="#1f5fbf", label="all tokens")
+        bottom.set_title("mean |Δ| per training step", loc="left", fontsize=11)
+        bottom.set_xlabel("training step")
+        if len(steps) <= 40:
+            bottom.set_xticks(steps)
+        for ax in (top, middle, bottom):
+            ax.set_yscale("log")
+            # plain tick text: the style turns mathtext off (record text must never be read as math)
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}".replace("e-0", "e-")))
+            ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+            ax.axhline(thr, color=THRESHOLD_COLOR, linestyle="--", linewidth=1.4, label=f"drift threshold {thr:g}")
+            ax.set_ylabel("nats")
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+        if floored_any:
+            fig.text(0.01, 0.005, f"a mean |Δ| of 0 (identical numbers) is drawn at {NUMERICS_FLOOR:g}", fontsize=9)
         return _svg(fig)

@@ -8,7 +8,7 @@ named), so a 200k-token turn costs the page a few lines, not tens of megabytes.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
 from verl_ext.check.record import RolloutRecord
@@ -38,6 +38,7 @@ class Token:
     finding: int | None = None  # number of the finding over it (defects win over allowed findings)
     defect: bool = False
     failure: str | None = None  # engine-view failure kind at this position
+    drift: bool = False  # a trained token in a turn or depth bucket whose numbers drift (the numerics view)
 
     @property
     def title(self) -> str:
@@ -51,6 +52,8 @@ class Token:
             parts.append(f"finding {self.finding}")
         if self.failure:
             parts.append(f"ENGINE VIEW FAILURE: {self.failure}")
+        if self.drift:
+            parts.append("numbers drift here (trainer vs engine logprob)")
         return " · ".join(parts)
 
 
@@ -66,6 +69,7 @@ class Marker:
     failure: bool = False
     # Where an image's placeholder run starts (not a finding): the image and its thumbnail.
     image: ImageMark | None = None
+    drift: bool = False  # where the numbers' drift starts (the numerics view), not a finding
 
 
 @dataclass(frozen=True)
@@ -103,10 +107,19 @@ class Fold:
 Item = Token | Marker | Fold
 
 
-def token_view(record: RolloutRecord, decode: Decode, thumbnails: Thumbnails | None = None) -> list[Item]:
+def token_view(
+    record: RolloutRecord,
+    decode: Decode,
+    thumbnails: Thumbnails | None = None,
+    drift: Collection[int] = (),
+    drift_start: Marker | None = None,
+    drift_at: int | None = None,
+) -> list[Item]:
     """The record's stream as tokens, finding and failure markers, and folds (module docstring). Each token's turn
     is the record's ``turn_of``; tokens of the first prompt show none (-1). ``thumbnails``: each image's thumbnail,
-    shown beside its placeholder run (None: the marks name the images without one)."""
+    shown beside its placeholder run (None: the marks name the images without one). ``drift``: positions of the
+    trained tokens whose numbers drift, coloured; ``drift_start``: a marker placed (and always shown) at position
+    ``drift_at``, where the numbers' drift starts."""
     ids = record.input_ids
     n = len(ids)
     kinds = record.kinds  # one per stream token (the loader pads or cuts them to the stream)
@@ -119,7 +132,11 @@ def token_view(record: RolloutRecord, decode: Decode, thumbnails: Thumbnails | N
 
     # Tokens near where a finding starts or ends, or where the engine view failed, are always shown; runs of
     # other tokens (inside a long finding too) are folded. Tokens are built only where shown.
+    if drift_start is not None and drift_at is not None and 0 <= drift_at < n:
+        markers.setdefault(drift_at, []).append(drift_start)
     loud = set(markers) | set(failed) | images
+    if drift_at is not None:
+        loud.update(range(max(0, drift_at - FOLD_EDGE), min(n, drift_at + FOLD_EDGE)))
     for f in record.check.findings:
         for edge in f.stream:
             loud.update(range(max(0, edge - FOLD_EDGE), min(n, edge + FOLD_EDGE)))
@@ -136,6 +153,7 @@ def token_view(record: RolloutRecord, decode: Decode, thumbnails: Thumbnails | N
             finding=owner[p][0] if p in owner else None,
             defect=owner.get(p, (0, False))[1],
             failure=failed.get(p),
+            drift=p in drift,
         )
 
     return _folded(n, loud, markers, kinds, token)

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from verl_ext.report.fixes import SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
+from verl_ext.report.fixes import NUMERICS_FIX, SKIPPED_FIX, TRUNCATION_FIX, cause_fix, engine_fix
 from verl_ext.report.summary import Summary
+
+if TYPE_CHECKING:
+    from verl_ext.report.numerics import NumericsSection
 
 
 @dataclass(frozen=True)
@@ -94,3 +98,24 @@ def verdict(
             "and every difference from the chat template is allowed by design"
         )
     return Verdict(level, headline, tuple(actions))
+
+
+def with_numerics(v: Verdict, numerics: NumericsSection) -> Verdict:
+    """The page's verdict with the numbers half: rollouts whose numbers drift are an action (warn), and a page whose
+    tokens are all clear says the numbers are not."""
+    if numerics.absent or not numerics.drift_rollouts:
+        return v
+    n = numerics.drift_rollouts
+    text = (
+        f"numbers: {_n(n, 'rollout')} of {numerics.measured} measured drift (the trainer's logprob of a sampled "
+        f"token differs from the engine's by a mean |Δ| past {numerics.options.drift_mean_abs_delta:g} in a turn or "
+        "depth bucket)"
+    )
+    actions = (*v.actions, Action("warn", text, NUMERICS_FIX, "numerics"))
+    if v.level != "good":
+        return Verdict(v.level, v.headline, actions)
+    headline = (
+        f"Tokens are consistent, but the numbers drift in {_n(n, 'rollout')}: the trainer's logprobs are not the "
+        "engine's there (see Numerics)"
+    )
+    return Verdict("warn", headline, actions)

@@ -2,7 +2,9 @@
 
 Each process writes its own file (``<prefix>-<host>-<pid>.jsonl``), so Ray workers never interleave lines.
 A file starts with a header line (``"type": "header"``: the template profile); records follow
-(``"type": "rollout"``). Every line carries ``"version"``: the record schema version (``SCHEMA_VERSION``). Lines
+(``"type": "rollout"``), and, from schema version 6, the trainer's numbers of a rollout as a line of their own
+(``"type": "numerics"``, keyed by ``rollout_id``: ``numerics_record``; the trainer's driver writes them to its own
+file, after the rollout's line). Every line carries ``"version"``: the record schema version (``SCHEMA_VERSION``). Lines
 are strict JSON: a float that is not finite (a NaN logprob) is written as the string ``"NaN"``, ``"Infinity"`` or
 ``"-Infinity"``, which the record's loader reads back as that float. When a file would exceed ``max_bytes`` it is
 rotated to ``.1``, ``.2``, ...; the oldest beyond ``max_files`` is deleted, and that deletion is logged.
@@ -18,10 +20,13 @@ import logging
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from verl_ext.check.numerics_record import NumericsRecord
 from verl_ext.check.record import SCHEMA_VERSION, RecordHeader, RolloutRecord, json_safe
+from verl_ext.core.numerics import NumericsOptions, RolloutNumerics
 from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.replay import RecordError, read_json_lines
 
@@ -33,9 +38,18 @@ def header_record(profile: TemplateProfile) -> RecordHeader:
     return RecordHeader(SCHEMA_VERSION, profile.to_dict())
 
 
-def to_json_line(record: RolloutRecord | RecordHeader | Mapping[str, Any]) -> str:
+def numerics_record(numerics: RolloutNumerics, options: NumericsOptions) -> NumericsRecord:
+    """The ``numerics`` line of one rollout's summaries (``summarize_rollout`` with ``options``), for
+    ``RecordWriter.write``: appended beside the rollout's line, joined to it by ``rollout_id`` when read."""
+    return NumericsRecord.of(numerics, options)
+
+
+Line = RolloutRecord | RecordHeader | NumericsRecord
+
+
+def to_json_line(record: Line | Mapping[str, Any]) -> str:
     """One record as a strict JSON line (no bare ``NaN``): non-finite floats become strings (module docstring)."""
-    obj = record.to_json() if isinstance(record, RolloutRecord | RecordHeader) else record
+    obj = record.to_json() if isinstance(record, Line) else record
     try:
         text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except ValueError:  # a NaN or infinity somewhere: rewrite only then (the walk costs a pass over the record)
@@ -65,10 +79,10 @@ class RecordWriter:
         self.max_files = max_files
         self.dropped_files = 0
 
-    def write(self, record: RolloutRecord | Mapping[str, Any]) -> None:
-        """Append one record (a ``RolloutRecord``, or any JSON object) as a line; rotate first when it would pass
-        ``max_bytes``. Raises OSError when the folder cannot be created or the file written, TypeError for a value
-        JSON cannot hold."""
+    def write(self, record: RolloutRecord | NumericsRecord | Mapping[str, Any]) -> None:
+        """Append one record (a ``RolloutRecord``, a ``NumericsRecord``, or any JSON object) as a line; rotate first
+        when it would pass ``max_bytes``. Raises OSError when the folder cannot be created or the file written,
+        TypeError for a value JSON cannot hold."""
         data = to_json_line(record).encode("utf-8")
         self.directory.mkdir(parents=True, exist_ok=True)
         size = self.path.stat().st_size if self.path.exists() else 0
@@ -107,24 +121,41 @@ class RecordWriter:
         return self.path.with_name(f"{self.path.stem}.{n}.jsonl")
 
 
-def read_records(
-    paths: Sequence[str | os.PathLike[str]],
-) -> tuple[list[RecordHeader], list[RolloutRecord]]:
-    """(headers, rollouts) from record files, in file order; each line typed and checked field by field.
-    Raises RecordError (a ValueError) with one line naming file:line (and the key) for a malformed line, a line
-    that is not a record, a wrong type, or a schema version newer than this verl_ext reads."""
-    headers: list[RecordHeader] = []
-    rollouts: list[RolloutRecord] = []
+@dataclass(frozen=True)
+class RecordFiles:
+    """What record files hold, in file order: headers, rollouts and numerics lines."""
+
+    headers: list[RecordHeader]
+    rollouts: list[RolloutRecord]
+    numerics: list[NumericsRecord]
+
+
+def read_record_files(paths: Sequence[str | os.PathLike[str]]) -> RecordFiles:
+    """Every line of the record files, typed and checked field by field. Raises RecordError (a ValueError) with one
+    line naming file:line (and the key) for a malformed line, a line that is not a record, a wrong type, or a
+    schema version newer than this verl_ext reads."""
+    out = RecordFiles([], [], [])
     for path in paths:
         for n, obj in read_json_lines(path, "records file", hint="; is this a records file?"):
             kind = obj.get("type") if isinstance(obj, dict) else None
             if kind == "header":
-                headers.append(RecordHeader.from_json(obj, f"{path}:{n}"))
+                out.headers.append(RecordHeader.from_json(obj, f"{path}:{n}"))
             elif kind == "rollout":
-                rollouts.append(RolloutRecord.from_json(obj, f"{path}:{n}"))
+                out.rollouts.append(RolloutRecord.from_json(obj, f"{path}:{n}"))
+            elif kind == "numerics":
+                out.numerics.append(NumericsRecord.from_json(obj, f"{path}:{n}"))
             else:
-                raise RecordError(f'{path}:{n}: not a verl_ext record (no "type": "rollout" or "header")')
-    return headers, rollouts
+                raise RecordError(f'{path}:{n}: not a verl_ext record (no "type": "rollout", "numerics" or "header")')
+    return out
+
+
+def read_records(
+    paths: Sequence[str | os.PathLike[str]],
+) -> tuple[list[RecordHeader], list[RolloutRecord]]:
+    """(headers, rollouts) from record files, in file order (``read_record_files``; numerics lines are read and
+    checked, not returned)."""
+    files = read_record_files(paths)
+    return files.headers, files.rollouts
 
 
 def records_folder_problem(path: str | os.PathLike[str]) -> str | None:

@@ -97,11 +97,13 @@ def read_calls(
 ) -> CallsReading | None:
     """The message's ``calls`` (its ``tool_calls``) read against the turn's ``sampled`` and ``rendered`` texts, cut
     into blocks by ``reader`` (the reader derived from the template, as the loop reads the turn; ``types``: the tools'
-    parameter types) or, without one, by ``markers`` (``call_markers``); None without markers, or where neither the
-    message nor the sampled text holds a call block."""
-    if markers is None:
+    parameter types) or, without one, by ``markers`` (``call_markers``); None with neither, or where neither the
+    message nor the sampled text holds a call block. A reader alone (no markers) is how a template that writes all of
+    a turn's calls in one list (Mistral's ``[TOOL_CALLS] [...]``) is read: each call of the list a block, so the
+    calls are compared in order and by count as there."""
+    if markers is None and reader is None:
         return None
-    opener, closer = markers
+    opener, closer = markers or ("", "")
     wanted = [_call_parts(c) for c in calls]
     theirs = tuple(read_blocks(reader, rendered, types) if reader else _blocks(rendered, opener, closer))
     ours = list(read_blocks(reader, sampled, types) if reader else _blocks(sampled, opener, closer))

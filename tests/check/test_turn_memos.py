@@ -39,6 +39,27 @@ def test_the_shape_with_stand_in_ids_is_the_shape_with_the_message_ids(case):
         assert shapes.message_shape(r, profile, message) == own, (case, call_id)
 
 
+# Templates that write a call's id as text (as it is, and its last three characters), over Qwen3's tokenizer.
+ID_AS_TEXT = (
+    "{%- for m in messages %}{{ m.role }}: {{ m.content }}{%- for c in m.tool_calls or [] %} [id {{ c.id }}] "
+    "{{ c.function.name }} {{ c.function.arguments | tojson }}{%- endfor %}\n{%- endfor %}"
+    "{%- if add_generation_prompt %}assistant:{% endif %}"
+)
+
+
+@pytest.mark.parametrize("shown", ["c.id", "c.id[-3:]"])
+def test_an_id_the_template_writes_as_text_is_the_message_s_own(shown):
+    from verl_ext.core.rendering import ChatRenderer
+
+    base = case_renderer("qwen3")
+    r = ChatRenderer(base.tokenizer, chat_template=ID_AS_TEXT.replace("c.id", shown))
+    profile = probe_template(r)
+    message = _message("call00001", "call00002")
+    runs = shapes.message_shape(r, profile, message)
+    assert runs == shapes._shape(r, profile, shapes._masked(message))
+    assert any("001" in run for run in runs), runs  # the id is the template's text there
+
+
 def test_a_stand_in_keeps_the_id_s_length_and_kinds_of_characters():
     for call_id in IDS:
         for form in shapes._STAND_IN_FORMS:
@@ -53,7 +74,7 @@ def test_a_stand_in_keeps_the_id_s_length_and_kinds_of_characters():
 def test_an_extended_prefix_reads_as_the_whole_prefix(ends, family):
     r = case_renderer(family)
     # a stream with multi-byte characters cut across tokens, braces and spaces
-    ids = r.encode('{"a": "café 🙂 中文"}, {"b": {"c": 1}} 🙂🙂 end')
+    ids = r.encode('{"a": "café 🙂 中文 𝄞🦩"}, {"b": {"c": 1}} 🧿𝄞 end')
     rules = template_view._Rules.__new__(template_view._Rules)
     rules.r, rules.stream, rules.rendered, rules._prefixes = r, ids, ids, {}
     for b in ends:

@@ -28,6 +28,7 @@ _USER = {"role": "user", "content": "QXUSER"}
 # per template and message shape (its keys and value types, data masked): a few dozen per template in practice, but
 # a model's tool-call arguments can take new shapes all run long, so the least recently used go past 1,024
 _SHAPES: LruCache[tuple[str, str], tuple[str, ...]] = LruCache("message shapes", 1024)
+_GENERIC: LruCache[tuple[str, str], tuple[str, ...] | None] = LruCache("message shapes with stand-in ids", 1024)
 
 
 def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Mapping[str, Any]) -> tuple[str, ...]:
@@ -40,11 +41,17 @@ def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Map
     the runs (an id inside JSON, which the runs leave out, or one not rendered), and the runs are shared by every
     turn of that shape; else the message is rendered with its own ids."""
     masked = _masked(message)
-    stand_ins = [_with_stand_ins(masked, form) for form in _STAND_IN_FORMS]
-    if stand_ins and all(s is not None for s in stand_ins):
-        runs = [_shape(renderer, profile, s) for s in stand_ins if s is not None]
-        if all(r == runs[0] for r in runs):
-            return runs[0]
+    first = _with_stand_ins(masked, _STAND_IN_FORMS[0]) if _STAND_IN_FORMS else None
+    if first is not None:
+        # the answer for this shape, once per template and shape: its runs, or None where an id shows in them
+        key = (renderer.fingerprint, "stand-ins " + json.dumps(first, sort_keys=True, default=str))
+        if key not in _GENERIC:
+            runs = [_shape(renderer, profile, first)]
+            runs += [_shape(renderer, profile, _with_stand_ins(masked, form) or {}) for form in _STAND_IN_FORMS[1:]]
+            _GENERIC[key] = runs[0] if all(r == runs[0] for r in runs) else None
+        generic = _GENERIC[key]
+        if generic is not None:
+            return generic
     return _shape(renderer, profile, masked)
 
 

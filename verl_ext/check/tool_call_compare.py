@@ -133,7 +133,13 @@ def read_calls(
         at = hit + 1
     for b, block in enumerate(ours):
         if block.call is None and block.closed:
-            ours[b] = _with(block, readable=_readable(sampled[block.start : block.end], prefix, bool(wanted)))
+            # where the reader alone cuts the calls (no per-call markers: no parser of the markers read them), a call
+            # it read is a call (functionary's first call, after the ">>>" its generation prompt holds, shows no text
+            # before its name to read it by); with markers, the reader also reads calls the loop's parser cannot
+            # (``parameters`` for ``arguments``): those read by the text
+            read = markers is None and block.read is not None
+            readable = read or _readable(sampled[block.start : block.end], prefix, bool(wanted))
+            ours[b] = _with(block, readable=readable)
     dropped = next((b for b in ours if b.dropped), None)
     if dropped is not None and not detail:
         text = sampled[dropped.start : dropped.end]

@@ -131,7 +131,15 @@ def read_calls(
             continue
         ours[hit] = _with(ours[hit], call=k)
         at = hit + 1
+    # Where the reader alone cuts the calls, the calls it reads in the render beyond the message's are call text the
+    # message holds as text (its content: a loop whose parser does not read the template's format keeps it there)
+    as_text = Counter(_read_key(b.read) for b in theirs if b.read is not None) if markers is None else Counter()
+    as_text.subtract(_read_key(w) for w in wanted)
     for b, block in enumerate(ours):
+        if block.call is None and block.closed and block.read is not None and as_text[_read_key(block.read)] > 0:
+            as_text[_read_key(block.read)] -= 1
+            ours[b] = _with(block, readable=False)  # not a dropped call: the parser did not read it, the text is kept
+            continue
         if block.call is None and block.closed:
             # where the reader alone cuts the calls (no per-call markers: no parser of the markers read them), a call
             # it read is a call (functionary's first call, after the ">>>" its generation prompt holds, shows no text
@@ -145,6 +153,11 @@ def read_calls(
         text = sampled[dropped.start : dropped.end]
         detail = f"the engine sampled a tool call the message does not hold in its place: {text[:160]!r}"
     return CallsReading(not detail, detail, tuple(ours), theirs)
+
+
+def _read_key(call: tuple[str, Any]) -> str:
+    """A call (name, arguments) as one comparable text."""
+    return json.dumps(call, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def call_markers(

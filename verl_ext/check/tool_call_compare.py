@@ -117,6 +117,14 @@ def read_calls(
     by_reading = len(read) == len(wanted) and all(_read_holds(ours[b], *w) for b, w in zip(read, wanted, strict=True))
     if by_reading:  # the message holds the reader's reading, call by call (the loop took it): each call in its block
         ours = [_with(block, call=read.index(b)) if b in read else block for b, block in enumerate(ours)]
+    if markers is None and not by_reading:
+        held = [
+            any(_holds(sampled[b.start : b.end], n, a, prefix) or _read_holds(b, n, a) for b in ours) for n, a in wanted
+        ]
+        if not all(held):
+            # a call no block of the template's list holds: the loop read it in another format (verl's hermes parser
+            # on a Mistral turn), or the message changed it; the text verdict reads the turn as it did before
+            return None
     at = 0
     for k, (name, args) in enumerate(() if by_reading else wanted):
         # by its text first (the template's own keys), then by the call the reader read there (``parameters``)

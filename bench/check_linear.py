@@ -113,8 +113,11 @@ class Row:
     findings: str
 
 
-def measure(renderer: Any, profile: Any, v: Variant, turns: int, reps: int, deltas: Any, pool: Sequence[str]) -> Row:
-    """One rollout: its check and one render + encode of its messages, taking turns, fastest of ``reps`` each."""
+def measure(
+    renderer: Any, profile: Any, v: Variant, turns: int, reps: int, deltas: Any, pool: Sequence[str], clock: int = 0
+) -> Row:
+    """One rollout: its check and one render + encode of its messages, taking turns, fastest of ``reps`` each
+    (``clock``: 0 wall time, 1 process CPU time)."""
     from verl_ext.check import CheckPolicy, ConsistencyChecker
 
     rollout = templated_tool_rollout(
@@ -148,7 +151,7 @@ def measure(renderer: Any, profile: Any, v: Variant, turns: int, reps: int, delt
     if sum(counts.values()) < turns:
         raise SystemExit(f"{v.tokenizer} {v.name}: fewer findings than turns ({dict(counts)}): not the case measured")
     causes = ", ".join(f"{c}×{n}" for c, n in sorted(counts.items()))
-    return Row(v, turns, len(stream), best["check"][0], best["render"][0], causes)
+    return Row(v, turns, len(stream), best["check"][clock], best["render"][clock], causes)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -158,6 +161,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--tokenizers", default="qwen3,qwen2.5,gpt-oss,mistral-7b-v0.3")
     p.add_argument("--only", default="", help="only the variants whose name holds this text")
     p.add_argument("--result-tokens", type=int, default=150, help="tokens per tool result (bench/long_horizon.py's)")
+    p.add_argument(
+        "--cpu",
+        action="store_true",
+        help="compare process CPU time (every thread), not wall time: on a shared, loaded machine wall time is mostly "
+        "the other processes' (set TOKENIZERS_PARALLELISM=false for one thread's)",
+    )
     args = p.parse_args(argv)
     few, many = args.turns
 
@@ -166,7 +175,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from verl_ext.core.rendering import load_renderer
     from verl_ext.demo.run import shipped_tokenizers
 
-    print(f"machine: {load_note()}", flush=True)
+    print(f"machine: {load_note()}; clock: {'process CPU time' if args.cpu else 'wall time'}", flush=True)
     folders = shipped_tokenizers()
     wanted = args.tokenizers.split(",")
     chosen = [v for v in VARIANTS if v.tokenizer in wanted and args.only in v.name]
@@ -180,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = []
         for turns in (few, many):
             print(f"[{n}/{len(chosen)}] {v.tokenizer} {v.name}: {turns} turns ...", flush=True)
-            rows.append(measure(renderer, profile, v, turns, args.reps, deltas, pool))
+            rows.append(measure(renderer, profile, v, turns, args.reps, deltas, pool, int(args.cpu)))
         small, big = rows
         ratio = big.check_s / big.render_s
         growth = (big.check_s / big.turns) / (small.check_s / small.turns)

@@ -269,10 +269,6 @@ V3_LEFTOVER = (
     "renders the content without the calls, so the check excuses the turn (sampled_text_kept) and a changed, dropped "
     "or swapped call goes unreported"
 )
-NO_MARKERS = (
-    "none (known: test_mutations.KNOWN_MISSES _NO_MARKERS): Mistral writes one [TOOL_CALLS] JSON list for all calls, "
-    "no control token per call, so tool_call_compare compares the calls as a set: dropped and swapped go unreported"
-)
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
     **{
         ("spacing", f"{_CODER}:{edit}"): XML_SPACING
@@ -307,10 +303,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
         )
     },
     ("markers-in-strings", f"{_V3}:original:plain"): V3_LEFTOVER,
-    **{
-        ("mutations", f"mistral-7b-v0.3:{edit}"): NO_MARKERS
-        for edit in ("space-before-first:plain", "no-space-inside-call:plain", "no-ids:plain", "no-ids:special")
-    },
 }
 
 

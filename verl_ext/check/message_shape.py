@@ -28,12 +28,34 @@ _USER = {"role": "user", "content": "QXUSER"}
 # per template and message shape (its keys and value types, data masked): a few dozen per template in practice, but
 # a model's tool-call arguments can take new shapes all run long, so the least recently used go past 1,024
 _SHAPES: LruCache[tuple[str, str], tuple[str, ...]] = LruCache("message shapes", 1024)
+_GENERIC: LruCache[tuple[str, str], tuple[str, ...] | None] = LruCache("message shapes with stand-in ids", 1024)
 
 
 def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Mapping[str, Any]) -> tuple[str, ...]:
     """The squashed text runs the template writes for ``message`` after a user turn, each data string a slot
-    (``SLOT``); empty when the template cannot render the masked message alone. Cached per template and shape."""
+    (``SLOT``); empty when the template cannot render the masked message alone. Cached per template and shape.
+
+    Call ids differ in every turn, so the shape is rendered with stand-ins for them, twice (``_stand_in``: each
+    id's letters, digits and other characters kept as such, so a template that checks an id's length or characters
+    accepts a stand-in as it accepts the id): where the two renders' runs are the same, no part of an id shows in
+    the runs (an id inside JSON, which the runs leave out, or one not rendered), and the runs are shared by every
+    turn of that shape; else the message is rendered with its own ids."""
     masked = _masked(message)
+    first = _with_stand_ins(masked, _STAND_IN_FORMS[0]) if _STAND_IN_FORMS else None
+    if first is not None:
+        # the answer for this shape, once per template and shape: its runs, or None where an id shows in them
+        key = (renderer.fingerprint, "stand-ins " + json.dumps(first, sort_keys=True, default=str))
+        if key not in _GENERIC:
+            runs = [_shape(renderer, profile, first)]
+            runs += [_shape(renderer, profile, _with_stand_ins(masked, form) or {}) for form in _STAND_IN_FORMS[1:]]
+            _GENERIC[key] = runs[0] if all(r == runs[0] for r in runs) else None
+        generic = _GENERIC[key]
+        if generic is not None:
+            return generic
+    return _shape(renderer, profile, masked)
+
+
+def _shape(renderer: ChatRenderer, profile: TemplateProfile, masked: Mapping[str, Any]) -> tuple[str, ...]:
     key = (renderer.fingerprint, json.dumps(masked, sort_keys=True, default=str))
     if key not in _SHAPES:
         runs: tuple[str, ...] = ()
@@ -55,6 +77,37 @@ def message_shape(renderer: ChatRenderer, profile: TemplateProfile, message: Map
         _SHAPES[key] = runs
         return runs
     return _SHAPES[key]
+
+
+# Two forms of stand-in ids (``_stand_in``): the letters, upper and lower case, and the digit each writes.
+_STAND_IN_FORMS = (("jz", "0"), ("vk", "7"))
+
+
+def _stand_in(call_id: str, letters: str, digit: str) -> str:
+    """An id of ``call_id``'s form: its ASCII letters ``letters`` alternately (upper case where upper), its digits
+    ``digit``, anything else as it is: the same length and the same kinds of characters."""
+    out = []
+    for k, ch in enumerate(call_id):
+        if ch.isascii() and ch.isalpha():
+            letter = letters[k % len(letters)]
+            out.append(letter.upper() if ch.isupper() else letter)
+        elif ch.isascii() and ch.isdigit():
+            out.append(digit)
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+def _with_stand_ins(masked: Mapping[str, Any], form: tuple[str, str]) -> dict[str, Any] | None:
+    """``masked`` with every call's string id a stand-in of ``form``; None where no call has a string id."""
+    calls = masked.get("tool_calls") or ()
+    if not any(isinstance(c, Mapping) and isinstance(c.get("id"), str) for c in calls):
+        return None
+    swapped = [
+        {**c, "id": _stand_in(c["id"], *form)} if isinstance(c, Mapping) and isinstance(c.get("id"), str) else c
+        for c in calls
+    ]
+    return {**masked, "tool_calls": swapped}
 
 
 def _masked(message: Mapping[str, Any]) -> dict[str, Any]:

@@ -201,6 +201,8 @@ class _Rules:
         self._prefill_tails: dict[int | None, tuple[tuple[int, ...], ...]] = {}
         self._block_counts: dict[tuple[str, bool], tuple[int, int]] = {}  # ``_counts``
         self._calls_equal: dict[int, bool] = {}  # ``_tool_calls_equal``, per turn
+        # ``prefix``: per side and start, the prefixes read so far as (end, characters, brace depth, ends cut), by end
+        self._prefixes: dict[tuple[bool, int], list[tuple[int, int, int, bool]]] = {}
 
     def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
@@ -229,6 +231,31 @@ class _Rules:
             in_stream, a, b = span
             bisect.insort(self._decoded[in_stream], (a, b, len(self._texts)))
         self._texts[span] = text
+
+    def prefix(self, in_stream: bool, a: int, b: int) -> tuple[int, int]:
+        """(the length in characters, the count of ``{`` less the count of ``}``) of the text of ``[a, b)`` of the
+        stream (else of the render): what the rules explaining a turn's findings ask of the text from the turn's start
+        to each finding, read once per span. Where decode joins (``decode_joins``), a span extends the longest one
+        read from ``a`` before ``b`` by the text of the rest only (each finding of a turn decodes the few tokens
+        since the one before, not the turn's text up to it); else decoded whole."""
+        if b <= a:
+            return 0, 0
+        known = self._prefixes.setdefault((in_stream, a), [])
+        k = bisect.bisect_right(known, (b, float("inf")))
+        if k and known[k - 1][0] == b:
+            return known[k - 1][1], known[k - 1][2]
+        ids = self.stream if in_stream else self.rendered
+        if k and self.r.decode_joins and not known[k - 1][3]:
+            c, chars, depth, _ = known[k - 1]
+            rest = self.r.decode(ids[c:b])
+            if not rest.startswith("\ufffd"):
+                entry = (b, chars + len(rest), depth + rest.count("{") - rest.count("}"), rest.endswith("\ufffd"))
+                known.insert(k, entry)
+                return entry[1], entry[2]
+        text = self.r.decode(ids[a:b])
+        entry = (b, len(text), text.count("{") - text.count("}"), text.endswith("\ufffd"))
+        known.insert(k, entry)
+        return entry[1], entry[2]
 
     def _ids(self, span: tuple[bool, int, int]) -> Sequence[int]:
         in_stream, a, b = span
@@ -412,16 +439,19 @@ class _Rules:
 
     def call_reading(self, part: Segment) -> CallsReading | None:
         """The turn's tool calls read against its sampled and rendered text (``tool_call_compare``), once per turn;
-        None where its message has no calls or the template writes no per-call markers. The calls are located by
-        the reader the loop reads turns with (derived from the template, ``learn_call_reader``, cached), the
-        template's markers only where none is derived."""
+        None where its message has no calls, or the template writes neither per-call markers nor several calls in
+        one list. The calls are located by the reader the loop reads turns with (derived from the template,
+        ``learn_call_reader``, cached), the template's markers only where none is derived."""
         if part.turn not in self._call_readings:
             calls = (self.assistants[part.turn].get("tool_calls") if part.turn < len(self.assistants) else None) or []
             sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
-            # A template that cannot render two calls in a message has no markers known: its turns keep the verdict
-            # of ``sampled_text`` alone (GPT-OSS: one call per message, its name outside the texts around the call).
+            # A template that writes no per-call markers but several calls in one list (Mistral's one [TOOL_CALLS]
+            # JSON list: the list is ordered) is read by its reader alone. One that cannot render two calls in a
+            # message keeps the verdict of ``sampled_text`` alone (GPT-OSS: one call per message).
             markers = _call_markers(self.r, self.profile)
-            reader = learn_call_reader(self.r, self.profile).reader if markers else None
+            reader = learn_call_reader(self.r, self.profile).reader
+            if reader is not None and markers is None and not reader.form.several:
+                reader = None
             self._call_readings[part.turn] = read_calls(
                 sampled, rendered, calls, markers, reader, self._parameter_types
             )
@@ -441,7 +471,7 @@ class _Rules:
         call = self.loc.calls[part.turn]
         start = call.output_start
         first = start if d.i1 < start and self._in_prefill(d, start) else d.i1
-        at = len(self.r.decode(self.stream[part.i1 : max(first, part.i1)]))
+        at = self.prefix(True, part.i1, max(first, part.i1))[0]
         at += len(os.path.commonprefix([d.ds, d.dr])) if first == d.i1 else 0
         blocks = [b for b in reading.sampled if b.closed or b.call is not None]
         after = [i for i in self.stream[d.i2 : call.output_end] if i not in self.turn_ends]
@@ -468,8 +498,8 @@ class _Rules:
         start = self.loc.calls[part.turn].output_start
         # the generation prompt's pre-fill before the output (an empty think block) is the prompt's, not the message's
         first = start if d.i1 < start and self._in_prefill(d, start) else d.i1
-        a, b = (len(self.r.decode(self.stream[part.i1 : i])) for i in (max(first, part.i1), max(d.i2, part.i1)))
-        ra, rb = (len(self.r.decode(self.rendered[part.j1 : j])) for j in (max(d.j1, part.j1), max(d.j2, part.j1)))
+        a, b = (self.prefix(True, part.i1, i)[0] for i in (max(first, part.i1), max(d.i2, part.i1)))
+        ra, rb = (self.prefix(False, part.j1, j)[0] for j in (max(d.j1, part.j1), max(d.j2, part.j1)))
         hit = [x for x in reading.sampled if x.start <= b and a <= x.end and (x.closed or x.call is not None)]
         outside = _only_blocks(sampled, a, b, reading.sampled) and _only_blocks(rendered, ra, rb, reading.rendered)
         if not hit or not outside:
@@ -707,8 +737,10 @@ class _Rules:
 
     def _inside_json(self, turn: int, position: int) -> bool:
         """The divergence starts inside a JSON object of the sampled text (or at its opening brace)."""
-        before = self.r.decode(self.stream[self.loc.calls[turn].output_start : position])
-        return before.count("{") > before.count("}") or self.r.decode(self.stream[position : position + 1]) == "{"
+        return (
+            self.prefix(True, self.loc.calls[turn].output_start, position)[1] > 0
+            or self.r.decode(self.stream[position : position + 1]) == "{"
+        )
 
     def _tool_calls_equal(self, turn: int) -> bool:
         """The turn's tool-call JSON objects parse equal on both sides (only their text differs); read once per turn

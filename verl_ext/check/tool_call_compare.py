@@ -97,11 +97,13 @@ def read_calls(
 ) -> CallsReading | None:
     """The message's ``calls`` (its ``tool_calls``) read against the turn's ``sampled`` and ``rendered`` texts, cut
     into blocks by ``reader`` (the reader derived from the template, as the loop reads the turn; ``types``: the tools'
-    parameter types) or, without one, by ``markers`` (``call_markers``); None without markers, or where neither the
-    message nor the sampled text holds a call block."""
-    if markers is None:
+    parameter types) or, without one, by ``markers`` (``call_markers``); None with neither, or where neither the
+    message nor the sampled text holds a call block. A reader alone (no markers) is how a template that writes all of
+    a turn's calls in one list (Mistral's ``[TOOL_CALLS] [...]``) is read: each call of the list a block, so the
+    calls are compared in order and by count as there."""
+    if markers is None and reader is None:
         return None
-    opener, closer = markers
+    opener, closer = markers or ("", "")
     wanted = [_call_parts(c) for c in calls]
     theirs = tuple(read_blocks(reader, rendered, types) if reader else _blocks(rendered, opener, closer))
     ours = list(read_blocks(reader, sampled, types) if reader else _blocks(sampled, opener, closer))
@@ -115,6 +117,14 @@ def read_calls(
     by_reading = len(read) == len(wanted) and all(_read_holds(ours[b], *w) for b, w in zip(read, wanted, strict=True))
     if by_reading:  # the message holds the reader's reading, call by call (the loop took it): each call in its block
         ours = [_with(block, call=read.index(b)) if b in read else block for b, block in enumerate(ours)]
+    if markers is None and not by_reading:
+        held = [
+            any(_holds(sampled[b.start : b.end], n, a, prefix) or _read_holds(b, n, a) for b in ours) for n, a in wanted
+        ]
+        if not all(held):
+            # a call no block of the template's list holds: the loop read it in another format (verl's hermes parser
+            # on a Mistral turn), or the message changed it; the text verdict reads the turn as it did before
+            return None
     at = 0
     for k, (name, args) in enumerate(() if by_reading else wanted):
         # by its text first (the template's own keys), then by the call the reader read there (``parameters``)
@@ -129,14 +139,33 @@ def read_calls(
             continue
         ours[hit] = _with(ours[hit], call=k)
         at = hit + 1
+    # Where the reader alone cuts the calls, the calls it reads in the render beyond the message's are call text the
+    # message holds as text (its content: a loop whose parser does not read the template's format keeps it there)
+    as_text = Counter(_read_key(b.read) for b in theirs if b.read is not None) if markers is None else Counter()
+    as_text.subtract(_read_key(w) for w in wanted)
     for b, block in enumerate(ours):
+        if block.call is None and block.closed and block.read is not None and as_text[_read_key(block.read)] > 0:
+            as_text[_read_key(block.read)] -= 1
+            ours[b] = _with(block, readable=False)  # not a dropped call: the parser did not read it, the text is kept
+            continue
         if block.call is None and block.closed:
-            ours[b] = _with(block, readable=_readable(sampled[block.start : block.end], prefix, bool(wanted)))
+            # where the reader alone cuts the calls (no per-call markers: no parser of the markers read them), a call
+            # it read is a call (functionary's first call, after the ">>>" its generation prompt holds, shows no text
+            # before its name to read it by); with markers, the reader also reads calls the loop's parser cannot
+            # (``parameters`` for ``arguments``): those read by the text
+            read = markers is None and block.read is not None
+            readable = read or _readable(sampled[block.start : block.end], prefix, bool(wanted))
+            ours[b] = _with(block, readable=readable)
     dropped = next((b for b in ours if b.dropped), None)
     if dropped is not None and not detail:
         text = sampled[dropped.start : dropped.end]
         detail = f"the engine sampled a tool call the message does not hold in its place: {text[:160]!r}"
     return CallsReading(not detail, detail, tuple(ours), theirs)
+
+
+def _read_key(call: tuple[str, Any]) -> str:
+    """A call (name, arguments) as one comparable text."""
+    return json.dumps(call, sort_keys=True, ensure_ascii=False, default=str)
 
 
 def call_markers(

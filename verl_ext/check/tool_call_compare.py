@@ -32,6 +32,7 @@ text, a JSON object right after an opener read whole (its strings' markers are t
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import json
 import re
@@ -119,7 +120,12 @@ def read_calls(
     for k, (name, args) in enumerate(() if by_reading else wanted):
         # by its text first (the template's own keys), then by the call the reader read there (``parameters``)
         hit = next(
-            (b for b in range(at, len(ours)) if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix)), None
+            (
+                b
+                for b in range(at, len(ours))
+                if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix) and _same_keys(ours[b], args)
+            ),
+            None,
         )
         if hit is None:
             hit = next((b for b in range(at, len(ours)) if _read_holds(ours[b], name, args)), None)
@@ -261,6 +267,13 @@ def _read_holds(block: Block, name: str, args: Any) -> bool:
     return block.read is not None and block.read[0] == name and same_value(block.read[1], args)
 
 
+def _same_keys(block: Block, args: Any) -> bool:
+    """The message's call has every argument the reader read in the block (a parameter the message dropped is not
+    held: ``_holds`` finds each argument the message has, never one it lacks); true where the reader read none."""
+    read = block.read[1] if block.read is not None else None
+    return not isinstance(read, Mapping) or not isinstance(args, Mapping) or read.keys() <= args.keys()
+
+
 def _blocks(text: str, opener: str, closer: str) -> list[Block]:
     """The call blocks of ``text``: from each opener to the closer after it (closed), or to the next opener or the
     end (not closed). A JSON value right after the opener is read whole: a marker inside its strings is text."""
@@ -379,9 +392,13 @@ def _readings(block: str, i: int) -> list[Any]:
     raw = rest.split("<", 1)[0]
     inner = raw[1:] if raw.startswith("\n") else raw
     inner = inner[:-1] if inner.endswith("\n") else inner
-    out += [raw, inner, raw.strip()]
+    # a value the response length cut (``1+2\n</parameter``): a parser reads the rest of the text as the value
+    out += [raw, inner, raw.strip(), rest, rest[1:] if rest.startswith("\n") else rest]
     with contextlib.suppress(json.JSONDecodeError):
         out.append(json.loads(raw.strip()))
+    # a template writing values with ``|string`` writes Python's text for them (``True``, ``None``, ``{'a': 1}``)
+    with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        out.append(ast.literal_eval(raw.strip()))
     return out
 
 

@@ -129,6 +129,16 @@ def test_an_xml_value_cut_by_the_response_length_holds_the_text_sampled():
     assert not read_calls(sampled, rendered, [call("calc", k="1+3\n</parameter")], markers).holds
 
 
+def test_an_xml_value_holding_tag_text_holds_it_as_sampled():
+    """A raw XML value cannot escape a tag inside it: ``see <b>x</b> here`` is the value as sampled (on real turns the
+    derived reader's blocks keep a call marker inside a value too: ``test_template_variants``)."""
+    rendered = "<seed:tool_call><function=calc><parameter=k>see <b>x</b> here</parameter></function></seed:tool_call>"
+    sampled = "<seed:tool_call><function=calc>\n<parameter=k>see <b>x</b> here</parameter></function></seed:tool_call>"
+    assert read_calls(sampled, rendered, [call("calc", k="see <b>x</b> here")], SEED).holds
+    assert not read_calls(sampled, rendered, [call("calc", k="see <b>x</b> there")], SEED).holds
+    assert not read_calls(sampled, rendered, [call("calc", k="see <b>x</b>")], SEED).holds
+
+
 @pytest.mark.parametrize(
     "sampled",
     [

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import itertools
 import json
 import re
 from collections import Counter
@@ -390,16 +391,28 @@ def _readings(block: str, i: int) -> list[Any]:
     with contextlib.suppress(json.JSONDecodeError):
         out.append(json.JSONDecoder().raw_decode(stripped)[0])
     raw = rest.split("<", 1)[0]
-    inner = raw[1:] if raw.startswith("\n") else raw
-    inner = inner[:-1] if inner.endswith("\n") else inner
-    # a value the response length cut (``1+2\n</parameter``): a parser reads the rest of the text as the value
-    out += [raw, inner, raw.strip(), rest, rest[1:] if rest.startswith("\n") else rest]
+    out += [raw, _inner(raw), raw.strip()]
+    # raw text up to a later tag: a value holding tag text (``see <tool_call> here``, a raw XML value cannot escape
+    # it), or cut by the response length (``1+2\n</parameter``, read to the end of the text)
+    cuts = [m.start() for m in itertools.islice(_TAG_START.finditer(rest, len(raw) + 1), _LATER_CUTS)]
+    for cut in [*cuts, len(rest)]:
+        out += [rest[:cut], _inner(rest[:cut]), rest[:cut].strip()]
     with contextlib.suppress(json.JSONDecodeError):
         out.append(json.loads(raw.strip()))
     # a template writing values with ``|string`` writes Python's text for them (``True``, ``None``, ``{'a': 1}``)
     with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
         out.append(ast.literal_eval(raw.strip()))
     return out
+
+
+_TAG_START = re.compile("<")
+_LATER_CUTS = 8  # tags inside one raw value read past at most
+
+
+def _inner(raw: str) -> str:
+    """Raw text without the newline on each side a template writes around a value."""
+    inner = raw[1:] if raw.startswith("\n") else raw
+    return inner[:-1] if inner.endswith("\n") else inner
 
 
 def _name_prefix(block: str, opener: str, name: str) -> str:

@@ -314,15 +314,6 @@ V3_LEFTOVER = (
     "renders the content without the calls, so the check excuses the turn (sampled_text_kept) and a changed, dropped "
     "or swapped call goes unreported"
 )
-V3_CONTENT = (
-    "generator (owner: readings, not yet analysed): DeepSeek V3's template writes a message with content and calls as "
-    "the content alone, so a drawn turn with content holds no call to read ('Let me see.' read as no call: misread)"
-)
-CODER_INSIDE = (
-    "readings (owner: readings): verl's qwen3_coder parser ends a raw XML value at call-marker text inside it "
-    "('see </function> here' read 'see ', the parameters after it dropped); verl read calls, so the derived reader "
-    "is not consulted; the check reports the changed call (message_differs), rightly"
-)
 NO_MARKERS = (
     "none (known: test_mutations.KNOWN_MISSES _NO_MARKERS): Mistral writes one [TOOL_CALLS] JSON list for all calls, "
     "no control token per call, so tool_call_compare compares the calls as a set: dropped and swapped go unreported"
@@ -353,17 +344,6 @@ KNOWN_FAILURES: dict[tuple[str, str], str] = {
         )
     },
     ("markers-in-strings", f"{_V3}:original:plain"): V3_LEFTOVER,
-    ("spacing", f"{_V3}:original:plain"): V3_CONTENT,
-    **{
-        ("markers-in-strings", f"qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf:{edit}"): CODER_INSIDE
-        for edit in (
-            "original:special",
-            "newline-before-close:plain",
-            "newline-before-first:plain",
-            "no-space-before-first:plain",
-            "no-space-before-first:special",
-        )
-    },
     **{
         ("mutations", f"mistral-7b-v0.3:{edit}"): NO_MARKERS
         for edit in ("space-before-first:plain", "no-space-inside-call:plain", "no-ids:plain", "no-ids:special")

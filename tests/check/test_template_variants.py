@@ -6,14 +6,16 @@ are special tokens or plain text), rollouts are built as ``verl_ext_tool_agent``
 ``tool_parser_fit``, with the reader derived from the variant behind it; the derived reader alone where verl has no
 parser for it), from calls as models write them: 1-3 calls per turn (1 where the template renders one), their
 arguments of every JSON type, the template's text for them with its JSON re-dumped (key order, separators) and the
-whitespace next to its markers dropped, doubled or changed, text before the calls, a reasoning block where the
-template renders one. Three properties:
+whitespace next to its markers dropped, doubled or changed (but inside a keyed parameter's string or boolean value,
+where it is the value's own text: ``value_spans``), text before the calls, a reasoning block where the template
+renders one. Three properties:
 
 - ``test_calls_as_models_write_them``: 0 defects and every call read exactly (the message's calls equal the drawn
   calls by value);
 - ``test_marker_text_inside_arguments``: the same with a string argument holding the template's call-marker text;
-- ``test_mutations_caught_in_their_turn``: on the variant's own rendering of two calls, a changed argument, a dropped
-  call and swapped calls in the message are each reported in the call turn.
+- ``test_mutations_caught_in_their_turn``: on the variant's own rendering of two calls, a changed argument, one
+  character of a value changed, a value given a leading space, a dropped call and swapped calls in the message are
+  each reported in the call turn.
 
 A seeded sample of the variants per edit class (``SAMPLE_PER_CLASS``): ``bench/check_false_alarms.py --variants``
 runs all of them with rates. Failures of a class another change is fixing are strict xfails (``KNOWN_FAILURES``):
@@ -26,10 +28,12 @@ import copy
 import dataclasses
 import json
 import random
+import re
 from typing import Any
 
 import pytest
 from call_reader_cases import (
+    PARAMS,
     PROMPT,
     TOOLS,
     ChangesArguments,
@@ -46,6 +50,8 @@ from template_variants import EDITS, EXAMPLE_CALLS, Built, Variant, all_variants
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.call_reader.form import NAME_KEYED
+from verl_ext.core.call_reader.literals import chunk_pattern
 
 SEED = 37
 SAMPLE_PER_CLASS = 2  # variants per edit class in the suite (the bench runs them all)
@@ -125,7 +131,36 @@ def call_turn(draw: Any, b: Built, inside: bool) -> tuple[str, list[tuple[str, d
     text = rendered_turn(b.renderer, b.profile, message)
     assert text, f"{b.variant.name}: the variant renders no turn for {message}"
     text = before_a_stop(b, text)
-    return draw(st.one_of(st.just(text), varied_text(text))), drawn
+    return draw(st.one_of(st.just(text), varied_turn(b, text))), drawn
+
+
+# Keyed parameters whose value's whitespace is the value's own: a string's text (Qwen3-Coder's parser, verl's
+# qwen3_coder, keeps all but the template's newline on each side), and a boolean (that parser compares the text
+# with "true" as it is: " True" reads false). A model spacing these otherwise writes another value, not the same
+# call spaced otherwise; numbers, JSON and Python literals read the same with any whitespace around them.
+_VALUE_IS_TEXT = tuple(k for k, t in PARAMS.items() if t in ("string", "boolean"))
+
+
+def value_spans(b: Built, text: str) -> list[tuple[int, int]]:
+    """Where ``text`` holds the value of a keyed parameter in ``_VALUE_IS_TEXT`` (the template's newlines around it
+    included); none where the template writes no keyed parameters."""
+    form = b.reader.form
+    if form.encoding != NAME_KEYED:
+        return []
+    keys = "|".join(map(re.escape, _VALUE_IS_TEXT))
+    head = r"\s*".join([*map(chunk_pattern, form.key_pre), f"(?:{keys})", *map(chunk_pattern, form.key_value)])
+    post = r"\s*".join(map(chunk_pattern, form.value_post))
+    return [m.span("v") for m in re.finditer(f"{head}(?P<v>.*?){post}", text, re.S)]
+
+
+@st.composite
+def varied_turn(draw: Any, b: Built, text: str) -> str:
+    """``varied_text`` outside the values whose whitespace is theirs (``value_spans``), which stay as written."""
+    out, at = [], 0
+    for start, end in value_spans(b, text):
+        out += [draw(varied_text(text[at:start])), text[start:end]]
+        at = end
+    return "".join([*out, draw(varied_text(text[at:]))])
 
 
 def before_a_stop(b: Built, text: str) -> str:
@@ -204,6 +239,19 @@ def _changed_argument(calls: list[dict[str, Any]]) -> None:
     f["arguments"] = json.dumps(other) if isinstance(f["arguments"], str) else other
 
 
+def _edited_value(edit: Any) -> Any:
+    """A mutation changing the first call's ``expression`` with ``edit``, its other arguments kept (inside one
+    parameter, where a keyed template writes one per argument)."""
+
+    def mutate(calls: list[dict[str, Any]]) -> None:
+        f = calls[0]["function"]
+        args = json.loads(f["arguments"]) if isinstance(f["arguments"], str) else dict(f["arguments"])
+        args["expression"] = edit(args["expression"])
+        f["arguments"] = json.dumps(args) if isinstance(f["arguments"], str) else args
+
+    return mutate
+
+
 def _dropped_call(calls: list[dict[str, Any]]) -> None:
     del calls[1]
 
@@ -212,7 +260,14 @@ def _swapped_calls(calls: list[dict[str, Any]]) -> None:
     calls[0]["function"], calls[1]["function"] = calls[1]["function"], calls[0]["function"]
 
 
-MUTATIONS = {"changed-argument": _changed_argument, "dropped-call": _dropped_call, "swapped-calls": _swapped_calls}
+MUTATIONS = {
+    "changed-argument": _changed_argument,
+    # one character of a value, and whitespace no reading of the value's text gives (" 1+2" for "\n1+2\n")
+    "changed-value": _edited_value(lambda v: v[:-1] + chr(ord(v[-1]) + 1)),
+    "value-spaced": _edited_value(lambda v: " " + v),
+    "dropped-call": _dropped_call,
+    "swapped-calls": _swapped_calls,
+}
 
 
 def mutation_results(b: Built) -> dict[str, bool | str]:
@@ -227,7 +282,7 @@ def mutation_results(b: Built) -> dict[str, bool | str]:
     out: dict[str, bool | str] = {"clean": clean.ok and clean.engine_ok and read_calls(lr) == [drawn]}
     at = next(i for i, m in enumerate(rollout.messages) if m["role"] == "assistant")
     for name, mutate in MUTATIONS.items():
-        if name != "changed-argument" and not several:
+        if name in ("dropped-call", "swapped-calls") and not several:
             out[name] = "the template renders one call per turn"
             continue
         messages = copy.deepcopy([dict(m) for m in rollout.messages])
@@ -239,18 +294,8 @@ def mutation_results(b: Built) -> dict[str, bool | str]:
 
 # Failures found by these tests, of classes other changes of issue 37 are fixing: (test, variant name) -> the class
 # and its owner. Each is a strict xfail: when the fix lands the test XPASSes and the entry goes.
-_CODER = "qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf"
 _KIMI = "templates/moonshotai-Kimi-K2"
 _V3 = "templates/deepseek-ai-DeepSeek-V3"
-XML_SPACING = (
-    "spacing (owner: spacing): whitespace doubled or moved inside a keyed XML call ('<parameter=tags>\\n\\n[False]"
-    "\\n</parameter>') draws message_differs 'the message holds tool call 1 ... that the engine did not sample there' "
-    "(issue 29's XML-style spacing; verl's qwen3_coder parser reads first)"
-)
-PLAIN_SPACING = (
-    "spacing (owner: spacing): whitespace next to a plain-text marker merges with it into other tokens "
-    "(stream '▁<' vs template '<' before <tool_call>): message_differs 'spaced otherwise than the engine wrote it'"
-)
 KIMI_NAME = (
     "readings (owner: readings): verl's kimi parser reads a hyphenated tool name ('functions.get-weather:0') as the "
     "name 'functions.get-weather:0'; the derived reader reads 'get-weather' but is not consulted (verl read a call); "
@@ -270,14 +315,6 @@ V3_LEFTOVER = (
     "or swapped call goes unreported"
 )
 KNOWN_FAILURES: dict[tuple[str, str], str] = {
-    **{
-        ("spacing", f"{_CODER}:{edit}"): XML_SPACING
-        for edit in ("original:special", "newline-before-first:plain", "no-space-before-first:plain")
-    },
-    ("spacing", f"{_CODER}:no-space-before-first:special"): XML_SPACING,
-    ("spacing", f"{_CODER}:newline-before-close:plain"): XML_SPACING,
-    ("spacing", "qwen3:no-space-between:plain"): PLAIN_SPACING,
-    ("spacing", "qwen3:newline-between:plain"): PLAIN_SPACING,
     **{
         ("spacing", f"{_KIMI}:{edit}"): KIMI_NAME
         for edit in (

@@ -117,6 +117,28 @@ def test_xml_parameters_compare_raw_text_and_by_value():
     assert not read_calls(other + sampled, rendered, [call("calc", k=2.5)], SEED).holds  # a call the message lacks
 
 
+def test_an_xml_value_cut_by_the_response_length_holds_the_text_sampled():
+    """qwen3_coder reads an unclosed parameter to the end of the text: a turn cut inside ``</parameter>`` holds the
+    value with the cut marker's text, as sampled; any other value is still not held."""
+    rendered = "<tool_call>\n<function=calc>\n<parameter=k>\n1+2\n</parameter\n</parameter>\n</function>\n</tool_call>"
+    sampled = "<tool_call>\n<function=calc>\n<parameter=k>\n1+2\n</parameter"
+    markers = ("<tool_call>", "</tool_call>")
+    assert read_calls(sampled, rendered, [call("calc", k="1+2\n</parameter")], markers).holds
+    assert read_calls(sampled, rendered, [call("calc", k="1+2")], markers).holds  # the value before the cut marker
+    assert not read_calls(sampled, rendered, [call("calc", k="1+2\n</param")], markers).holds
+    assert not read_calls(sampled, rendered, [call("calc", k="1+3\n</parameter")], markers).holds
+
+
+def test_an_xml_value_holding_tag_text_holds_it_as_sampled():
+    """A raw XML value cannot escape a tag inside it: ``see <b>x</b> here`` is the value as sampled (on real turns the
+    derived reader's blocks keep a call marker inside a value too: ``test_template_variants``)."""
+    rendered = "<seed:tool_call><function=calc><parameter=k>see <b>x</b> here</parameter></function></seed:tool_call>"
+    sampled = "<seed:tool_call><function=calc>\n<parameter=k>see <b>x</b> here</parameter></function></seed:tool_call>"
+    assert read_calls(sampled, rendered, [call("calc", k="see <b>x</b> here")], SEED).holds
+    assert not read_calls(sampled, rendered, [call("calc", k="see <b>x</b> there")], SEED).holds
+    assert not read_calls(sampled, rendered, [call("calc", k="see <b>x</b>")], SEED).holds
+
+
 @pytest.mark.parametrize(
     "sampled",
     [

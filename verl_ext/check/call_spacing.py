@@ -7,13 +7,26 @@ so it is found on the two texts, never on the ids: the texts are equal once whit
 place they differ lies outside every call, at one of those places. The place is read from the turn's call blocks
 (``tool_call_compare``: cut by the markers the template writes once per call), so it is the template's own, on any
 template.
+
+The same holds for the template's other tags (a reasoning block's ``<think>`` and ``</think>``): where the tokenizer
+holds them as plain text, the text verdict reads them as structure too (``with_plain_tags``), as it reads them where
+they are control tokens, so the template's newline next to one is not read as a space inside the words around it.
+And a turn's text holds its markers whole: where the alignment starts the turn inside a plain-text marker (QwQ's
+generation prompt ends in ``<think>\n``, the history writes ``<tool_call>`` there, and the two share the token
+``<``), the turn's text starts before the marker (``cuts_a_marker``), or its first call would not be read.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 from collections.abc import Sequence
 from typing import Protocol
+
+from verl_ext.core.call_reader.literals import MARKER
+
+_MARKER_REACH = 64  # characters after a cut a marker may end within
 
 
 class _Block(Protocol):
@@ -47,3 +60,25 @@ def spacing_place(blocks: Sequence[_Block], at: int, closing: bool) -> str | Non
     if before < len(blocks):
         return f"between calls {before} and {before + 1}"
     return "after the last call, before the close" if closing else "after the last call"
+
+
+@functools.lru_cache(maxsize=64)
+def with_plain_tags(structure: re.Pattern[str] | None, tags: tuple[str, ...]) -> re.Pattern[str] | None:
+    """``structure`` (the tokenizer's control-token text) matching also those of the template's own ``tags``
+    (tag-shaped texts it writes as structure: reasoning tags, call markers) that it does not match, which the
+    tokenizer holds as plain text; ``structure`` itself where there are none."""
+    plain = [t for t in dict.fromkeys(tags) if MARKER.fullmatch(t) and not (structure and structure.fullmatch(t))]
+    if not plain:
+        return structure
+    alternatives = "|".join(re.escape(t) for t in sorted(plain, key=len, reverse=True))
+    return re.compile(f"(?:{structure.pattern})|{alternatives}" if structure is not None else alternatives)
+
+
+def cuts_a_marker(head: str, texts: Sequence[str]) -> bool:
+    """A tag-shaped marker starts in ``head`` (text both sides share right before a cut) and ends after it in one of
+    ``texts`` (each side's text from the cut on)."""
+    for text in texts:
+        joined = head + text[:_MARKER_REACH]
+        if any(m.start() < len(head) < m.end() for m in MARKER.finditer(joined)):
+            return True
+    return False

@@ -21,7 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_ext.check.align import Opcode, align, check_deadline
-from verl_ext.check.call_spacing import differing_whitespace, spacing_place, whitespace_only
+from verl_ext.check.call_spacing import (
+    cuts_a_marker,
+    differing_whitespace,
+    spacing_place,
+    whitespace_only,
+    with_plain_tags,
+)
 from verl_ext.check.decode_memo import MemoDecode
 from verl_ext.check.fact_renders import with_tools_if_needed
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause, Finding, Span
@@ -80,7 +86,7 @@ def template_findings(
     decoded = rules.texts([span for i1, i2, j1, j2, _ in spans for span in ((True, i1, i2), (False, j1, j2))])
     turns = [rules.parts[seg] for seg in dict.fromkeys(seg for *_, seg in spans) if rules.parts[seg].sampled]
     # then the texts of the turns those spans lie in, which their verdicts read: each the rest of what is decoded
-    rules.texts([span for p in turns for span in ((True, p.i1, p.i2), (False, p.j1, p.j2))])
+    rules.texts([span for p in turns for span in rules.turn_spans(p)])
     per_turn: dict[int, list[int]] = {}  # the findings of each sampled segment, by index in ``out``
     for k, (i1, i2, j1, j2, seg) in enumerate(spans):
         check_deadline(deadline, f"explaining divergence {k + 1} of {len(spans)}")
@@ -203,6 +209,7 @@ class _Rules:
         self._calls_equal: dict[int, bool] = {}  # ``_tool_calls_equal``, per turn
         # ``prefix``: per side and start, the prefixes read so far as (end, characters, brace depth, ends cut), by end
         self._prefixes: dict[tuple[bool, int], list[tuple[int, int, int, bool]]] = {}
+        self._turn_starts: dict[int | None, tuple[int, int]] = {}  # ``turn_spans``
 
     def texts(self, spans: Sequence[tuple[bool, int, int]]) -> list[str]:
         """The text of each ``(in_stream, start, end)`` span (of the stream, else of the render), every span decoded
@@ -408,6 +415,23 @@ class _Rules:
             f"{d.ds[:80]!r}"
         )
 
+    def turn_spans(self, part: Segment) -> list[tuple[bool, int, int]]:
+        """The spans of a sampled turn's two texts (``texts``): ``part``, its start moved back over the tokens both
+        sides share before it where a tag-shaped marker starts in them and ends in the turn (``cuts_a_marker``);
+        computed once per turn."""
+        if part.turn not in self._turn_starts:
+            i, j, back = part.i1, part.j1, 0
+            for k in range(1, min(i, j, _SHARED_LOOKBACK) + 1):
+                if self.stream[i - k] != self.rendered[j - k]:
+                    break
+                texts = self.texts([(True, i, part.i2), (False, j, part.j2)])
+                if cuts_a_marker(self.r.decode(self.stream[i - k : i]), texts):
+                    back = k
+                    break
+            self._turn_starts[part.turn] = (i - back, j - back)
+        i, j = self._turn_starts[part.turn]
+        return [(True, i, part.i2), (False, j, part.j2)]
+
     def prompt_intact(self, start: int) -> bool:
         """The stream holds the template's whole generation prompt right before the output at ``start`` (what
         verl_ext wrote before each engine call); true where the template has none."""
@@ -419,7 +443,7 @@ class _Rules:
         by block (``tool_call_compare``), where the template writes per-call markers, and calls in Python form by
         value; the rest of the text (or all of it, without such markers) by ``sampled_text``."""
         if part.turn not in self._verdicts:
-            sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+            sampled, rendered = self.texts(self.turn_spans(part))
             reading = self.call_reading(part)
             if reading is not None and not reading.holds:
                 self._verdicts[part.turn] = TurnVerdict(False, reading.detail)
@@ -433,7 +457,7 @@ class _Rules:
                 frame = frame | {run for run in runs if not SLOT.search(run)}
                 shapes = tuple(SLOT.split(run) for run in runs if SLOT.search(run))
             self._verdicts[part.turn] = message_holds_sampled(
-                sampled, rendered, self.r.control_pattern, frame, self._normalized, shapes, self._reasoning_closes
+                sampled, rendered, self._structure, frame, self._normalized, shapes, self._reasoning_closes
             )
         return self._verdicts[part.turn]
 
@@ -444,7 +468,7 @@ class _Rules:
         ``learn_call_reader``, cached), the template's markers only where none is derived."""
         if part.turn not in self._call_readings:
             calls = (self.assistants[part.turn].get("tool_calls") if part.turn < len(self.assistants) else None) or []
-            sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+            sampled, rendered = self.texts(self.turn_spans(part))
             # A template that writes no per-call markers but several calls in one list (Mistral's one [TOOL_CALLS]
             # JSON list: the list is ordered) is read by its reader alone. One that cannot render two calls in a
             # message keeps the verdict of ``sampled_text`` alone (GPT-OSS: one call per message).
@@ -471,7 +495,8 @@ class _Rules:
         call = self.loc.calls[part.turn]
         start = call.output_start
         first = start if d.i1 < start and self._in_prefill(d, start) else d.i1
-        at = self.prefix(True, part.i1, max(first, part.i1))[0]
+        i1 = self.turn_spans(part)[0][1]
+        at = self.prefix(True, i1, max(first, i1))[0]
         at += len(os.path.commonprefix([d.ds, d.dr])) if first == d.i1 else 0
         blocks = [b for b in reading.sampled if b.closed or b.call is not None]
         after = [i for i in self.stream[d.i2 : call.output_end] if i not in self.turn_ends]
@@ -494,12 +519,13 @@ class _Rules:
         reading = self.call_reading(part)
         if reading is None or not self.verdict(part).holds:
             return None
-        sampled, rendered = self.texts([(True, part.i1, part.i2), (False, part.j1, part.j2)])
+        (_, i1, _), (_, j1, _) = spans = self.turn_spans(part)
+        sampled, rendered = self.texts(spans)
         start = self.loc.calls[part.turn].output_start
         # the generation prompt's pre-fill before the output (an empty think block) is the prompt's, not the message's
         first = start if d.i1 < start and self._in_prefill(d, start) else d.i1
-        a, b = (self.prefix(True, part.i1, i)[0] for i in (max(first, part.i1), max(d.i2, part.i1)))
-        ra, rb = (self.prefix(False, part.j1, j)[0] for j in (max(d.j1, part.j1), max(d.j2, part.j1)))
+        a, b = (self.prefix(True, i1, i)[0] for i in (max(first, i1), max(d.i2, i1)))
+        ra, rb = (self.prefix(False, j1, j)[0] for j in (max(d.j1, j1), max(d.j2, j1)))
         hit = [x for x in reading.sampled if x.start <= b and a <= x.end and (x.closed or x.call is not None)]
         outside = _only_blocks(sampled, a, b, reading.sampled) and _only_blocks(rendered, ra, rb, reading.rendered)
         if not hit or not outside:
@@ -524,6 +550,12 @@ class _Rules:
     @functools.cached_property
     def _frame(self) -> frozenset[str]:
         return _assistant_frame(self.r)[0]
+
+    @functools.cached_property
+    def _structure(self) -> re.Pattern[str] | None:
+        """Control-token text, and the template's reasoning tags and call markers where they are plain text."""
+        markers = _call_markers(self.r, self.profile) or ()
+        return with_plain_tags(self.r.control_pattern, (*self._reasoning_tags, *markers))
 
     @functools.cached_property
     def _reasoning_tags(self) -> tuple[str, ...]:
@@ -1149,6 +1181,7 @@ RULES: tuple[Callable[[Divergence], Named], ...] = (
 
 _MOVED_MIN_CHARS = 24
 _END_LOOKBACK = 16  # render tokens read for the END close and trailer
+_SHARED_LOOKBACK = 4  # tokens a turn's text may start before its segment: a marker's first tokens
 _CONTEXT_END_TOKENS = 8  # tokens of the context after the last turn compared with the render's end
 # Turn-end defects a rule names at the end of a sampled turn: the stream lacks the close the template writes, or holds
 # a stop twice. (Whatever the template writes after its close is the gap's.) A stop's text in the message

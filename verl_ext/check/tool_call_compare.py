@@ -32,7 +32,9 @@ text, a JSON object right after an opener read whole (its strings' markers are t
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import itertools
 import json
 import re
 from collections import Counter
@@ -129,7 +131,12 @@ def read_calls(
     for k, (name, args) in enumerate(() if by_reading else wanted):
         # by its text first (the template's own keys), then by the call the reader read there (``parameters``)
         hit = next(
-            (b for b in range(at, len(ours)) if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix)), None
+            (
+                b
+                for b in range(at, len(ours))
+                if _holds(sampled[ours[b].start : ours[b].end], name, args, prefix) and _same_keys(ours[b], args)
+            ),
+            None,
         )
         if hit is None:
             hit = next((b for b in range(at, len(ours)) if _read_holds(ours[b], name, args)), None)
@@ -290,6 +297,13 @@ def _read_holds(block: Block, name: str, args: Any) -> bool:
     return block.read is not None and block.read[0] == name and same_value(block.read[1], args)
 
 
+def _same_keys(block: Block, args: Any) -> bool:
+    """The message's call has every argument the reader read in the block (a parameter the message dropped is not
+    held: ``_holds`` finds each argument the message has, never one it lacks); true where the reader read none."""
+    read = block.read[1] if block.read is not None else None
+    return not isinstance(read, Mapping) or not isinstance(args, Mapping) or read.keys() <= args.keys()
+
+
 def _blocks(text: str, opener: str, closer: str) -> list[Block]:
     """The call blocks of ``text``: from each opener to the closer after it (closed), or to the next opener or the
     end (not closed). A JSON value right after the opener is read whole: a marker inside its strings is text."""
@@ -406,12 +420,28 @@ def _readings(block: str, i: int) -> list[Any]:
     with contextlib.suppress(json.JSONDecodeError):
         out.append(json.JSONDecoder().raw_decode(stripped)[0])
     raw = rest.split("<", 1)[0]
-    inner = raw[1:] if raw.startswith("\n") else raw
-    inner = inner[:-1] if inner.endswith("\n") else inner
-    out += [raw, inner, raw.strip()]
+    out += [raw, _inner(raw), raw.strip()]
+    # raw text up to a later tag: a value holding tag text (``see <tool_call> here``, a raw XML value cannot escape
+    # it), or cut by the response length (``1+2\n</parameter``, read to the end of the text)
+    cuts = [m.start() for m in itertools.islice(_TAG_START.finditer(rest, len(raw) + 1), _LATER_CUTS)]
+    for cut in [*cuts, len(rest)]:
+        out += [rest[:cut], _inner(rest[:cut]), rest[:cut].strip()]
     with contextlib.suppress(json.JSONDecodeError):
         out.append(json.loads(raw.strip()))
+    # a template writing values with ``|string`` writes Python's text for them (``True``, ``None``, ``{'a': 1}``)
+    with contextlib.suppress(ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        out.append(ast.literal_eval(raw.strip()))
     return out
+
+
+_TAG_START = re.compile("<")
+_LATER_CUTS = 8  # tags inside one raw value read past at most
+
+
+def _inner(raw: str) -> str:
+    """Raw text without the newline on each side a template writes around a value."""
+    inner = raw[1:] if raw.startswith("\n") else raw
+    return inner[:-1] if inner.endswith("\n") else inner
 
 
 def _name_prefix(block: str, opener: str, name: str) -> str:

@@ -457,25 +457,17 @@ def _segment(
     return out
 
 
-def summarize_rollout(
+def _checked_positions(
     rollout_id: str,
     trainer_logprobs: Sequence[float],
     engine_logprobs: Sequence[float],
     response_mask: Sequence[Any],
     prompt_length: int,
     turn_starts: Sequence[int],
-    options: NumericsOptions,
     source: str,
-    step: int | None = None,
-) -> RolloutNumerics:
-    """Summaries of Δ = trainer − engine logprob over a rollout's response positions where the mask is 1.
-
-    The three sequences cover the response positions (equal lengths; padding past the response has mask 0): lists
-    of Python numbers (a tensor's ``.tolist()``; a tensor itself works, one element at a time, far slower).
-    A token's depth is ``prompt_length`` + its response position; its turn is the index of the last
-    ``turn_starts`` entry (response-relative start of each engine call's sampled tokens, non-decreasing) at or
-    before it. Raises ValueError naming the problem for unequal lengths, a mask value other than 0/1, a mask-1
-    token before the first turn start, or a bad source or turn start."""
+) -> tuple[int, list[int]]:
+    """summarize_rollout's input checks (its docstring lists the ValueErrors); the prompt length and turn starts
+    as Python ints."""
     n = len(trainer_logprobs)
     if len(engine_logprobs) != n or len(response_mask) != n:
         raise ValueError(
@@ -511,6 +503,19 @@ def summarize_rollout(
             f"numerics of rollout {rollout_id!r}: response position {first_trained} is trained (mask 1) but no turn "
             f"starts at or before it (turn_starts {starts}); the first engine call's tokens start at 0"
         )
+    return prompt_length, starts
+
+
+def _summarize_segments(
+    trainer_logprobs: Sequence[float],
+    engine_logprobs: Sequence[float],
+    response_mask: Sequence[Any],
+    prompt_length: int,
+    starts: list[int],
+    options: NumericsOptions,
+) -> tuple[dict[int, DeltaStats], dict[int, DeltaStats]]:
+    """The per-turn and per-depth-bucket summaries of checked inputs."""
+    n = len(trainer_logprobs)
     edges = options.depth_edges
     thr = options.token_abs_delta
     # Segments where turn and depth bucket are both constant, at most CHUNK positions long (a cut every CHUNK keeps
@@ -537,7 +542,35 @@ def summarize_rollout(
             by_depth[depth].absorb(seg)
         else:
             by_depth[depth] = seg.copy()  # the turn's and the bucket's summaries grow apart
+    return by_turn, by_depth
+
+
+def summarize_rollout(
+    rollout_id: str,
+    trainer_logprobs: Sequence[float],
+    engine_logprobs: Sequence[float],
+    response_mask: Sequence[Any],
+    prompt_length: int,
+    turn_starts: Sequence[int],
+    options: NumericsOptions,
+    source: str,
+    step: int | None = None,
+) -> RolloutNumerics:
+    """Summaries of Δ = trainer − engine logprob over a rollout's response positions where the mask is 1.
+
+    The three sequences cover the response positions (equal lengths; padding past the response has mask 0): lists
+    of Python numbers (a tensor's ``.tolist()``; a tensor itself works, one element at a time, far slower).
+    A token's depth is ``prompt_length`` + its response position; its turn is the index of the last
+    ``turn_starts`` entry (response-relative start of each engine call's sampled tokens, non-decreasing) at or
+    before it. Raises ValueError naming the problem for unequal lengths, a mask value other than 0/1, a mask-1
+    token before the first turn start, or a bad source or turn start."""
+    prompt_length, starts = _checked_positions(
+        rollout_id, trainer_logprobs, engine_logprobs, response_mask, prompt_length, turn_starts, source
+    )
+    by_turn, by_depth = _summarize_segments(
+        trainer_logprobs, engine_logprobs, response_mask, prompt_length, starts, options
+    )
     overall = DeltaStats()
     for stats in by_depth.values():  # a handful of buckets: every token is in exactly one
         overall.absorb(stats)
-    return RolloutNumerics(rollout_id, step, source, overall, by_turn, by_depth, tuple(edges))
+    return RolloutNumerics(rollout_id, step, source, overall, by_turn, by_depth, tuple(options.depth_edges))

@@ -31,6 +31,7 @@ __all__ = [
     "DeltaStats",
     "NumericsOptions",
     "NumericsVerdict",
+    "POLICIES",
     "RolloutNumerics",
     "depth_bucket_label",
     "summarize_rollout",
@@ -42,6 +43,8 @@ DEFAULT_DEPTH_EDGES: tuple[int, ...] = (0, 512, 1024, 2048, 4096, 8192, 16384, 3
 # docs/numerics.md justifies both defaults.
 DEFAULT_DRIFT_MEAN_ABS_DELTA = 0.05
 DEFAULT_TOKEN_ABS_DELTA = 0.5
+# What a drifting rollout costs it: warn (logged and reported) or strict (masked out of the loss, counted).
+POLICIES: tuple[str, ...] = ("warn", "strict")
 
 # Where the trainer's logprobs came from: the recompute (old-logprob) pass, the policy loss in bypass mode, or the
 # re-feed audit's re-score on the engine.
@@ -66,11 +69,14 @@ def _k3(delta: float) -> float:
 
 @dataclass(frozen=True)
 class NumericsOptions:
-    """The numerics view's thresholds and depth buckets (``verl_ext.numerics`` in the options)."""
+    """The numerics view's thresholds, depth buckets and policy (``verl_ext.numerics`` in the options)."""
 
     depth_edges: tuple[int, ...] = DEFAULT_DEPTH_EDGES
     drift_mean_abs_delta: float = DEFAULT_DRIFT_MEAN_ABS_DELTA  # a bucket (depth or turn) whose mean |Δ| passes it
     token_abs_delta: float = DEFAULT_TOKEN_ABS_DELTA  # one token's |Δ| past it: "first position past the threshold"
+    # warn: a drifting rollout is logged and reported; strict: also masked out of the loss where its numbers were
+    # compared (its tokens the engine's), counted in tito/numerics/masked
+    policy: str = "warn"
 
     def problems(self, where: str = "verl_ext.numerics") -> list[str]:
         """What is wrong with these options, each a sentence naming the option, the problem and the fix; empty
@@ -104,6 +110,12 @@ class NumericsOptions:
                     f"{where}.{name} must be a positive finite number of nats (|trainer - engine| logprob), got "
                     f"{value!r}; the default is {getattr(NumericsOptions, name)}"
                 )
+        if self.policy not in POLICIES:
+            out.append(
+                f"{where}.policy must be one of {list(POLICIES)} (warn: log and report a drifting rollout; strict: "
+                f"also mask it out of the loss), got {self.policy!r}; write {where}.policy=warn or "
+                f"{where}.policy=strict"
+            )
         return out
 
 

@@ -62,12 +62,14 @@ def test_engine_view_passes_on_every_rollout(demo: DemoResult) -> None:
 def test_every_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
     # Every demo rollout fills its response budget (a random model rarely stops): the loop's synthetic close after
     # the cut lies past the trainer's cap, and replay must cut where the trainer did (record key response_length).
-    # the rollout files: the numerics file beside them holds no rollout to replay
-    files = sorted(str(f) for f in (demo.out / "records").glob("rollouts-*.jsonl"))
+    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))  # as docs/troubleshooting.md says
     code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert code == 0, out.splitlines()[0]
     assert out.count("recorded stream: the same ") == 8
+    # the driver's numerics file among them: its 8 lines (one per rollout) read and skipped, said in one line
+    (said,) = [line for line in err.splitlines() if "numerics line" in line]
+    assert said.startswith("verl-ext replay: read 8 numerics lines (") and "/numerics-" in said
 
 
 def test_rollout_and_trainer_logprobs_agree(demo: DemoResult) -> None:

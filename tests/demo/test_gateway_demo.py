@@ -80,8 +80,7 @@ def test_every_session_is_checked_recorded_and_reported(demo: DemoResult) -> Non
 
 
 def test_every_session_record_replays_to_what_was_trained(demo: DemoResult, capsys: pytest.CaptureFixture[str]) -> None:
-    # the rollout files: the numerics file beside them holds no rollout to replay
-    files = sorted(str(f) for f in (demo.out / "records").glob("rollouts-*.jsonl"))
+    files = sorted(str(f) for f in (demo.out / "records").glob("*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(demo.out / "tiny-qwen3")])
     out = capsys.readouterr().out
     assert code == 0, out.splitlines()[0]

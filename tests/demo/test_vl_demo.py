@@ -85,8 +85,7 @@ def test_report_and_replay_read_the_image_records(
     assert thumbnails == digests
     html = result.report.read_text()
     assert "data:image/png;base64," in html and "thumbnail missing" not in html
-    # the rollout files: the numerics file beside them holds no rollout to replay
-    files = sorted(str(f) for f in (result.out / "records").glob("rollouts-*.jsonl"))
+    files = sorted(str(f) for f in (result.out / "records").glob("*.jsonl"))
     code = cli(["replay", *files, "--tokenizer", str(result.out / "tiny-qwen2.5-vl")])
     out = capsys.readouterr().out
     assert code == 0, out

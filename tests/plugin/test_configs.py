@@ -193,6 +193,8 @@ def test_the_built_wheel_ships_the_group_and_the_search_path_plugin(tmp_path):
             "did you mean verl_ext.numerics.token_abs_delta",
         ),
         ({"numerics": [0.05]}, "verl_ext.numerics", "must be a mapping of options"),
+        ({"numerics": {"policy": "mask"}}, "verl_ext.numerics.policy", "write verl_ext.numerics.policy=warn or"),
+        ({"numerics": {"policy": True}}, "verl_ext.numerics.policy", "one of ['warn', 'strict']"),
     ],
 )
 def test_a_bad_option_is_one_line_naming_the_key_and_the_fix(options, key, fix):

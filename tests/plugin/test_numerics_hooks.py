@@ -40,7 +40,15 @@ def make_rows(rng: random.Random, n: int) -> list[dict[str, Any]]:
         shift = 0.3 if k == 0 else 1e-6
         trainer = [float(f32(e + (shift * rng.random() if m else 5.0))) for e, m in zip(engine, mask, strict=True)]
         rows.append(
-            {"id": f"r{k}", "prompt": prompt, "starts": starts, "mask": mask, "engine": engine, "trainer": trainer}
+            {
+                "id": f"r{k}",
+                "prompt": prompt,
+                "starts": starts,
+                "mask": mask,
+                "engine": engine,
+                "trainer": trainer,
+                "engine_ok": True,  # the check's verdict the loop put beside the rollout (verl_ext_check)
+            }
         )
     return rows
 
@@ -59,7 +67,11 @@ def v1_batch(rows: list[dict[str, Any]]) -> Any:
             response_logprobs=r["engine"],
             num_turns=2,
             metrics={},
-            extra_fields={"verl_ext_rollout_id": r["id"], "verl_ext_turn_starts": r["starts"]},
+            extra_fields={
+                "verl_ext_rollout_id": r["id"],
+                "verl_ext_turn_starts": r["starts"],
+                "verl_ext_check": {"ok": r["engine_ok"], "engine_ok": r["engine_ok"]},
+            },
         )
         field = out.as_dict()
         field["old_log_probs"] = torch.tensor(r["trainer"])
@@ -93,6 +105,7 @@ def v0_batch(rows: list[dict[str, Any]]) -> Any:
         non_tensors={
             "verl_ext_rollout_id": np.array([x["id"] for x in rows], dtype=object),
             "verl_ext_turn_starts": np.array([x["starts"] for x in rows] + [None], dtype=object)[:-1],
+            "verl_ext_check": np.array([{"engine_ok": x["engine_ok"]} for x in rows], dtype=object),
         },
     )
     return batch, trainer
@@ -251,8 +264,9 @@ def test_strict_bypass_masks_the_drifting_rollout_in_the_loss(actor_config: Any)
     assert torch.isclose(strict, without) and not torch.isclose(strict, warn)  # row 0 drifts: out of the loss
 
 
-def v0_trainer(strict: bool) -> Any:
-    """What measure_v0 reads of verl's RayPPOTrainer: its composed config and step."""
+def v0_trainer(strict: bool, extra: tuple[str, ...] = ()) -> Any:
+    """What measure_v0 reads of verl's RayPPOTrainer: its composed config and step (``strict``: the numerics
+    policy; ``extra``: more overrides)."""
     from types import SimpleNamespace
 
     from loop_harness import verl_config
@@ -260,7 +274,7 @@ def v0_trainer(strict: bool) -> Any:
     from verl_ext.plugin import numerics_trainer
 
     numerics_trainer._settings = None  # read once per process: each test its own
-    extra = ["+verl_ext.check.mode=strict"] if strict else []
+    extra = (*extra, "+verl_ext.numerics.policy=strict") if strict else extra
     overrides = [*extra, "+verl_ext.numerics.drift_mean_abs_delta=0.05", "+verl_ext.numerics.depth_edges=[0,8,16]"]
     return SimpleNamespace(config=verl_config(overrides), global_steps=4)
 
@@ -281,6 +295,40 @@ def test_v0_strict_masks_the_drifting_rollout_before_advantages(strict: bool) ->
     after = batch.batch["response_mask"]
     assert torch.equal(after[1:], before[1:])
     assert (after[0].sum() == 0) == strict and got.counters.get("masked", 0) == int(strict)
+
+
+@pytest.mark.parametrize("verdict", ["tokens not the engine's", "no check verdict", "check strict, numerics warn"])
+def test_strict_masks_only_where_the_two_part_verdict_compares_numbers(verdict: str) -> None:
+    from verl import DataProto
+
+    from verl_ext.plugin.numerics_trainer import measure_v0
+
+    rows = make_rows(random.Random(4), 4)  # row 0 drifts
+    strict, extra = True, ()
+    if verdict == "tokens not the engine's":
+        rows[0]["engine_ok"] = False  # the check found the trainer's tokens are not the engine's: numbers not compared
+    elif verdict == "check strict, numerics warn":
+        strict, extra = False, ("+verl_ext.check.mode=strict",)  # the check's strict mode is not the numbers' policy
+    batch, trainer = v0_batch(rows)
+    if verdict == "no check verdict":
+        del batch.non_tensor_batch["verl_ext_check"]  # rows from a batch that carries no check verdict
+    before = batch.batch["response_mask"].clone()
+    numerics_sink.drain()
+    measure_v0(v0_trainer(strict, extra), batch, DataProto.from_dict(tensors={"old_log_probs": trainer}))
+    got = numerics_sink.drain()
+    assert got.measured == expected(rows, "old_log_prob", step=4)  # measured and reported all the same
+    assert got.measured["r0"].verdict(OPTIONS).status == "drift"
+    assert torch.equal(batch.batch["response_mask"], before) and got.counters.get("masked", 0) == 0
+
+
+def test_strict_bypass_masks_only_rollouts_whose_tokens_are_the_engines(actor_config: Any) -> None:
+    rows = make_rows(random.Random(3), 3)
+    rows[0]["engine_ok"] = False  # row 0 drifts, but its numbers are not compared
+    numerics_loss._updated_step[0] = None
+    numerics_sink.drain()
+    warn = call_loss(actor_config, rows, micro_batch(rows, 1))["loss"]
+    strict = call_loss(actor_config, rows, micro_batch(rows, 2, strict=True))["loss"]
+    assert numerics_sink.drain().counters.get("masked", 0) == 0 and torch.isclose(strict, warn)
 
 
 def test_strict_refuses_a_batch_whose_every_rollout_drifts() -> None:

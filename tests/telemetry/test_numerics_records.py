@@ -183,7 +183,27 @@ def test_replay_reads_files_with_numerics_lines(run, tokenizer_dirs, tmp_path, c
     both = tmp_path / "both.jsonl"
     both.write_text(rollouts_file.read_text() + numerics_file.read_text())
     tok = str(tokenizer_dirs["qwen3"])
-    assert cli(["replay", str(both), "--tokenizer", tok]) == 0
+    capsys.readouterr()
+    # the records folder as the docs say to pass it: the numerics-only file is read and skipped, said in one line
+    assert cli(["replay", str(rollouts_file), str(numerics_file), "--tokenizer", tok]) == 0
+    out, err = capsys.readouterr()
+    assert out.count("== ") == 2 and out.count("invariants: all hold") == 2  # both rollouts replayed
+    said = [line for line in err.splitlines() if "numerics line" in line]
+    assert said == [
+        f"verl-ext replay: read 2 numerics lines ({numerics_file}) and skipped them: they are the trainer's numbers "
+        "of rollouts, not rollouts to replay (verl-ext report shows them)"
+    ]
+    assert cli(["replay", str(both), "--json", "--tokenizer", tok]) == 0
+    out, err = capsys.readouterr()
+    assert len(json.loads(out)) == 2 and f"read 2 numerics lines ({both})" in err  # stdout stays one JSON value
+    assert cli(["replay", str(rollouts_file), "--tokenizer", tok]) == 0
+    assert "numerics line" not in capsys.readouterr().err  # no numerics line read: nothing said
+    # nothing to replay at all: refused, naming the count and the fix
     assert cli(["replay", str(numerics_file), "--tokenizer", tok]) == 2
     err = capsys.readouterr().err
     assert "only numerics lines (the trainer's numbers, 2), no rollout to replay" in err
+    assert "records/*.jsonl" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    assert cli(["replay", str(rollouts_file), str(empty), "--tokenizer", tok]) == 2
+    assert "no records (the file is empty)" in capsys.readouterr().err

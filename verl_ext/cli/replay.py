@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,40 +35,72 @@ class ReplayItem:
     header: RecordHeader | None = None
 
 
-def read_records(path: str) -> Iterator[ReplayItem]:
-    """Each conversation of a replay file or a check's record file (whose header line is read, not replayed).
-    Raises RecordError naming file:line for a malformed record (an unknown key or ``type``, a newer version), and
-    for a file with none."""
-    count = numerics = 0
+@dataclass(frozen=True)
+class ReplayFile:
+    """What one replay file or records file holds: the conversations to replay, and how many numerics lines (the
+    trainer's numbers of rollouts, schema 6) were read, checked and skipped: they are not rollouts."""
+
+    path: str
+    items: list[ReplayItem]
+    numerics: int = 0
+
+
+def read_replay_file(path: str) -> ReplayFile:
+    """Each conversation of a replay file or a check's record file (whose header line is read, not replayed), and
+    the count of its numerics lines (each checked as ``NumericsRecord``, none replayed). A file of numerics lines
+    only (``records/numerics-*.jsonl``) is read, not refused: ``records/*.jsonl`` names it beside the rollouts.
+    Raises RecordError naming file:line for a malformed line (an unknown key or ``type``, a newer version), and for
+    a file with no line at all."""
+    items: list[ReplayItem] = []
+    numerics = 0
     header: RecordHeader | None = None
     for line_no, obj in read_json_lines(path, "replay file"):
         where = f"{path}:{line_no}"
         kind = obj.get("type") if isinstance(obj, dict) else None
         if kind == "header":  # a check's record file: the template profile its rollouts were checked against
             header = RecordHeader.from_json(obj, where)
-            continue
-        if kind == "numerics":  # the trainer's numbers of a rollout (schema 6): checked, nothing to replay
+        elif kind == "numerics":  # the trainer's numbers of a rollout (schema 6): checked, nothing to replay
             NumericsRecord.from_json(obj, where)
             numerics += 1
-            continue
-        count += 1
-        if kind == "rollout":  # a check's record: the typed record's loader
+        elif kind == "rollout":  # a check's record: the typed record's loader
             recorded = RolloutRecord.from_json(obj, where)
-            yield ReplayItem(line_no, recorded.replay_record(where), recorded, header)
+            items.append(ReplayItem(line_no, recorded.replay_record(where), recorded, header))
         elif kind is not None:
             raise RecordError(
-                f'{where}: "type" {kind!r} is not a record type: a check\'s record file has "header" and "rollout" '
-                'lines; a replay record has no "type" (remove it)'
+                f'{where}: "type" {kind!r} is not a record type: a check\'s record file has "header", "rollout" and '
+                '"numerics" lines; a replay record has no "type" (remove it)'
             )
         else:
-            yield ReplayItem(line_no, ReplayRecord.from_json(obj, where=where), None, header)
-    if count == 0 and numerics:
-        raise RecordError(
-            f"{path}: only numerics lines (the trainer's numbers, {numerics}), no rollout to replay; replay the "
-            "rollout files beside it in the records folder"
-        )
-    if count == 0:
+            items.append(ReplayItem(line_no, ReplayRecord.from_json(obj, where=where), None, header))
+    if not items and not numerics:
         raise RecordError(f"{path}: no records (the file is empty); write one JSON object per line")
+    return ReplayFile(path, items, numerics)
+
+
+def read_replay_files(paths: list[str]) -> list[ReplayFile]:
+    """Every file read (``read_replay_file``). Raises RecordError when together they hold no conversation to replay
+    (numerics lines only), naming the files and the fix."""
+    read = [read_replay_file(path) for path in paths]
+    if not any(f.items for f in read):
+        numerics = sum(f.numerics for f in read)
+        raise RecordError(
+            f"{', '.join(paths)}: only numerics lines (the trainer's numbers, {numerics}), no rollout to replay; "
+            "pass the rollout files beside them too (records/*.jsonl)"
+        )
+    return read
+
+
+def skipped_numerics_note(read: list[ReplayFile]) -> str | None:
+    """The one line that says how many numerics lines were read and skipped, and in which files (None: none)."""
+    numerics = [f for f in read if f.numerics]
+    if not numerics:
+        return None
+    n = sum(f.numerics for f in numerics)
+    files = ", ".join(f.path for f in numerics)
+    return (
+        f"verl-ext replay: read {n} numerics line{'s' if n != 1 else ''} ({files}) and skipped them: they are the "
+        "trainer's numbers of rollouts, not rollouts to replay (verl-ext report shows them)"
+    )
 
 
 @dataclass
@@ -180,7 +212,11 @@ def run_replay(args: argparse.Namespace) -> int:
     files = distinct_files(args.files, "replay")
     # Every file is read and type-checked before the tokenizer loads (seconds): a wrong path or a bad line costs
     # nothing. The records are held anyway: the replayed trajectories are printed at the end.
-    items = [(path, item) for path in files for item in read_records(path)]
+    read = read_replay_files(files)
+    items = [(f.path, item) for f in read for item in f.items]
+    note = skipped_numerics_note(read)
+    if note:  # on stderr: stdout stays the result (its first line the first problem; --json one JSON value)
+        print(note, file=sys.stderr)
     renderer = renderer_from_args(args.tokenizer, args)
     stops = stop_ids_from_args(renderer, args.stop)
     given = f"--tokenizer {args.tokenizer!r}"

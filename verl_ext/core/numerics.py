@@ -31,6 +31,7 @@ __all__ = [
     "DeltaStats",
     "NumericsOptions",
     "NumericsVerdict",
+    "POLICIES",
     "RolloutNumerics",
     "depth_bucket_label",
     "summarize_rollout",
@@ -42,6 +43,8 @@ DEFAULT_DEPTH_EDGES: tuple[int, ...] = (0, 512, 1024, 2048, 4096, 8192, 16384, 3
 # docs/numerics.md justifies both defaults.
 DEFAULT_DRIFT_MEAN_ABS_DELTA = 0.05
 DEFAULT_TOKEN_ABS_DELTA = 0.5
+# What a drifting rollout costs it: warn (logged and reported) or strict (masked out of the loss, counted).
+POLICIES: tuple[str, ...] = ("warn", "strict")
 
 # Where the trainer's logprobs came from: the recompute (old-logprob) pass, the policy loss in bypass mode, or the
 # re-feed audit's re-score on the engine.
@@ -66,11 +69,14 @@ def _k3(delta: float) -> float:
 
 @dataclass(frozen=True)
 class NumericsOptions:
-    """The numerics view's thresholds and depth buckets (``verl_ext.numerics`` in the options)."""
+    """The numerics view's thresholds, depth buckets and policy (``verl_ext.numerics`` in the options)."""
 
     depth_edges: tuple[int, ...] = DEFAULT_DEPTH_EDGES
     drift_mean_abs_delta: float = DEFAULT_DRIFT_MEAN_ABS_DELTA  # a bucket (depth or turn) whose mean |Δ| passes it
     token_abs_delta: float = DEFAULT_TOKEN_ABS_DELTA  # one token's |Δ| past it: "first position past the threshold"
+    # warn: a drifting rollout is logged and reported; strict: also masked out of the loss where its numbers were
+    # compared (its tokens the engine's), counted in tito/numerics/masked
+    policy: str = "warn"
 
     def problems(self, where: str = "verl_ext.numerics") -> list[str]:
         """What is wrong with these options, each a sentence naming the option, the problem and the fix; empty
@@ -104,6 +110,12 @@ class NumericsOptions:
                     f"{where}.{name} must be a positive finite number of nats (|trainer - engine| logprob), got "
                     f"{value!r}; the default is {getattr(NumericsOptions, name)}"
                 )
+        if self.policy not in POLICIES:
+            out.append(
+                f"{where}.policy must be one of {list(POLICIES)} (warn: log and report a drifting rollout; strict: "
+                f"also mask it out of the loss), got {self.policy!r}; write {where}.policy=warn or "
+                f"{where}.policy=strict"
+            )
         return out
 
 
@@ -457,25 +469,17 @@ def _segment(
     return out
 
 
-def summarize_rollout(
+def _checked_positions(
     rollout_id: str,
     trainer_logprobs: Sequence[float],
     engine_logprobs: Sequence[float],
     response_mask: Sequence[Any],
     prompt_length: int,
     turn_starts: Sequence[int],
-    options: NumericsOptions,
     source: str,
-    step: int | None = None,
-) -> RolloutNumerics:
-    """Summaries of Δ = trainer − engine logprob over a rollout's response positions where the mask is 1.
-
-    The three sequences cover the response positions (equal lengths; padding past the response has mask 0): lists
-    of Python numbers (a tensor's ``.tolist()``; a tensor itself works, one element at a time, far slower).
-    A token's depth is ``prompt_length`` + its response position; its turn is the index of the last
-    ``turn_starts`` entry (response-relative start of each engine call's sampled tokens, non-decreasing) at or
-    before it. Raises ValueError naming the problem for unequal lengths, a mask value other than 0/1, a mask-1
-    token before the first turn start, or a bad source or turn start."""
+) -> tuple[int, list[int]]:
+    """summarize_rollout's input checks (its docstring lists the ValueErrors); the prompt length and turn starts
+    as Python ints."""
     n = len(trainer_logprobs)
     if len(engine_logprobs) != n or len(response_mask) != n:
         raise ValueError(
@@ -511,6 +515,19 @@ def summarize_rollout(
             f"numerics of rollout {rollout_id!r}: response position {first_trained} is trained (mask 1) but no turn "
             f"starts at or before it (turn_starts {starts}); the first engine call's tokens start at 0"
         )
+    return prompt_length, starts
+
+
+def _summarize_segments(
+    trainer_logprobs: Sequence[float],
+    engine_logprobs: Sequence[float],
+    response_mask: Sequence[Any],
+    prompt_length: int,
+    starts: list[int],
+    options: NumericsOptions,
+) -> tuple[dict[int, DeltaStats], dict[int, DeltaStats]]:
+    """The per-turn and per-depth-bucket summaries of checked inputs."""
+    n = len(trainer_logprobs)
     edges = options.depth_edges
     thr = options.token_abs_delta
     # Segments where turn and depth bucket are both constant, at most CHUNK positions long (a cut every CHUNK keeps
@@ -537,7 +554,35 @@ def summarize_rollout(
             by_depth[depth].absorb(seg)
         else:
             by_depth[depth] = seg.copy()  # the turn's and the bucket's summaries grow apart
+    return by_turn, by_depth
+
+
+def summarize_rollout(
+    rollout_id: str,
+    trainer_logprobs: Sequence[float],
+    engine_logprobs: Sequence[float],
+    response_mask: Sequence[Any],
+    prompt_length: int,
+    turn_starts: Sequence[int],
+    options: NumericsOptions,
+    source: str,
+    step: int | None = None,
+) -> RolloutNumerics:
+    """Summaries of Δ = trainer − engine logprob over a rollout's response positions where the mask is 1.
+
+    The three sequences cover the response positions (equal lengths; padding past the response has mask 0): lists
+    of Python numbers (a tensor's ``.tolist()``; a tensor itself works, one element at a time, far slower).
+    A token's depth is ``prompt_length`` + its response position; its turn is the index of the last
+    ``turn_starts`` entry (response-relative start of each engine call's sampled tokens, non-decreasing) at or
+    before it. Raises ValueError naming the problem for unequal lengths, a mask value other than 0/1, a mask-1
+    token before the first turn start, or a bad source or turn start."""
+    prompt_length, starts = _checked_positions(
+        rollout_id, trainer_logprobs, engine_logprobs, response_mask, prompt_length, turn_starts, source
+    )
+    by_turn, by_depth = _summarize_segments(
+        trainer_logprobs, engine_logprobs, response_mask, prompt_length, starts, options
+    )
     overall = DeltaStats()
     for stats in by_depth.values():  # a handful of buckets: every token is in exactly one
         overall.absorb(stats)
-    return RolloutNumerics(rollout_id, step, source, overall, by_turn, by_depth, tuple(edges))
+    return RolloutNumerics(rollout_id, step, source, overall, by_turn, by_depth, tuple(options.depth_edges))

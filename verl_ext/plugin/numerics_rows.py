@@ -16,23 +16,29 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_ext.check.numerics_verdict import two_part_verdict
 from verl_ext.core.numerics import NumericsOptions, RolloutNumerics, summarize_rollout
 
 log = logging.getLogger("verl_ext.plugin")
 
 ROLLOUT_ID = "verl_ext_rollout_id"
 TURN_STARTS = "verl_ext_turn_starts"
+CHECK = "verl_ext_check"  # the check's compact verdict (CheckResult.verdict_fields): its engine_ok
 EXTRA_FIELDS = "extra_fields"  # the v1 trainer's column of the loop's extra_fields dicts
 
 
 @dataclass(frozen=True)
 class RowKeys:
-    """Per row: the rollout id (None: the row came from a loop that is not verl_ext's), the turn starts and the
-    prompt length."""
+    """Per row: the rollout id (None: the row came from a loop that is not verl_ext's), the turn starts, the
+    prompt length, and whether the check found the trainer's tokens the engine's (None: no check verdict)."""
 
     rollout_ids: list[str | None]
     turn_starts: list[list[int] | None]
     prompt_lengths: list[int]
+    engine_ok: list[bool | None] = field(default_factory=list)  # empty: no row has a check verdict
+
+    def tokens_are_engines(self, row: int) -> bool | None:
+        return self.engine_ok[row] if row < len(self.engine_ok) else None
 
 
 @dataclass
@@ -44,7 +50,8 @@ class RowsSummary:
     unavailable: list[str] = field(default_factory=list)
     unavailable_without_id: int = 0
     reasons: Counter[str] = field(default_factory=Counter)
-    drifting_rows: list[int] = field(default_factory=list)  # row indices whose verdict is drift
+    # row indices whose two-part verdict's numbers drift: compared, as its tokens are the engine's (strict masks them)
+    drifting_rows: list[int] = field(default_factory=list)
 
 
 def _keys_of(data: Any) -> set[str]:
@@ -66,18 +73,23 @@ def row_keys(data: Any, prompt_lengths: Sequence[int]) -> RowKeys | None:
     (no verl_ext loop produced it, or verl dropped the columns)."""
     ids = _column(data, ROLLOUT_ID)
     starts = _column(data, TURN_STARTS)
+    checks = _column(data, CHECK)
     if ids is None:
         extra = _column(data, EXTRA_FIELDS)
         if extra is None:
             return None
         ids = [e.get(ROLLOUT_ID) if isinstance(e, dict) else None for e in extra]
         starts = [e.get(TURN_STARTS) if isinstance(e, dict) else None for e in extra]
+        checks = [e.get(CHECK) if isinstance(e, dict) else None for e in extra]
     if starts is None:
         starts = [None] * len(ids)
+    if checks is None:
+        checks = [None] * len(ids)
     return RowKeys(
         [i if isinstance(i, str) and i else None for i in ids],
         [None if s is None else [int(x) for x in s] for s in starts],
         [int(n) for n in prompt_lengths],
+        [c["engine_ok"] if isinstance(c, dict) and isinstance(c.get("engine_ok"), bool) else None for c in checks],
     )
 
 
@@ -145,11 +157,19 @@ def summarize_rows(
             log.warning("verl_ext numerics: rollout %s not measured: %s", rollout_id, exc)
             continue
         out.measured.append(numerics)
-        if numerics.verdict(options).status == "drift":
+        if _numbers_drift(keys.tokens_are_engines(i), numerics, options):
             out.drifting_rows.append(i)
     if out.reasons:
         log.info("verl_ext numerics (%s, step %s): rows not measured: %s", source, step, dict(out.reasons))
     return out
+
+
+def _numbers_drift(engine_ok: bool | None, numerics: RolloutNumerics, options: NumericsOptions) -> bool:
+    """The two-part verdict's numbers are ``drift``: compared (the check found the tokens the engine's; a row with
+    no check verdict is not compared) and drifting. Defects do not matter here: they leave the engine's tokens."""
+    if engine_ok is None:
+        return False
+    return two_part_verdict(engine_ok, 0, numerics, options).numbers == "drift"
 
 
 def has_keys(data: Any) -> bool:

@@ -13,10 +13,10 @@ plugin's post-import style (verl_ext.plugin.post_import); neither adds a forward
   hands to every micro-batch the loss sees; the rollouts of the batch are registered as expected, so those that no
   micro-batch measured are counted ``numerics_unavailable``.
 
-Strict mode (``verl_ext.numerics.policy=strict`` where numcore's options have it; until then
-``verl_ext.check.mode=strict``) zeroes a drifting rollout's response mask before verl computes
-advantages (the old-logprob pass comes first), counted in ``tito/numerics/masked``; in bypass mode the loss masks
-it instead (advantages exist by then).
+Strict mode (``verl_ext.numerics.policy=strict``; the check's own mode does not set it) zeroes the response mask of a
+rollout whose two-part verdict's numbers drift (only where they are compared: its tokens are the engine's) before
+verl computes advantages (the old-logprob pass comes first), counted in ``tito/numerics/masked``; in bypass mode the
+loss masks it instead (advantages exist by then).
 """
 
 from __future__ import annotations
@@ -98,13 +98,9 @@ def settings_of(config: Any) -> NumericsSettings:
 
         section = config.get("verl_ext") if hasattr(config, "get") else None
         opts = LoopOptions.from_sources(section)
-        numerics = getattr(opts, "numerics", None) or NumericsOptions()
-        # the numbers' policy: ``verl_ext.numerics.policy`` where the options have one, else the check's mode (the
-        # strict preset masks drifting rollouts as it refuses broken tokens)
-        policy = str(getattr(numerics, "policy", opts.check.mode))
         _settings = NumericsSettings(
-            options=numerics if isinstance(numerics, NumericsOptions) else NumericsOptions(),
-            strict=policy.endswith("strict"),
+            options=opts.numerics,
+            strict=opts.numerics.policy == "strict",  # verl_ext.numerics.policy, apart from the check's mode
             records_dir=opts.records.dir,
             max_bytes=opts.records.max_bytes,
             max_files=opts.records.max_files,

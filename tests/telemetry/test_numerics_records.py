@@ -122,6 +122,9 @@ def test_parts_of_one_rollout_merge_and_other_sources_stay_apart(run):
     merged = view.by_source["old_log_prob"].numerics
     assert merged.overall.count == whole.overall.count and math.isclose(merged.overall.sum_abs, whole.overall.sum_abs)
     assert view.trainer is view.by_source["old_log_prob"]
+    # the same line twice (a file passed twice) is the same tokens twice: refused, never doubled
+    with pytest.raises(RecordError, match="both measure turn 0.*pass each file of the records folder once"):
+        NumericsIndex([numerics_record(x, opts) for x in (head, tail, head)])
 
 
 def test_the_thresholds_a_line_was_written_with_decide_its_verdict(run, tmp_path):

@@ -130,6 +130,14 @@ class NumericsIndex:
         if before is None:
             by_source[source] = record
             return
+        # parts of one rollout cover other turns; the same turn twice is the same tokens counted twice (a file
+        # passed twice, a copied records folder), which a merge would silently double
+        twice = sorted(set(before.numerics.by_turn) & set(record.numerics.by_turn))
+        if twice:
+            raise RecordError(
+                f"two numerics lines of rollout {record.rollout_id!r} ({source}) both measure turn {twice[0]}: the same "
+                "tokens twice (a records file passed twice, or a copy of one); pass each file of the records folder once"
+            )
         try:
             merged = before.numerics.merge(record.numerics)
         except ValueError as exc:

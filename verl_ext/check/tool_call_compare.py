@@ -146,9 +146,28 @@ def read_calls(
             continue
         ours[hit] = _with(ours[hit], call=k)
         at = hit + 1
+    ours = _unmatched_blocks(ours, theirs, wanted, sampled, prefix, alone=markers is None)
+    dropped = next((b for b in ours if b.dropped), None)
+    if dropped is not None and not detail:
+        text = sampled[dropped.start : dropped.end]
+        detail = f"the engine sampled a tool call the message does not hold in its place: {text[:160]!r}"
+    return CallsReading(not detail, detail, tuple(ours), theirs)
+
+
+def _unmatched_blocks(
+    ours: list[Block],
+    theirs: Sequence[Block],
+    wanted: Sequence[tuple[str, Any]],
+    sampled: str,
+    prefix: str,
+    *,
+    alone: bool,
+) -> list[Block]:
+    """``ours`` with each closed block no message call matched marked readable (a dropped call) or not (call text the
+    message keeps as text); ``alone``: the reader alone cut the calls (the template writes no per-call markers)."""
     # Where the reader alone cuts the calls, the calls it reads in the render beyond the message's are call text the
     # message holds as text (its content: a loop whose parser does not read the template's format keeps it there)
-    as_text = Counter(_read_key(b.read) for b in theirs if b.read is not None) if markers is None else Counter()
+    as_text = Counter(_read_key(b.read) for b in theirs if b.read is not None) if alone else Counter()
     as_text.subtract(_read_key(w) for w in wanted)
     for b, block in enumerate(ours):
         if block.call is None and block.closed and block.read is not None and as_text[_read_key(block.read)] > 0:
@@ -160,14 +179,10 @@ def read_calls(
             # it read is a call (functionary's first call, after the ">>>" its generation prompt holds, shows no text
             # before its name to read it by); with markers, the reader also reads calls the loop's parser cannot
             # (``parameters`` for ``arguments``): those read by the text
-            read = markers is None and block.read is not None
+            read = alone and block.read is not None
             readable = read or _readable(sampled[block.start : block.end], prefix, bool(wanted))
             ours[b] = _with(block, readable=readable)
-    dropped = next((b for b in ours if b.dropped), None)
-    if dropped is not None and not detail:
-        text = sampled[dropped.start : dropped.end]
-        detail = f"the engine sampled a tool call the message does not hold in its place: {text[:160]!r}"
-    return CallsReading(not detail, detail, tuple(ours), theirs)
+    return ours
 
 
 def _read_key(call: tuple[str, Any]) -> str:

@@ -110,6 +110,29 @@ class CallReader:
             else None
         )
 
+    def writes(self, text: str, name: str, arguments: Any) -> bool:
+        """Whether ``text`` (a turn as ``read`` takes it) holds a call of ``name`` with ``arguments`` (a JSON object)
+        where the form writes one: in the JSON encodings a call object (or the name after the form's lead, then the
+        object after its mid) equal to it by value; in the keyed encoding the name after the lead (the values are
+        the template's text, not JSON); a call in Python after the form's Python lead by its name."""
+        full = self.form.generation_prompt + text
+        want = _canonical(arguments)
+        if self.form.encoding == JSON_CALL:
+            at = full.find("{")
+            while at >= 0:
+                obj, _ = _json_at(full, at)
+                call = _json_call(self.form, obj)
+                if call is not None and call.name == name and _canonical(json.loads(call.arguments)) == want:
+                    return True
+                at = full.find("{", at + 1)
+        else:
+            lead = anchored(self.form.lead) or _optional(self.form.lead)
+            named = re.compile(f"(?:{lead})" + re.escape(name) + r"(?![\w\-])" + _mid(self.form.mid))
+            for m in named.finditer(full):
+                if self.form.encoding != NAME_JSON or _canonical(_json_at(full, m.end())[0]) == want:
+                    return True
+        return self.python is not None and re.search(rf"(?<![\w.]){re.escape(name)}\.call\(", text) is not None
+
     def read(self, text: str, types: Mapping[str, Mapping[str, str]] | None = None) -> ReadTurn:
         """Read a turn's text (as sampled, without the generation prompt; ``types``: parameter types per tool, used
         to keep a string parameter a string in the keyed encoding)."""
@@ -300,6 +323,11 @@ class CallReader:
 
 def _after_space(text: str, at: int) -> int:
     return _SPACE.match(text, at).end()  # type: ignore[union-attr]  # \s* always matches
+
+
+def _canonical(value: Any) -> str:
+    """A JSON value by meaning (keys sorted; ``true`` is not ``1``), to compare two readings' arguments."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def _json_at(text: str, at: int) -> tuple[Any, int]:

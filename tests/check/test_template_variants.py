@@ -46,6 +46,7 @@ from template_variants import EDITS, EXAMPLE_CALLS, Built, Variant, all_variants
 
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
+from verl_ext.core.call_reader.form import NAME_KEYED
 
 SEED = 37
 SAMPLE_PER_CLASS = 2  # variants per edit class in the suite (the bench runs them all)
@@ -128,7 +129,9 @@ def call_turn(draw: Any, b: Built, inside: bool) -> tuple[str, list[tuple[str, d
         text = rendered_turn(b.renderer, b.profile, {**message, **assistant_message(b.profile, drawn)})
     assert text, f"{b.variant.name}: the variant renders no turn for {message}"
     text = before_a_stop(b, text)
-    return draw(st.one_of(st.just(text), varied_text(text))), drawn
+    # a keyed form writes values as raw text: whitespace varied next to a marker inside one is another value
+    spaces = not (inside and b.reader.form.encoding == NAME_KEYED)
+    return draw(st.one_of(st.just(text), varied_text(text, spaces))), drawn
 
 
 def before_a_stop(b: Built, text: str) -> str:

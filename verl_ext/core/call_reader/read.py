@@ -94,7 +94,9 @@ class CallReader:
             + r"\s*".join(_chunk(c) for c in form.value_post),
             re.DOTALL,
         )
-        self.header_chunks = frozenset((*form.opener, *form.lead, *form.mid)) - {ID_SLOT}
+        # distinctive ones only: a short chunk (Seed-OSS's '>' after a name) would take the '>' of a tag before the
+        # call ('</seed:think>') from the content
+        self.header_chunks = frozenset(c for c in (*form.opener, *form.lead, *form.mid) if _distinctive(c)) - {ID_SLOT}
         python = anchored(form.python_lead) if form.python_lead else None
         self.python = re.compile(python) if python is not None else None
         wrap = form.content_wrap

@@ -214,3 +214,14 @@ def test_the_loop_counts_the_disagreements_of_each_class(kimi, seed):
         counters = _loop_counters(parts, text_of(parts, calls))
         assert counters["tool/readings_disagree"] == 1 and counters["tool/derived_reads"] == 1, (calls, counters)
     assert _loop_counters(kimi, text_of(kimi, [("calculator", {"expression": "1+2"})]))["tool/readings_disagree"] == 0
+
+
+def test_a_tag_right_before_a_call_stays_in_the_content(seed):
+    """Seed-OSS writes its reasoning block right before the call (``</seed:think><seed:tool_call>``); the '>' its
+    form writes after a name is no header chunk of the call, so the block's '>' stays in the content."""
+    message = assistant_message(seed["profile"], [("calculator", {"expression": "a"})])
+    message["reasoning_content"] = "I need the calculator."
+    text = rendered_turn(seed["r"], seed["profile"], message)
+    assert text and "</seed:think><seed:tool_call>" in text.replace("\n", ""), text
+    turn = seed["reader"].read(text)
+    assert turn.content.rstrip().endswith("</seed:think>"), turn.content

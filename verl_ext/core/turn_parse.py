@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_ext.core.call_reader import CallReader, parameter_types
+from verl_ext.core.call_reader import CallForm, CallReader, ReadTurn, parameter_types
 from verl_ext.core.call_reader.faults import CALL_TEXT_LEFT, call_faults
 from verl_ext.core.call_reader.leftover import call_text_left
 from verl_ext.core.turn_end import message_body
@@ -166,32 +166,16 @@ async def parse_turn(
     if call_reader is None:
         raise ValueError("parse_turn needs verl's tool parser or a call reader derived from the template")
     text = decode(message_body(ids, end_of_turn_ids))
-    read = call_reader.read(text, parameter_types(schemas))
+    offered = parameter_types(schemas)
+    read = call_reader.read(text, offered)
     calls = [ParsedCall(c.name, c.arguments, c.call_id or call_id(turn, i)) for i, c in enumerate(read.calls)]
     if tool_parser is None or (not parsed and calls):
         return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls))
-    form = call_reader.form
-    # Call-like text each reading leaves outside its calls, a closed block both count malformed aside: verl's parser
-    # takes the blocks it could not read out of its content (a block cut inside a JSON string is one), so more of
-    # them than the derived reader's closed unread sections is text it left; the derived reader keeps its unread
-    # sections in the content, and what it leaves outside its calls and those is left.
-    closed = [(a, b) for a, b, whole in read.unread if whole]
-    # an unclosed section verl's content holds as written (a call cut by the stop) is left by both: neither's fault
-    both = [(a, b) for a, b, whole in read.unread if not whole and text[a:b] in content]
-    verl_rest = content
-    for a, b in both:
-        verl_rest = verl_rest.replace(text[a:b], "", 1)
-    verl_left = call_text_left(form, verl_rest) is not None or malformed > len(closed)
-    # what the derived reader consumed (sections from their opener to their close) is out of its content already
-    derived_rest = read.content
-    for a, b in [*closed, *both]:
-        derived_rest = derived_rest.replace(text[a:b], "", 1)
-    derived_left = call_text_left(form, derived_rest) is not None
+    verl_left, derived_left = _text_left(call_reader.form, text, content, malformed, read)
     verl_faults = {CALL_TEXT_LEFT} if verl_left else set()
     derived_faults = {CALL_TEXT_LEFT} if derived_left else set()
     differ = _meanings(parsed) != _meanings(calls)
     if differ:  # the calls themselves judged (a fact of the calls: readings of the same calls share it)
-        offered = parameter_types(schemas)
         verl_faults |= call_faults(call_reader, text, [(c.name, c.arguments) for c in parsed], offered)
         derived_faults |= call_faults(call_reader, text, [(c.name, c.arguments) for c in calls], offered)
     disagree = bool(parsed) and (differ or verl_left != derived_left)
@@ -208,6 +192,28 @@ async def parse_turn(
         )
     lost = tuple(sorted(derived_faults)) if disagree else ()
     return _turn(content, parsed, malformed, max_parallel_calls, disagree=disagree, faults=lost)
+
+
+def _text_left(form: CallForm, text: str, content: str, malformed: int, read: ReadTurn) -> tuple[bool, bool]:
+    """Whether verl's reading (``content``, ``malformed``) and the derived one (``read`` of ``text``) each leave
+    call-like text outside their calls."""
+    # Call-like text each reading leaves outside its calls, a closed block both count malformed aside: verl's parser
+    # takes the blocks it could not read out of its content (a block cut inside a JSON string is one), so more of
+    # them than the derived reader's closed unread sections is text it left; the derived reader keeps its unread
+    # sections in the content, and what it leaves outside its calls and those is left.
+    closed = [(a, b) for a, b, whole in read.unread if whole]
+    # an unclosed section verl's content holds as written (a call cut by the stop) is left by both: neither's fault
+    both = [(a, b) for a, b, whole in read.unread if not whole and text[a:b] in content]
+    verl_rest = content
+    for a, b in both:
+        verl_rest = verl_rest.replace(text[a:b], "", 1)
+    verl_left = call_text_left(form, verl_rest) is not None or malformed > len(closed)
+    # what the derived reader consumed (sections from their opener to their close) is out of its content already
+    derived_rest = read.content
+    for a, b in [*closed, *both]:
+        derived_rest = derived_rest.replace(text[a:b], "", 1)
+    derived_left = call_text_left(form, derived_rest) is not None
+    return verl_left, derived_left
 
 
 def _meanings(calls: Sequence[ParsedCall]) -> list[tuple[str, str]]:

@@ -175,21 +175,27 @@ def test_readings_that_agree_are_no_disagreement(kimi, seed):
 
 
 def test_each_class_alone(kimi):
-    """Each fault class is a fact of its own: a name not offered but written, a call not written, a value of another
-    type than declared; a null fits any type (a parameter left unset), and no tools offered judge no name or type."""
+    """Each fault class is a fact of its own: a name not offered and not written (a tool not offered that the model
+    called is no fault), a call not written, a value kept as text that is a value of its declared type; a null fits
+    any type (a parameter left unset), a value the model wrote of another type is no fault, and no tools offered
+    judge no name or type."""
     reader, types = kimi["reader"], parameter_types(tool_schemas(TOOLS))
     text = text_of(kimi, [("calculator", {"expression": "1+2", "note": None})])
     assert call_faults(reader, text, [("calculator", '{"expression": "1+2", "note": null}')], types) == frozenset()
-    unoffered = text.replace("calculator", "lookup")
-    assert call_faults(reader, unoffered, [("lookup", '{"expression": "1+2", "note": null}')], types) == {
-        NAME_NOT_OFFERED
-    }
-    assert call_faults(reader, unoffered, [("lookup", '{"expression": "1+2", "note": null}')], {}) == frozenset()
+    lookup = [("lookup", '{"expression": "1+2", "note": null}')]
+    assert call_faults(reader, text, lookup, types) == {NAME_NOT_OFFERED, NOT_WRITTEN}  # a name the reading made up
+    assert call_faults(reader, text.replace("calculator", "lookup"), lookup, types) == frozenset()  # the model's
+    assert call_faults(reader, text, lookup, {}) == {NOT_WRITTEN}
     assert call_faults(reader, text, [("calculator", '{"expression": "1+3", "note": null}')], types) == {NOT_WRITTEN}
     assert call_faults(reader, text, [("calculator", "not json")], types) == {NOT_WRITTEN}
-    typed = text_of(kimi, [("calculator", {"expression": 3})])
-    assert call_faults(reader, typed, [("calculator", '{"expression": 3}')], types) == {TYPE_MISFIT}
-    assert call_faults(reader, typed, [("calculator", '{"expression": 3}')], {}) == frozenset()
+    as_text = text_of(kimi, [("calculator", {"count": "3", "exact": "True", "tags": "['x']"})])
+    for kept in ('{"count": "3"}', '{"exact": "true"}', '{"tags": "[\'x\']"}'):
+        written = text_of(kimi, [("calculator", json.loads(kept))])
+        assert call_faults(reader, written, [("calculator", kept)], types) == {TYPE_MISFIT}, kept
+    assert call_faults(reader, as_text, [("calculator", '{"count": "3"}')], {}) == {NOT_WRITTEN}
+    # a value the model wrote of another type than declared is what it wrote: no fault
+    other = text_of(kimi, [("calculator", {"expression": 3, "count": "many"})])
+    assert call_faults(reader, other, [("calculator", '{"expression": 3, "count": "many"}')], types) == frozenset()
 
 
 def _loop_counters(parts: dict[str, Any], text: str) -> Counter[str]:

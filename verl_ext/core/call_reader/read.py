@@ -112,26 +112,26 @@ class CallReader:
             else None
         )
 
-    def writes(self, text: str, name: str, arguments: Any) -> bool:
-        """Whether ``text`` (a turn as ``read`` takes it) holds a call of ``name`` with ``arguments`` (a JSON object)
-        where the form writes one: in the JSON encodings a call object (or the name after the form's lead, then the
-        object after its mid) equal to it by value; in the keyed encoding the name after the lead (the values are
-        the template's text, not JSON); a call in Python after the form's Python lead by its name."""
+    def writes(self, text: str, name: str, arguments: Any = None) -> bool:
+        """Whether ``text`` (a turn as ``read`` takes it) holds a call of ``name`` with ``arguments`` (a JSON object;
+        None: any) where the form writes one: in the JSON encodings a call object (or the name after the form's lead,
+        then the object after its mid) equal to it by value; in the keyed encoding the name after the lead (the
+        values are the template's text, not JSON); a call in Python after the form's Python lead by its name."""
         full = self.form.generation_prompt + text
-        want = _canonical(arguments)
+        want = None if arguments is None else _canonical(arguments)
         if self.form.encoding == JSON_CALL:
             at = full.find("{")
             while at >= 0:
                 obj, _ = _json_at(full, at)
                 call = _json_call(self.form, obj)
-                if call is not None and call.name == name and _canonical(json.loads(call.arguments)) == want:
+                if call is not None and call.name == name and want in (None, _canonical(json.loads(call.arguments))):
                     return True
                 at = full.find("{", at + 1)
         else:
             lead = anchored(self.form.lead) or _optional(self.form.lead)
             named = re.compile(f"(?:{lead})" + re.escape(name) + r"(?![\w\-])" + _mid(self.form.mid))
             for m in named.finditer(full):
-                if self.form.encoding != NAME_JSON or _canonical(_json_at(full, m.end())[0]) == want:
+                if self.form.encoding != NAME_JSON or want in (None, _canonical(_json_at(full, m.end())[0])):
                     return True
         return self.python is not None and re.search(rf"(?<![\w.]){re.escape(name)}\.call\(", text) is not None
 

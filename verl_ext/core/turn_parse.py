@@ -6,10 +6,12 @@ qwen3_coder, ...), used through its interface only (``extract_tool_calls``, ``to
 imports verl, so the gateway's core stays free of verl, Ray and torch. verl's parser is the default; the reader
 derived from the chat template (``verl_ext.core.call_reader``) reads the turn where there is no verl parser, or where
 verl's reads no call and the derived reader reads one (``ParsedTurn.derived``, counted ``tool/derived_reads``).
-Where both read calls and their calls differ (``ParsedTurn.disagree``, counted ``tool/readings_disagree``), the
-reading that leaves no call-like text outside its calls is taken (``call_reader.leftover``: verl's hermes parser
-cuts a call at a ``</tool_call>`` inside a JSON string and leaves the rest in the content; the derived reader decodes
-the JSON); where both leave some, or neither does, verl's.
+Where both read calls and their calls differ (``ParsedTurn.disagree``, counted ``tool/readings_disagree``), each
+reading is judged by fault class (``call_reader.faults``: call-like text left outside its calls, a tool not offered,
+a call the text does not hold where the template writes one, an argument not of its declared type): the derived
+reading is taken where its faults are a part of verl's (verl's hermes parser cuts a call at a ``</tool_call>``
+inside a JSON string and leaves the rest in the content; verl's kimi parser reads ``functions.get-weather:0`` as a
+name; verl's seed parser keeps ``True`` as a string); elsewhere verl's, as before.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_ext.core.call_reader import CallReader, parameter_types
-from verl_ext.core.call_reader.leftover import call_text_left, outside
+from verl_ext.core.call_reader import CallForm, CallReader, ReadTurn, parameter_types
+from verl_ext.core.call_reader.faults import CALL_TEXT_LEFT, call_faults
+from verl_ext.core.call_reader.leftover import call_text_left
 from verl_ext.core.turn_end import message_body
 
 
@@ -45,6 +48,7 @@ class ParsedTurn:
     malformed: int
     derived: bool = False  # the calls were read by the reader derived from the template, not by verl's parser
     disagree: bool = False  # verl's parser and the derived reader both read calls, and not the same ones
+    faults: tuple[str, ...] = ()  # the fault classes of the reading not taken (``call_reader.faults``): why it lost
 
 
 def call_id(turn: int, index: int) -> str:
@@ -148,9 +152,10 @@ async def parse_turn(
 
     ``call_reader`` (the reader derived from the template) reads the ids minus an end-of-turn stop too: its reading
     is taken where ``tool_parser`` is None, where verl's parser read no call and it reads one, and where verl's read
-    calls and the two readings disagree (``disagree``: other calls, or call-like text left by one only) and only
-    verl's leaves call-like text outside its calls (``call_text_left``, or more blocks it could not read than the
-    derived reader's closed unread sections); a turn so read is marked ``derived``.
+    calls and the two readings disagree (``disagree``: other calls, or call-like text left by one only) and the
+    derived reading's faults are a part of verl's (``call_reader.faults``; call-like text left is ``call_text_left``,
+    or more blocks verl's could not read than the derived reader's closed unread sections); a turn so read is marked
+    ``derived``, and a turn whose readings disagree names the faults of the reading not taken (``faults``).
     """
     if tool_parser is not None:
         content, parsed, malformed = await _verl_reading(
@@ -161,11 +166,37 @@ async def parse_turn(
     if call_reader is None:
         raise ValueError("parse_turn needs verl's tool parser or a call reader derived from the template")
     text = decode(message_body(ids, end_of_turn_ids))
-    read = call_reader.read(text, parameter_types(schemas))
+    offered = parameter_types(schemas)
+    read = call_reader.read(text, offered)
     calls = [ParsedCall(c.name, c.arguments, c.call_id or call_id(turn, i)) for i, c in enumerate(read.calls)]
     if tool_parser is None or (not parsed and calls):
         return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls))
-    form = call_reader.form
+    verl_left, derived_left = _text_left(call_reader.form, text, content, malformed, read)
+    verl_faults = {CALL_TEXT_LEFT} if verl_left else set()
+    derived_faults = {CALL_TEXT_LEFT} if derived_left else set()
+    differ = _meanings(parsed) != _meanings(calls)
+    if differ:  # the calls themselves judged (a fact of the calls: readings of the same calls share it)
+        verl_faults |= call_faults(call_reader, text, [(c.name, c.arguments) for c in parsed], offered)
+        derived_faults |= call_faults(call_reader, text, [(c.name, c.arguments) for c in calls], offered)
+    disagree = bool(parsed) and (differ or verl_left != derived_left)
+    # the derived reading is taken where its faults are a part of verl's (a tool not offered that both name, say)
+    if (disagree or not parsed) and derived_faults < verl_faults:  # (no call read: the content alone differs)
+        return _turn(
+            read.content,
+            calls,
+            read.malformed,
+            max_parallel_calls,
+            derived=bool(calls),
+            disagree=disagree,
+            faults=tuple(sorted(verl_faults)),
+        )
+    lost = tuple(sorted(derived_faults)) if disagree else ()
+    return _turn(content, parsed, malformed, max_parallel_calls, disagree=disagree, faults=lost)
+
+
+def _text_left(form: CallForm, text: str, content: str, malformed: int, read: ReadTurn) -> tuple[bool, bool]:
+    """Whether verl's reading (``content``, ``malformed``) and the derived one (``read`` of ``text``) each leave
+    call-like text outside their calls."""
     # Call-like text each reading leaves outside its calls, a closed block both count malformed aside: verl's parser
     # takes the blocks it could not read out of its content (a block cut inside a JSON string is one), so more of
     # them than the derived reader's closed unread sections is text it left; the derived reader keeps its unread
@@ -177,11 +208,12 @@ async def parse_turn(
     for a, b in both:
         verl_rest = verl_rest.replace(text[a:b], "", 1)
     verl_left = call_text_left(form, verl_rest) is not None or malformed > len(closed)
-    derived_left = call_text_left(form, outside(text, [*read.spans, *closed, *both])) is not None
-    disagree = bool(parsed) and (_meanings(parsed) != _meanings(calls) or verl_left != derived_left)
-    if (disagree or not parsed) and verl_left and not derived_left:  # (no call read: the content alone differs)
-        return _turn(read.content, calls, read.malformed, max_parallel_calls, derived=bool(calls), disagree=disagree)
-    return _turn(content, parsed, malformed, max_parallel_calls, disagree=disagree)
+    # what the derived reader consumed (sections from their opener to their close) is out of its content already
+    derived_rest = read.content
+    for a, b in [*closed, *both]:
+        derived_rest = derived_rest.replace(text[a:b], "", 1)
+    derived_left = call_text_left(form, derived_rest) is not None
+    return verl_left, derived_left
 
 
 def _meanings(calls: Sequence[ParsedCall]) -> list[tuple[str, str]]:
@@ -204,10 +236,11 @@ def _turn(
     max_parallel_calls: int | None,
     derived: bool = False,
     disagree: bool = False,
+    faults: tuple[str, ...] = (),
 ) -> ParsedTurn:
     limit = len(parsed) if max_parallel_calls is None else max(0, max_parallel_calls)
     message = assistant_message(content, parsed)
-    return ParsedTurn(message, parsed[:limit], parsed[limit:], malformed, derived, disagree)
+    return ParsedTurn(message, parsed[:limit], parsed[limit:], malformed, derived, disagree, faults)
 
 
 async def _verl_reading(

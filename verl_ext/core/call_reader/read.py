@@ -94,7 +94,9 @@ class CallReader:
             + r"\s*".join(_chunk(c) for c in form.value_post),
             re.DOTALL,
         )
-        self.header_chunks = frozenset((*form.opener, *form.lead, *form.mid)) - {ID_SLOT}
+        # distinctive ones only: a short chunk (Seed-OSS's '>' after a name) would take the '>' of a tag before the
+        # call ('</seed:think>') from the content
+        self.header_chunks = frozenset(c for c in (*form.opener, *form.lead, *form.mid) if _distinctive(c)) - {ID_SLOT}
         python = anchored(form.python_lead) if form.python_lead else None
         self.python = re.compile(python) if python is not None else None
         wrap = form.content_wrap
@@ -109,6 +111,29 @@ class CallReader:
             if wrap
             else None
         )
+
+    def writes(self, text: str, name: str, arguments: Any = None) -> bool:
+        """Whether ``text`` (a turn as ``read`` takes it) holds a call of ``name`` with ``arguments`` (a JSON object;
+        None: any) where the form writes one: in the JSON encodings a call object (or the name after the form's lead,
+        then the object after its mid) equal to it by value; in the keyed encoding the name after the lead (the
+        values are the template's text, not JSON); a call in Python after the form's Python lead by its name."""
+        full = self.form.generation_prompt + text
+        want = None if arguments is None else _canonical(arguments)
+        if self.form.encoding == JSON_CALL:
+            at = full.find("{")
+            while at >= 0:
+                obj, _ = _json_at(full, at)
+                call = _json_call(self.form, obj)
+                if call is not None and call.name == name and want in (None, _canonical(json.loads(call.arguments))):
+                    return True
+                at = full.find("{", at + 1)
+        else:
+            lead = anchored(self.form.lead) or _optional(self.form.lead)
+            named = re.compile(f"(?:{lead})" + re.escape(name) + r"(?![\w\-])" + _mid(self.form.mid))
+            for m in named.finditer(full):
+                if self.form.encoding != NAME_JSON or want in (None, _canonical(_json_at(full, m.end())[0])):
+                    return True
+        return self.python is not None and re.search(rf"(?<![\w.]){re.escape(name)}\.call\(", text) is not None
 
     def read(self, text: str, types: Mapping[str, Mapping[str, str]] | None = None) -> ReadTurn:
         """Read a turn's text (as sampled, without the generation prompt; ``types``: parameter types per tool, used
@@ -300,6 +325,11 @@ class CallReader:
 
 def _after_space(text: str, at: int) -> int:
     return _SPACE.match(text, at).end()  # type: ignore[union-attr]  # \s* always matches
+
+
+def _canonical(value: Any) -> str:
+    """A JSON value by meaning (keys sorted; ``true`` is not ``1``), to compare two readings' arguments."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
 
 
 def _json_at(text: str, at: int) -> tuple[Any, int]:

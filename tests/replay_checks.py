@@ -6,14 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from verl_ext.cli.replay import read_records, replay_items
+from verl_ext.cli.replay import read_replay_file, replay_items
 
 
 def assert_records_replay(folder: Path, renderer: Any) -> int:
     """Every rollout record under ``folder`` replays to its recorded stream and loss mask with the header's
     tokenizer, and replay finds no failure the record's own check did not (a rollout that ended on invalid engine
     output is recorded with that failure, and replay names it again). Returns how many records were replayed."""
-    items = [(str(f), item) for f in sorted(folder.glob("*.jsonl")) for item in read_records(str(f))]
+    items = [(str(f), item) for f in sorted(folder.glob("*.jsonl")) for item in read_replay_file(str(f)).items]
     result = replay_items(items, renderer, [], "the test's renderer")
     assert not result.headers, result.headers[0]
     for path, r in result.done:

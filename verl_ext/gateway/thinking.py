@@ -13,6 +13,7 @@ the setting the gateway renders and how to start it with the other; a template w
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 
 from verl_ext.core.rendering import ChatRenderer
@@ -52,9 +53,19 @@ def _text(renderer: ChatRenderer, **kwargs: object) -> str:
     return renderer.with_template_kwargs(kwargs).render_text(_PROBE, None, True)
 
 
+# each renderer's switch, probed once: the probe renders the template 2-7 times, on the request path
+_SWITCHES: weakref.WeakKeyDictionary[ChatRenderer, tuple[ThinkingSwitch | None]] = weakref.WeakKeyDictionary()
+
+
 def thinking_switch(renderer: ChatRenderer) -> ThinkingSwitch | None:
     """The renderer's thinking switch (the module docstring), or None where its template reads none, or reads one
-    that changes nothing it renders."""
+    that changes nothing it renders; probed once per renderer."""
+    if renderer not in _SWITCHES:
+        _SWITCHES[renderer] = (_probed_switch(renderer),)
+    return _SWITCHES[renderer][0]
+
+
+def _probed_switch(renderer: ChatRenderer) -> ThinkingSwitch | None:
     variables = template_variables(renderer.chat_template or "") if renderer.chat_template else frozenset()
     rendered = _text(renderer)
     if LEVEL_SWITCH in variables:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import math
 import re
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 import matplotlib
 
@@ -17,9 +18,6 @@ from matplotlib.ticker import FuncFormatter  # noqa: E402
 
 from verl_ext.check.findings import ALLOWED_BY_DESIGN, Cause  # noqa: E402
 from verl_ext.report.summary import Summary  # noqa: E402
-
-if TYPE_CHECKING:
-    from verl_ext.report.numerics import NumericsSection
 
 _BY_DESIGN = {c.value for c in ALLOWED_BY_DESIGN}
 
@@ -144,7 +142,24 @@ def _floored(values: list[float | None]) -> tuple[list[float], bool]:
     return out, floored
 
 
-def numerics_plot(section: NumericsSection) -> Markup:
+class NumericsSeries(Protocol):
+    """What the numerics plot draws (``report.numerics.NumericsSection`` is one): the plot knows no section."""
+
+    @property
+    def steps(self) -> Sequence[int]: ...
+    @property
+    def options(self) -> Any: ...  # its drift_mean_abs_delta is the dashed threshold
+    @property
+    def depth_labels(self) -> Sequence[str]: ...
+    @property
+    def depth_by_step(self) -> Mapping[int, Sequence[float | None]]: ...
+    @property
+    def turn_by_step(self) -> Mapping[int, Mapping[int, float]]: ...
+    @property
+    def overall_by_step(self) -> Mapping[int, float]: ...
+
+
+def numerics_plot(section: NumericsSeries) -> Markup:
     """Three panels, mean |trainer − engine logprob| on a log axis with the drift threshold dashed: by depth bucket
     (a line per step), by turn (a line per step), and over the steps."""
     steps = list(section.steps)

@@ -71,6 +71,7 @@ class NumericsOptions:
     depth_edges: tuple[int, ...] = DEFAULT_DEPTH_EDGES
     drift_mean_abs_delta: float = DEFAULT_DRIFT_MEAN_ABS_DELTA  # a bucket (depth or turn) whose mean |Δ| passes it
     token_abs_delta: float = DEFAULT_TOKEN_ABS_DELTA  # one token's |Δ| past it: "first position past the threshold"
+    refeed_fraction: float = 0.0  # rollouts re-scored by the engine that sampled them (core/refeed.py); 0: off
 
     def problems(self, where: str = "verl_ext.numerics") -> list[str]:
         """What is wrong with these options, each a sentence naming the option, the problem and the fix; empty
@@ -104,6 +105,12 @@ class NumericsOptions:
                     f"{where}.{name} must be a positive finite number of nats (|trainer - engine| logprob), got "
                     f"{value!r}; the default is {getattr(NumericsOptions, name)}"
                 )
+        f = self.refeed_fraction
+        if not (isinstance(f, int | float) and not isinstance(f, bool) and 0 <= f <= 1):
+            out.append(
+                f"{where}.refeed_fraction must be a number from 0 (off) to 1 (every rollout re-scored), got {f!r}; "
+                "e.g. 0.05 re-scores one rollout in twenty"
+            )
         return out
 
 

@@ -149,11 +149,17 @@ def _numerics(section: Any) -> NumericsOptions:
         depth_edges=tuple(edges) if isinstance(edges, list | tuple) else edges,
         drift_mean_abs_delta=section.get("drift_mean_abs_delta", d.drift_mean_abs_delta),
         token_abs_delta=section.get("token_abs_delta", d.token_abs_delta),
+        refeed_fraction=section.get("refeed_fraction", d.refeed_fraction),
     )
     problems = options.problems("verl_ext.numerics")
     if problems:
         raise OptionsError(problems[0])
-    return NumericsOptions(options.depth_edges, float(options.drift_mean_abs_delta), float(options.token_abs_delta))
+    return NumericsOptions(
+        options.depth_edges,
+        float(options.drift_mean_abs_delta),
+        float(options.token_abs_delta),
+        float(options.refeed_fraction),
+    )
 
 
 def _not_a_mapping(value: Any) -> str:

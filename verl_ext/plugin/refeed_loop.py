@@ -143,7 +143,6 @@ def _log_once(reason: str) -> None:
         log.warning("verl_ext re-feed audit: %s", reason)
 
 
-
 def write_refeed_line(rt: RolloutRuntime, result: RefeedResult, options: NumericsOptions) -> bool:
     """Append the audited rollout's ``numerics`` line (source ``"refeed"``) to the record file its rollout line went
     to. Records are diagnostics: a line not written is counted (``tito/records/write_failures``), never raised.

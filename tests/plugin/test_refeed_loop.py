@@ -86,3 +86,13 @@ def test_a_fraction_out_of_range_is_refused_naming_the_key_and_the_fix(bad):
 def test_a_fraction_in_range_is_taken(good):
     assert LoopOptions.from_sources({"numerics": {"refeed_fraction": good}}).numerics.refeed_fraction == good
     assert NumericsOptions(refeed_fraction=good).problems() == []
+
+
+def test_the_preflight_refuses_a_fraction_out_of_range_before_ray_starts():
+    from loop_harness import verl_config
+
+    from verl_ext.plugin.preflight import check_config
+
+    with pytest.raises(OptionsError, match=r"verl_ext.numerics.refeed_fraction .*from 0 \(off\) to 1"):
+        check_config(verl_config(["+verl_ext=warn", "verl_ext.numerics.refeed_fraction=2"]))
+    check_config(verl_config(["+verl_ext=warn", "verl_ext.numerics.refeed_fraction=0.25"]))  # in range: taken

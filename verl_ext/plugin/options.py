@@ -158,7 +158,7 @@ def _numerics(section: Any) -> NumericsOptions:
         options.depth_edges,
         float(options.drift_mean_abs_delta),
         float(options.token_abs_delta),
-        float(options.refeed_fraction),
+        refeed_fraction=float(options.refeed_fraction),  # by keyword: numwire's policy field sits beside it
     )
 
 

@@ -297,8 +297,7 @@ def mutation_results(b: Built) -> dict[str, bool | str]:
 
 # Failures found by these tests, of classes other changes of issue 37 are fixing: (test, variant name) -> the class
 # and its owner. Each is a strict xfail: when the fix lands the test XPASSes and the entry goes.
-KNOWN_FAILURES: dict[tuple[str, str], str] = {
-}
+KNOWN_FAILURES: dict[tuple[str, str], str] = {}
 
 
 def params(test: str) -> list[Any]:

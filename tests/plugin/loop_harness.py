@@ -30,6 +30,8 @@ class RecordingServer:
     def __init__(self, server: Any) -> None:
         self.server = server
         self.requests: list[dict[str, Any]] = []
+        self.acquired: list[str] = []
+        self.released: list[str | None] = []
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **_: Any):
         request = {"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)}
@@ -38,10 +40,18 @@ class RecordingServer:
         request["output_ids"] = list(output.token_ids)
         return output
 
+    # verl's LLMServerClient routing, as the re-feed audit calls it (plugin/refeed_loop.py): one server here
+    async def _acquire_server(self, request_id: str, **_: Any) -> tuple[str, Any]:
+        self.acquired.append(request_id)
+        return f"cpu-{id(self.server)}", self.server  # a server id is unique in verl's pool
+
+    def _release_server(self, server_id: str, request_id: str | None = None) -> None:
+        self.released.append(request_id)
+
 
 @pytest.fixture
 def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]]:
-    """``make_loop(force_text=..., response_length=..., verl_ext=..., stock=...)`` -> (loop, server).
+    """``make_loop(force_text=..., response_length=..., verl_ext=..., stock=..., faults=...)`` -> (loop, server).
 
     ``stock=True`` gives verl's own ``tool_agent`` with verl_ext's audit-only check around it."""
     from transformers import AutoTokenizer
@@ -61,6 +71,7 @@ def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]
         tools_path: Path = DEMO_TOOLS,
         extra: list[str] = (),
         stock: bool = False,
+        faults: list[dict[str, Any]] | None = None,
     ) -> tuple[Any, RecordingServer]:
         cfg = verl_config(
             [
@@ -80,7 +91,11 @@ def make_loop(tiny_qwen3_dir: Path) -> Callable[..., tuple[Any, RecordingServer]
         tools = load_tools(tools_path)
         server = RecordingServer(
             CPUGenerationServer(
-                str(tiny_qwen3_dir), prompt_length=512, response_length=response_length, force_text=force_text
+                str(tiny_qwen3_dir),
+                prompt_length=512,
+                response_length=response_length,
+                force_text=force_text,
+                faults=faults,
             )
         )
         loop_class = AuditedToolAgentLoop if stock else VerlExtToolAgentLoop

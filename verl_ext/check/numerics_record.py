@@ -135,8 +135,9 @@ class NumericsIndex:
         twice = sorted(set(before.numerics.by_turn) & set(record.numerics.by_turn))
         if twice:
             raise RecordError(
-                f"two numerics lines of rollout {record.rollout_id!r} ({source}) both measure turn {twice[0]}: the same "
-                "tokens twice (a records file passed twice, or a copy of one); pass each file of the records folder once"
+                f"two numerics lines of rollout {record.rollout_id!r} ({source}) both measure turn {twice[0]}: the "
+                "same tokens twice (a records file passed twice, or a copy of one); pass each file of the records "
+                "folder once"
             )
         try:
             merged = before.numerics.merge(record.numerics)

@@ -77,6 +77,7 @@ class NumericsOptions:
     # warn: a drifting rollout is logged and reported; strict: also masked out of the loss where its numbers were
     # compared (its tokens the engine's), counted in tito/numerics/masked
     policy: str = "warn"
+    refeed_fraction: float = 0.0  # rollouts re-scored by the engine that sampled them (core/refeed.py); 0: off
 
     def problems(self, where: str = "verl_ext.numerics") -> list[str]:
         """What is wrong with these options, each a sentence naming the option, the problem and the fix; empty
@@ -115,6 +116,12 @@ class NumericsOptions:
                 f"{where}.policy must be one of {list(POLICIES)} (warn: log and report a drifting rollout; strict: "
                 f"also mask it out of the loss), got {self.policy!r}; write {where}.policy=warn or "
                 f"{where}.policy=strict"
+            )
+        f = self.refeed_fraction
+        if not (isinstance(f, int | float) and not isinstance(f, bool) and 0 <= f <= 1):
+            out.append(
+                f"{where}.refeed_fraction must be a number from 0 (off) to 1 (every rollout re-scored), got {f!r}; "
+                "e.g. 0.05 re-scores one rollout in twenty"
             )
         return out
 

@@ -29,6 +29,7 @@ from verl.utils.profiler import simple_timer
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError, TemplateError
 from verl_ext.core.prompt_ids import PromptIds
+from verl_ext.core.refeed import RefeedResult
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
@@ -40,6 +41,7 @@ from verl_ext.plugin.image_loop import prompt_images_decoded, refuse_images_with
 from verl_ext.plugin.loop_names import AGENT_LOOP_NAME
 from verl_ext.plugin.loop_output import loop_output
 from verl_ext.plugin.options import LoopOptions
+from verl_ext.plugin.refeed_loop import audit_rollout, write_refeed_line
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
     ToolOutcome,
@@ -50,6 +52,7 @@ from verl_ext.plugin.tool_calls import (
     run_tool,
 )
 from verl_ext.runtime import LiveRollout, RolloutRuntime
+from verl_ext.runtime.rollout import FinishedRollout
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -133,7 +136,10 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
                 **({"resumed_turns": ro.resumed} if ro.resumed else {}),
             },
         )
+        refeed = await self._refeed(ro, finished)
         result = ro.live.conclude(finished)
+        if refeed is not None and refeed.numerics is not None:
+            write_refeed_line(self.rt, refeed, self.options.numerics)
         # step 5: what verl trains on, with the verdict and verl's own extra fields
         return loop_output(
             finished,
@@ -248,6 +254,21 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             )
             counters["tool/malformed_unanswerable"] += malformed
             return False
+
+    async def _refeed(self, ro: _RolloutState, finished: FinishedRollout) -> RefeedResult | None:
+        """Step 4a, opt-in (``verl_ext.numerics.refeed_fraction``): re-score an audited rollout on the server that
+        sampled it, now, before the next weight update; what became of it is counted in the rollout's counters."""
+        if not self.options.numerics.refeed_fraction:
+            return None
+        return await audit_rollout(
+            self.server_manager,
+            ro.request_id,
+            str(self.config.actor_rollout_ref.rollout.name),
+            finished.rollout,
+            ro.extra_fields.get("global_steps"),
+            self.options.numerics,
+            ro.live.counters,
+        )
 
     # -- helpers ----------------------------------------------------------------------------------
     async def _parse(self, ids: list[int], turn: int, counters: Counter[str], active: Mapping[str, Any]) -> ParsedTurn:

@@ -150,12 +150,17 @@ def _numerics(section: Any) -> NumericsOptions:
         drift_mean_abs_delta=section.get("drift_mean_abs_delta", d.drift_mean_abs_delta),
         token_abs_delta=section.get("token_abs_delta", d.token_abs_delta),
         policy=section.get("policy", d.policy),
+        refeed_fraction=section.get("refeed_fraction", d.refeed_fraction),
     )
     problems = options.problems("verl_ext.numerics")
     if problems:
         raise OptionsError(problems[0])
     return NumericsOptions(
-        options.depth_edges, float(options.drift_mean_abs_delta), float(options.token_abs_delta), options.policy
+        options.depth_edges,
+        float(options.drift_mean_abs_delta),
+        float(options.token_abs_delta),
+        policy=options.policy,
+        refeed_fraction=float(options.refeed_fraction),
     )
 
 

@@ -367,3 +367,75 @@ def test_each_step_writes_a_numerics_line_per_rollout_and_is_never_silently_abse
     assert numerics_step.step_metrics(5, checked=0.0) == {}  # a validation log: no trainer numbers by design
     numerics_trainer._settings = None
     numerics_step._writer.clear()
+
+
+def ppo_loss_inputs(rows: list[dict[str, Any]], step: int | None, strict: bool = False) -> tuple[Any, Any]:
+    """What an FSDP rank's engine hands verl's ``ppo_loss`` in bypass mode: the micro-batch (old logprobs are the
+    engine's) and the model output over whole sequences (logprobs and entropy, nested as the no-padding engine
+    gives them; a response token's logprob sits one position before it)."""
+    from verl.utils import tensordict_utils as tu
+
+    td = micro_batch(rows, step, strict)
+    td["old_log_probs"] = torch.nested.as_nested_tensor([torch.tensor(r["engine"]) for r in rows], layout=torch.jagged)
+    td["advantages"] = torch.nested.as_nested_tensor([torch.ones(len(r["mask"])) for r in rows], layout=torch.jagged)
+    ref = [torch.tensor(r["engine"]) - 0.1 * int(r["id"][1:]) for r in rows]
+    td["ref_log_prob"] = torch.nested.as_nested_tensor(ref, layout=torch.jagged)
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    seqs = []
+    for r in rows:
+        seq = torch.zeros(r["prompt"] + len(r["mask"]))
+        seq[r["prompt"] - 1 : r["prompt"] - 1 + len(r["mask"])] = torch.tensor(r["trainer"])
+        seqs.append(seq)
+    log_probs = torch.nested.as_nested_tensor(seqs, layout=torch.jagged)
+    entropy = torch.nested.as_nested_tensor(
+        [torch.full_like(s, 2.0 + int(r["id"][1:])) for r, s in zip(rows, seqs, strict=True)], layout=torch.jagged
+    )
+    return td, {"log_probs": log_probs, "entropy": entropy}
+
+
+@pytest.fixture
+def wrapped_ppo_loss() -> Any:
+    from verl.workers.utils import losses
+
+    numerics_loss.install_micro_batch_channel(losses)  # idempotent: the plugin may have installed it already
+    numerics_loss._updated_step[0] = None
+    numerics_sink.drain()
+    yield losses.ppo_loss
+    numerics_sink.drain()
+
+
+@pytest.fixture
+def entropy_kl_config() -> Any:
+    """An actor whose loss has all three terms ppo_loss builds: policy, entropy and KL to the reference."""
+    from loop_harness import verl_config
+    from verl.utils.config import omega_conf_to_dataclass
+
+    overrides = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.entropy_coeff=0.5"]
+    overrides.append("actor_rollout_ref.actor.use_kl_loss=true")
+    return omega_conf_to_dataclass(verl_config(overrides).actor_rollout_ref.actor)
+
+
+def test_strict_bypass_takes_the_drifting_rollout_out_of_every_term_of_ppo_loss(
+    entropy_kl_config: Any, wrapped_ppo_loss: Any
+) -> None:
+    actor_config = entropy_kl_config
+    rows = make_rows(random.Random(3), 3)  # row 0 drifts
+    strict, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2, strict=True)))
+    assert numerics_sink.drain().counters["masked"] == 1
+    # the same loss over the other rows alone: policy and entropy terms both without row 0
+    without, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[1:], None)))
+    warn, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 1)))
+    assert torch.isclose(strict, without) and not torch.isclose(strict, warn)
+
+
+def test_strict_bypass_refuses_a_micro_batch_whose_every_rollout_drifts(
+    actor_config: Any, wrapped_ppo_loss: Any
+) -> None:
+    from verl_ext.plugin.numerics_trainer import NumericsStrictError
+
+    rows = make_rows(random.Random(5), 3)
+    for r in rows:
+        r["trainer"] = [t + 0.2 for t in r["trainer"]]
+    with pytest.raises(NumericsStrictError, match="every one of step 2's 3 rollouts drifts.*drift_mean_abs_delta"):
+        wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2, strict=True)))
+    wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2)))  # warn: measured, trained on, no refusal

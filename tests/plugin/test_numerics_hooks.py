@@ -260,7 +260,7 @@ def test_strict_bypass_masks_the_drifting_rollout_in_the_loss(actor_config: Any)
     warn = call_loss(actor_config, rows, micro_batch(rows, 1))["loss"]
     strict = call_loss(actor_config, rows, micro_batch(rows, 2, strict=True))["loss"]
     without = call_loss(actor_config, rows[1:], micro_batch(rows[1:], None))["loss"]
-    assert numerics_sink.drain().counters["masked"] == 1
+    assert numerics_sink.drain().masked == {"r0"}
     assert torch.isclose(strict, without) and not torch.isclose(strict, warn)  # row 0 drifts: out of the loss
 
 
@@ -294,7 +294,7 @@ def test_v0_strict_masks_the_drifting_rollout_before_advantages(strict: bool) ->
     assert got.measured == expected(rows, "old_log_prob", step=4) and got.unavailable_count == 0
     after = batch.batch["response_mask"]
     assert torch.equal(after[1:], before[1:])
-    assert (after[0].sum() == 0) == strict and got.counters.get("masked", 0) == int(strict)
+    assert (after[0].sum() == 0) == strict and got.masked == ({"r0"} if strict else set())
 
 
 @pytest.mark.parametrize("verdict", ["tokens not the engine's", "no check verdict", "check strict, numerics warn"])
@@ -318,7 +318,7 @@ def test_strict_masks_only_where_the_two_part_verdict_compares_numbers(verdict: 
     got = numerics_sink.drain()
     assert got.measured == expected(rows, "old_log_prob", step=4)  # measured and reported all the same
     assert got.measured["r0"].verdict(OPTIONS).status == "drift"
-    assert torch.equal(batch.batch["response_mask"], before) and got.counters.get("masked", 0) == 0
+    assert torch.equal(batch.batch["response_mask"], before) and not got.masked
 
 
 def test_strict_bypass_masks_only_rollouts_whose_tokens_are_the_engines(actor_config: Any) -> None:
@@ -328,7 +328,7 @@ def test_strict_bypass_masks_only_rollouts_whose_tokens_are_the_engines(actor_co
     numerics_sink.drain()
     warn = call_loss(actor_config, rows, micro_batch(rows, 1))["loss"]
     strict = call_loss(actor_config, rows, micro_batch(rows, 2, strict=True))["loss"]
-    assert numerics_sink.drain().counters.get("masked", 0) == 0 and torch.isclose(strict, warn)
+    assert not numerics_sink.drain().masked and torch.isclose(strict, warn)
 
 
 def test_strict_refuses_a_batch_whose_every_rollout_drifts() -> None:
@@ -378,7 +378,7 @@ def ppo_loss_inputs(rows: list[dict[str, Any]], step: int | None, strict: bool =
     td = micro_batch(rows, step, strict)
     td["old_log_probs"] = torch.nested.as_nested_tensor([torch.tensor(r["engine"]) for r in rows], layout=torch.jagged)
     td["advantages"] = torch.nested.as_nested_tensor([torch.ones(len(r["mask"])) for r in rows], layout=torch.jagged)
-    ref = [torch.tensor(r["engine"]) - 0.1 * int(r["id"][1:]) for r in rows]
+    ref = [torch.tensor(r["engine"]) - 0.01 * (r["prompt"] + len(r["mask"])) for r in rows]
     td["ref_log_prob"] = torch.nested.as_nested_tensor(ref, layout=torch.jagged)
     tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
     seqs = []
@@ -388,7 +388,8 @@ def ppo_loss_inputs(rows: list[dict[str, Any]], step: int | None, strict: bool =
         seqs.append(seq)
     log_probs = torch.nested.as_nested_tensor(seqs, layout=torch.jagged)
     entropy = torch.nested.as_nested_tensor(
-        [torch.full_like(s, 2.0 + int(r["id"][1:])) for r, s in zip(rows, seqs, strict=True)], layout=torch.jagged
+        [torch.full_like(s, 2.0 + 0.1 * (r["prompt"] + len(r["mask"]))) for r, s in zip(rows, seqs, strict=True)],
+        layout=torch.jagged,
     )
     return td, {"log_probs": log_probs, "entropy": entropy}
 
@@ -421,7 +422,7 @@ def test_strict_bypass_takes_the_drifting_rollout_out_of_every_term_of_ppo_loss(
     actor_config = entropy_kl_config
     rows = make_rows(random.Random(3), 3)  # row 0 drifts
     strict, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2, strict=True)))
-    assert numerics_sink.drain().counters["masked"] == 1
+    assert numerics_sink.drain().masked == {"r0"}
     # the same loss over the other rows alone: policy and entropy terms both without row 0
     without, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[1:], None)))
     warn, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 1)))
@@ -439,3 +440,17 @@ def test_strict_bypass_refuses_a_micro_batch_whose_every_rollout_drifts(
     with pytest.raises(NumericsStrictError, match="every one of step 2's 3 rollouts drifts.*drift_mean_abs_delta"):
         wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2, strict=True)))
     wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2)))  # warn: measured, trained on, no refusal
+
+
+def test_ranks_holding_the_same_micro_batch_count_its_rows_once(actor_config: Any, wrapped_ppo_loss: Any) -> None:
+    """Tensor/sequence-parallel ranks run the loss on the same micro-batch: its masked rollouts and its rows
+    without an id are counted once, while another micro-batch's count separately (and the driver's add up)."""
+    rows = make_rows(random.Random(3), 4)  # row 0 drifts
+    rows[2]["id"] = rows[3]["id"] = None  # rows from a loop that gives no id
+    for _ in range(2):  # two ranks, the same micro-batch
+        wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[:3], 2, strict=True)))
+    wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[1:], 2, strict=True)))  # another micro-batch
+    numerics_sink.report(unavailable_without_id=2)  # the driver's own (one process): summed
+    numerics_sink.report(unavailable_without_id=1)
+    got = numerics_sink.drain()
+    assert got.masked == {"r0"} and got.unavailable_count == 1 + 2 + 3

@@ -76,13 +76,14 @@ def measure(switch: dict[str, Any], data: Any, old_log_prob: Any, log_prob: Any,
     rows strict mode masks out of the loss (bypass mode can only mask: advantages exist). Every row drifting under
     strict raises NumericsStrictError, as the driver's path does: an all-zero mask would leave nothing to train on."""
     step = int(switch["step"])
+    key = batch_key(data, step)
     keys = row_keys(data, prompt_lengths(data))
     if keys is None:
-        numerics_sink.report(unavailable_without_id=int(response_mask.shape[0]))
+        numerics_sink.report(unavailable_without_id=int(response_mask.shape[0]), batch_key=key)
         return []
     if _updated_step[0] == step:
         ids = [i for i in keys.rollout_ids if i]
-        numerics_sink.report(unavailable=ids, unavailable_without_id=len(keys.rollout_ids) - len(ids))
+        numerics_sink.report(unavailable=ids, unavailable_without_id=len(keys.rollout_ids) - len(ids), batch_key=key)
         return []
     options = _options(switch)
     summary = summarize_rows(
@@ -96,11 +97,32 @@ def measure(switch: dict[str, Any], data: Any, old_log_prob: Any, log_prob: Any,
     )
     masked = list(summary.drifting_rows) if switch.get("strict") else []
     numerics_sink.report(
-        summary.measured, summary.unavailable, summary.unavailable_without_id, counters={"masked": len(masked)}
+        summary.measured,
+        summary.unavailable,
+        summary.unavailable_without_id,
+        masked=[keys.rollout_ids[r] or "" for r in masked],
+        batch_key=key,
     )
     if masked:
         _refuse_all_drifting(summary, int(response_mask.shape[0]), step, options)
     return masked
+
+
+def batch_key(data: Any, step: int) -> tuple[int, str] | None:
+    """The micro-batch's identity: the step and a digest of its token ids, the same on every rank that holds it
+    (tensor or sequence parallel), so the collector counts its rows without an id once; None where it has none."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        for name in ("prompts", "responses"):
+            t = data[name]
+            digest.update((t.values() if t.is_nested else t).detach().cpu().numpy().tobytes())
+            if t.is_nested:
+                digest.update(t.offsets().cpu().numpy().tobytes())
+    except (KeyError, AttributeError, RuntimeError):
+        return None
+    return step, digest.hexdigest()
 
 
 def _zero_rows(mask: Any, rows: list[int]) -> Any:

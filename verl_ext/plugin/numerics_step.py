@@ -77,6 +77,7 @@ def step_metrics(step: Any, checked: float = 0.0) -> dict[str, float]:
             PREFIX,
         )
     metrics = numerics_metrics(list(batch.measured.values()), settings.options, unavailable)
+    metrics[f"{NUMERICS_PREFIX}masked"] = float(len(batch.masked))
     for name, value in batch.counters.items():
         metrics[f"{NUMERICS_PREFIX}{name}"] = float(value)
     drifting = [n for n in batch.measured.values() if n.verdict(settings.options).status == "drift"]

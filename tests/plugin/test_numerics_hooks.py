@@ -454,3 +454,26 @@ def test_ranks_holding_the_same_micro_batch_count_its_rows_once(actor_config: An
     numerics_sink.report(unavailable_without_id=1)
     got = numerics_sink.drain()
     assert got.masked == {"r0"} and got.unavailable_count == 1 + 2 + 3
+
+
+def test_rows_that_do_not_fit_their_mask_are_unavailable_with_a_reason_logged_once(caplog: Any) -> None:
+    """Logprobs shorter than the row's mask are not cut to fit, a mask value other than 0/1 reaches numcore (which
+    refuses it), padding past the mask (0s, or values past its end) changes nothing; one warning per batch."""
+    rows = make_rows(random.Random(7), 5)
+    td = v1_batch(rows)
+    keys = row_keys(td, prompt_lengths(td))
+    assert keys is not None
+    trainer, engine, mask = rows_of(td["old_log_probs"]), rows_of(td["rollout_log_probs"]), rows_of(td["response_mask"])
+    trainer[0] = trainer[0][:-1]  # one logprob short
+    mask[1] = [2 if m else 0 for m in mask[1]]  # not a 0/1 mask
+    engine[3] = engine[3] + [0.0, 0.0]  # padding past the mask
+    mask[4] = mask[4] + [0, 0]
+    trainer[4], engine[4] = trainer[4] + [0.0, 0.0], engine[4] + [9.0, 9.0]
+    with caplog.at_level("INFO", logger="verl_ext.plugin"):
+        out = summarize_rows(keys, trainer, engine, mask, OPTIONS, "old_log_prob", 3)
+    assert out.unavailable == ["r0", "r1"]
+    assert out.reasons == {"logprobs_shorter_than_mask": 1, "unreadable_row": 1}
+    want = expected(rows, "old_log_prob")
+    assert {n.rollout_id: n for n in out.measured} == {k: want[k] for k in ("r2", "r3", "r4")}  # r2 untouched
+    notes = [r for r in caplog.records if "rows not measured" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelname == "WARNING" and "r0" in notes[0].getMessage()

@@ -477,3 +477,24 @@ def test_rows_that_do_not_fit_their_mask_are_unavailable_with_a_reason_logged_on
     assert {n.rollout_id: n for n in out.measured} == {k: want[k] for k in ("r2", "r3", "r4")}  # r2 untouched
     notes = [r for r in caplog.records if "rows not measured" in r.getMessage()]
     assert len(notes) == 1 and notes[0].levelname == "WARNING" and "r0" in notes[0].getMessage()
+
+
+def test_numerics_lines_a_failed_write_lost_are_counted(tmp_path: Any, caplog: Any) -> None:
+    from verl_ext.plugin import numerics_step, numerics_trainer
+
+    rows = make_rows(random.Random(6), 3)
+    (tmp_path / "file").write_text("")  # a records folder under a file: every write fails
+    numerics_sink.drain()
+    numerics_step._writer.clear()
+    try:
+        for folder, lost in ((tmp_path / "file" / "records", 3), (tmp_path / "ok", 0)):
+            numerics_step._writer.clear()
+            numerics_trainer._settings = NumericsSettings(OPTIONS, records_dir=str(folder))
+            numerics_sink.report(expected(rows, "old_log_prob").values(), expected=["r0", "r1", "r2"])
+            with caplog.at_level("ERROR", logger="verl_ext.plugin"):
+                m = numerics_step.step_metrics(3, checked=3.0)
+            assert m["tito/numerics/records_not_written"] == lost and m["tito/numerics/rollouts"] == 3
+        assert any("cannot write" in r.getMessage() for r in caplog.records)
+    finally:
+        numerics_trainer._settings = None
+        numerics_step._writer.clear()

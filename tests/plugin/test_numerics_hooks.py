@@ -260,7 +260,7 @@ def test_strict_bypass_masks_the_drifting_rollout_in_the_loss(actor_config: Any)
     warn = call_loss(actor_config, rows, micro_batch(rows, 1))["loss"]
     strict = call_loss(actor_config, rows, micro_batch(rows, 2, strict=True))["loss"]
     without = call_loss(actor_config, rows[1:], micro_batch(rows[1:], None))["loss"]
-    assert numerics_sink.drain().counters["masked"] == 1
+    assert numerics_sink.drain().masked == {"r0"}
     assert torch.isclose(strict, without) and not torch.isclose(strict, warn)  # row 0 drifts: out of the loss
 
 
@@ -294,7 +294,7 @@ def test_v0_strict_masks_the_drifting_rollout_before_advantages(strict: bool) ->
     assert got.measured == expected(rows, "old_log_prob", step=4) and got.unavailable_count == 0
     after = batch.batch["response_mask"]
     assert torch.equal(after[1:], before[1:])
-    assert (after[0].sum() == 0) == strict and got.counters.get("masked", 0) == int(strict)
+    assert (after[0].sum() == 0) == strict and got.masked == ({"r0"} if strict else set())
 
 
 @pytest.mark.parametrize("verdict", ["tokens not the engine's", "no check verdict", "check strict, numerics warn"])
@@ -318,7 +318,7 @@ def test_strict_masks_only_where_the_two_part_verdict_compares_numbers(verdict: 
     got = numerics_sink.drain()
     assert got.measured == expected(rows, "old_log_prob", step=4)  # measured and reported all the same
     assert got.measured["r0"].verdict(OPTIONS).status == "drift"
-    assert torch.equal(batch.batch["response_mask"], before) and got.counters.get("masked", 0) == 0
+    assert torch.equal(batch.batch["response_mask"], before) and not got.masked
 
 
 def test_strict_bypass_masks_only_rollouts_whose_tokens_are_the_engines(actor_config: Any) -> None:
@@ -328,7 +328,7 @@ def test_strict_bypass_masks_only_rollouts_whose_tokens_are_the_engines(actor_co
     numerics_sink.drain()
     warn = call_loss(actor_config, rows, micro_batch(rows, 1))["loss"]
     strict = call_loss(actor_config, rows, micro_batch(rows, 2, strict=True))["loss"]
-    assert numerics_sink.drain().counters.get("masked", 0) == 0 and torch.isclose(strict, warn)
+    assert not numerics_sink.drain().masked and torch.isclose(strict, warn)
 
 
 def test_strict_refuses_a_batch_whose_every_rollout_drifts() -> None:
@@ -367,3 +367,134 @@ def test_each_step_writes_a_numerics_line_per_rollout_and_is_never_silently_abse
     assert numerics_step.step_metrics(5, checked=0.0) == {}  # a validation log: no trainer numbers by design
     numerics_trainer._settings = None
     numerics_step._writer.clear()
+
+
+def ppo_loss_inputs(rows: list[dict[str, Any]], step: int | None, strict: bool = False) -> tuple[Any, Any]:
+    """What an FSDP rank's engine hands verl's ``ppo_loss`` in bypass mode: the micro-batch (old logprobs are the
+    engine's) and the model output over whole sequences (logprobs and entropy, nested as the no-padding engine
+    gives them; a response token's logprob sits one position before it)."""
+    from verl.utils import tensordict_utils as tu
+
+    td = micro_batch(rows, step, strict)
+    td["old_log_probs"] = torch.nested.as_nested_tensor([torch.tensor(r["engine"]) for r in rows], layout=torch.jagged)
+    td["advantages"] = torch.nested.as_nested_tensor([torch.ones(len(r["mask"])) for r in rows], layout=torch.jagged)
+    ref = [torch.tensor(r["engine"]) - 0.01 * (r["prompt"] + len(r["mask"])) for r in rows]
+    td["ref_log_prob"] = torch.nested.as_nested_tensor(ref, layout=torch.jagged)
+    tu.assign_non_tensor(td, dp_size=1, batch_num_tokens=None, global_batch_size=None)
+    seqs = []
+    for r in rows:
+        seq = torch.zeros(r["prompt"] + len(r["mask"]))
+        seq[r["prompt"] - 1 : r["prompt"] - 1 + len(r["mask"])] = torch.tensor(r["trainer"])
+        seqs.append(seq)
+    log_probs = torch.nested.as_nested_tensor(seqs, layout=torch.jagged)
+    entropy = torch.nested.as_nested_tensor(
+        [torch.full_like(s, 2.0 + 0.1 * (r["prompt"] + len(r["mask"]))) for r, s in zip(rows, seqs, strict=True)],
+        layout=torch.jagged,
+    )
+    return td, {"log_probs": log_probs, "entropy": entropy}
+
+
+@pytest.fixture
+def wrapped_ppo_loss() -> Any:
+    from verl.workers.utils import losses
+
+    numerics_loss.install_micro_batch_channel(losses)  # idempotent: the plugin may have installed it already
+    numerics_loss._updated_step[0] = None
+    numerics_sink.drain()
+    yield losses.ppo_loss
+    numerics_sink.drain()
+
+
+@pytest.fixture
+def entropy_kl_config() -> Any:
+    """An actor whose loss has all three terms ppo_loss builds: policy, entropy and KL to the reference."""
+    from loop_harness import verl_config
+    from verl.utils.config import omega_conf_to_dataclass
+
+    overrides = ["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1", "actor_rollout_ref.actor.entropy_coeff=0.5"]
+    overrides.append("actor_rollout_ref.actor.use_kl_loss=true")
+    return omega_conf_to_dataclass(verl_config(overrides).actor_rollout_ref.actor)
+
+
+def test_strict_bypass_takes_the_drifting_rollout_out_of_every_term_of_ppo_loss(
+    entropy_kl_config: Any, wrapped_ppo_loss: Any
+) -> None:
+    actor_config = entropy_kl_config
+    rows = make_rows(random.Random(3), 3)  # row 0 drifts
+    strict, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2, strict=True)))
+    assert numerics_sink.drain().masked == {"r0"}
+    # the same loss over the other rows alone: policy and entropy terms both without row 0
+    without, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[1:], None)))
+    warn, _ = wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 1)))
+    assert torch.isclose(strict, without) and not torch.isclose(strict, warn)
+
+
+def test_strict_bypass_refuses_a_micro_batch_whose_every_rollout_drifts(
+    actor_config: Any, wrapped_ppo_loss: Any
+) -> None:
+    from verl_ext.plugin.numerics_trainer import NumericsStrictError
+
+    rows = make_rows(random.Random(5), 3)
+    for r in rows:
+        r["trainer"] = [t + 0.2 for t in r["trainer"]]
+    with pytest.raises(NumericsStrictError, match="every one of step 2's 3 rollouts drifts.*drift_mean_abs_delta"):
+        wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2, strict=True)))
+    wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows, 2)))  # warn: measured, trained on, no refusal
+
+
+def test_ranks_holding_the_same_micro_batch_count_its_rows_once(actor_config: Any, wrapped_ppo_loss: Any) -> None:
+    """Tensor/sequence-parallel ranks run the loss on the same micro-batch: its masked rollouts and its rows
+    without an id are counted once, while another micro-batch's count separately (and the driver's add up)."""
+    rows = make_rows(random.Random(3), 4)  # row 0 drifts
+    rows[2]["id"] = rows[3]["id"] = None  # rows from a loop that gives no id
+    for _ in range(2):  # two ranks, the same micro-batch
+        wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[:3], 2, strict=True)))
+    wrapped_ppo_loss(actor_config, *reversed(ppo_loss_inputs(rows[1:], 2, strict=True)))  # another micro-batch
+    numerics_sink.report(unavailable_without_id=2)  # the driver's own (one process): summed
+    numerics_sink.report(unavailable_without_id=1)
+    got = numerics_sink.drain()
+    assert got.masked == {"r0"} and got.unavailable_count == 1 + 2 + 3
+
+
+def test_rows_that_do_not_fit_their_mask_are_unavailable_with_a_reason_logged_once(caplog: Any) -> None:
+    """Logprobs shorter than the row's mask are not cut to fit, a mask value other than 0/1 reaches numcore (which
+    refuses it), padding past the mask (0s, or values past its end) changes nothing; one warning per batch."""
+    rows = make_rows(random.Random(7), 5)
+    td = v1_batch(rows)
+    keys = row_keys(td, prompt_lengths(td))
+    assert keys is not None
+    trainer, engine, mask = rows_of(td["old_log_probs"]), rows_of(td["rollout_log_probs"]), rows_of(td["response_mask"])
+    trainer[0] = trainer[0][:-1]  # one logprob short
+    mask[1] = [2 if m else 0 for m in mask[1]]  # not a 0/1 mask
+    engine[3] = engine[3] + [0.0, 0.0]  # padding past the mask
+    mask[4] = mask[4] + [0, 0]
+    trainer[4], engine[4] = trainer[4] + [0.0, 0.0], engine[4] + [9.0, 9.0]
+    with caplog.at_level("INFO", logger="verl_ext.plugin"):
+        out = summarize_rows(keys, trainer, engine, mask, OPTIONS, "old_log_prob", 3)
+    assert out.unavailable == ["r0", "r1"]
+    assert out.reasons == {"logprobs_shorter_than_mask": 1, "unreadable_row": 1}
+    want = expected(rows, "old_log_prob")
+    assert {n.rollout_id: n for n in out.measured} == {k: want[k] for k in ("r2", "r3", "r4")}  # r2 untouched
+    notes = [r for r in caplog.records if "rows not measured" in r.getMessage()]
+    assert len(notes) == 1 and notes[0].levelname == "WARNING" and "r0" in notes[0].getMessage()
+
+
+def test_numerics_lines_a_failed_write_lost_are_counted(tmp_path: Any, caplog: Any) -> None:
+    from verl_ext.plugin import numerics_step, numerics_trainer
+
+    rows = make_rows(random.Random(6), 3)
+    (tmp_path / "file").write_text("")  # a records folder under a file: every write fails
+    numerics_sink.drain()
+    numerics_step._writer.clear()
+    try:
+        for folder, lost in ((tmp_path / "file" / "records", 3), (tmp_path / "ok", 0)):
+            numerics_step._writer.clear()
+            numerics_trainer._settings = NumericsSettings(OPTIONS, records_dir=str(folder))
+            numerics_sink.report(expected(rows, "old_log_prob").values(), expected=["r0", "r1", "r2"])
+            with caplog.at_level("ERROR", logger="verl_ext.plugin"):
+                m = numerics_step.step_metrics(3, checked=3.0)
+            assert m["tito/numerics/records_not_written"] == lost and m["tito/numerics/rollouts"] == 3
+        assert any("cannot write" in r.getMessage() for r in caplog.records)
+    finally:
+        numerics_trainer._settings = None
+        numerics_step._writer.clear()

@@ -8,13 +8,17 @@ measures, then delegates to the loss the config names. On the micro-batches seen
 update, ``log_prob`` is the recompute the old-logprob pass would have given; later ones include the policy's own
 update, so their rollouts are counted ``numerics_unavailable``, not measured.
 
-The loss function sees no key (no rollout id, no prompt): the side channel is the micro-batch itself. ``ppo_loss``
-is wrapped to hold its micro-batch (a TensorDict that keeps verl's non-tensor columns: the loop's rollout id and
-turn starts, the prompts) in a context variable for the loss, and the driver's ``_update_actor`` hook
-(verl_ext.plugin.numerics_trainer) puts the step's switch into the batch's meta information; with no switch
-(not bypass mode, or verl_ext's driver hook absent) the loss only delegates. The summaries go to the driver through
-verl_ext.plugin.numerics_sink (a named Ray actor, deduplicated by rollout id), not through verl's metrics, which
-are averaged over ranks.
+The loss function sees no key (no rollout id, no prompt): the side channel is the micro-batch itself, which
+``ppo_loss`` receives (a TensorDict that keeps verl's non-tensor columns: the loop's rollout id and turn starts, the
+prompts), and the driver's ``_update_actor`` hook (verl_ext.plugin.numerics_trainer) puts the step's switch into the
+batch's meta information; with no switch (not bypass mode, or verl_ext's driver hook absent) nothing is measured.
+``ppo_loss`` is wrapped to measure first: in strict mode it zeroes the drifting rows of the micro-batch's
+``response_mask`` before verl reads it, so the policy, entropy and KL terms all leave them out; the token-mean
+normaliser (``batch_num_tokens``, counted by the engine over the whole mini-batch before any loss) still counts
+their tokens. A micro-batch whose every row drifts raises NumericsStrictError. The wrapped registry losses measure
+only where no wrapped ``ppo_loss`` did (a policy loss called with a micro-batch in scope by other code). The
+summaries go to the driver through verl_ext.plugin.numerics_sink (a named Ray actor, deduplicated by rollout id),
+not through verl's metrics, which are averaged over ranks.
 """
 
 from __future__ import annotations
@@ -29,12 +33,13 @@ from typing import Any
 from verl_ext.core.numerics import NumericsOptions
 from verl_ext.plugin import numerics_sink
 from verl_ext.plugin.numerics_rows import prompt_lengths, row_keys, rows_of, summarize_rows
-from verl_ext.plugin.numerics_trainer import ANNOUNCE_KEY
+from verl_ext.plugin.numerics_trainer import ANNOUNCE_KEY, NumericsStrictError, _refuse_all_drifting
 
 log = logging.getLogger("verl_ext.plugin")
 
 SOURCE_BYPASS = "bypass_loss"
 _micro_batch: contextvars.ContextVar[Any] = contextvars.ContextVar("verl_ext_micro_batch", default=None)
+_measured_in_ppo_loss: contextvars.ContextVar[bool] = contextvars.ContextVar("verl_ext_measured", default=False)
 _updated_step: list[int | None] = [None]  # the last step this rank ran an optimizer update in
 
 
@@ -66,18 +71,20 @@ def _options(switch: dict[str, Any]) -> NumericsOptions:
     )
 
 
-def measure(switch: dict[str, Any], data: Any, old_log_prob: Any, log_prob: Any, response_mask: Any) -> Any:
-    """Measure one micro-batch (or count it unavailable, after the step's first update); return the mask the
-    delegate loss gets: in strict mode with the drifting rows zeroed (bypass mode can only mask: advantages exist)."""
+def measure(switch: dict[str, Any], data: Any, old_log_prob: Any, log_prob: Any, response_mask: Any) -> list[int]:
+    """Measure one micro-batch (or count it unavailable, after the step's first update) and report it; return the
+    rows strict mode masks out of the loss (bypass mode can only mask: advantages exist). Every row drifting under
+    strict raises NumericsStrictError, as the driver's path does: an all-zero mask would leave nothing to train on."""
     step = int(switch["step"])
+    key = batch_key(data, step)
     keys = row_keys(data, prompt_lengths(data))
     if keys is None:
-        numerics_sink.report(unavailable_without_id=int(response_mask.shape[0]))
-        return response_mask
+        numerics_sink.report(unavailable_without_id=int(response_mask.shape[0]), batch_key=key)
+        return []
     if _updated_step[0] == step:
         ids = [i for i in keys.rollout_ids if i]
-        numerics_sink.report(unavailable=ids, unavailable_without_id=len(keys.rollout_ids) - len(ids))
-        return response_mask
+        numerics_sink.report(unavailable=ids, unavailable_without_id=len(keys.rollout_ids) - len(ids), batch_key=key)
+        return []
     options = _options(switch)
     summary = summarize_rows(
         keys,
@@ -88,15 +95,47 @@ def measure(switch: dict[str, Any], data: Any, old_log_prob: Any, log_prob: Any,
         SOURCE_BYPASS,
         step,
     )
-    masked = 0
-    if switch.get("strict") and summary.drifting_rows:
-        response_mask = response_mask.clone()
-        response_mask[summary.drifting_rows] = False
-        masked = len(summary.drifting_rows)
+    masked = list(summary.drifting_rows) if switch.get("strict") else []
     numerics_sink.report(
-        summary.measured, summary.unavailable, summary.unavailable_without_id, counters={"masked": masked}
+        summary.measured,
+        summary.unavailable,
+        summary.unavailable_without_id,
+        masked=[keys.rollout_ids[r] or "" for r in masked],
+        batch_key=key,
     )
-    return response_mask
+    if masked:
+        _refuse_all_drifting(summary, int(response_mask.shape[0]), step, options)
+    return masked
+
+
+def batch_key(data: Any, step: int) -> tuple[int, str] | None:
+    """The micro-batch's identity: the step and a digest of its token ids, the same on every rank that holds it
+    (tensor or sequence parallel), so the collector counts its rows without an id once; None where it has none."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    try:
+        for name in ("prompts", "responses"):
+            t = data[name]
+            digest.update((t.values() if t.is_nested else t).detach().cpu().numpy().tobytes())
+            if t.is_nested:
+                digest.update(t.offsets().cpu().numpy().tobytes())
+    except (KeyError, AttributeError, RuntimeError):
+        return None
+    return step, digest.hexdigest()
+
+
+def _zero_rows(mask: Any, rows: list[int]) -> Any:
+    """``mask`` (padded, or nested jagged as verl's no-padding micro-batches hold it) with ``rows`` all 0."""
+    import torch
+
+    keep = torch.ones(mask.size(0), dtype=torch.bool, device=mask.device)
+    keep[rows] = False
+    if not mask.is_nested:
+        return mask * keep.view(-1, *([1] * (mask.dim() - 1))).to(mask.dtype)
+    # rebuilt from its rows: a jagged tensor made from values and offsets alone pads to the wrong length
+    rows_kept = [row * keep[i].to(row.dtype) for i, row in enumerate(mask.unbind())]
+    return torch.nested.as_nested_tensor(rows_kept, layout=torch.jagged)
 
 
 def measuring(loss: Callable[..., Any]) -> Callable[..., Any]:
@@ -107,12 +146,14 @@ def measuring(loss: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(loss)
     def measured(*args: Any, **kwargs: Any) -> Any:
         data = _micro_batch.get()
-        switch = announcement(data)
+        switch = None if _measured_in_ppo_loss.get() else announcement(data)
         if switch is not None and {"old_log_prob", "log_prob", "response_mask"} <= kwargs.keys():
             try:
-                kwargs["response_mask"] = measure(
-                    switch, data, kwargs["old_log_prob"], kwargs["log_prob"], kwargs["response_mask"]
-                )
+                mask = kwargs["response_mask"]
+                if rows := measure(switch, data, kwargs["old_log_prob"], kwargs["log_prob"], mask):
+                    kwargs["response_mask"] = _zero_rows(mask, rows)
+            except NumericsStrictError:
+                raise  # strict mode's refusal is meant to stop the run
             except Exception:  # the view must not stop training; the driver counts what was not measured
                 log.exception("verl_ext numerics: measuring in the policy loss failed")
         return loss(*args, **kwargs)
@@ -147,18 +188,53 @@ def install_registry(core_algos: Any) -> None:
 
 
 def install_micro_batch_channel(losses: Any) -> None:
-    """Wrap ``ppo_loss`` (verl.workers.utils.losses) so the policy loss it calls can read its micro-batch."""
+    """Wrap ``ppo_loss`` (verl.workers.utils.losses) to measure its micro-batch first and, in strict mode, zero the
+    drifting rows of ``data["response_mask"]`` before verl reads it: ``ppo_loss`` builds the policy, entropy and KL
+    terms from that one mask, so all three leave those rows out. What masking does not change: the token-mean
+    normaliser ``batch_num_tokens`` is counted by the engine over the whole mini-batch (all data-parallel ranks)
+    before any loss runs, so the masked tokens stay in the denominator and the other rows' terms are scaled as if
+    they were there. The policy loss it calls reads the micro-batch too (``measuring``), and skips what was measured
+    here."""
     original = losses.ppo_loss
     if getattr(original, "_verl_ext", False):
         return
 
     @functools.wraps(original)
     def ppo_loss(config: Any, model_output: Any, data: Any, *args: Any, **kwargs: Any) -> Any:
-        with micro_batch_in_scope(data):
-            return original(config, model_output, data, *args, **kwargs)
+        switch = announcement(data)
+        if switch is None:
+            with micro_batch_in_scope(data):
+                return original(config, model_output, data, *args, **kwargs)
+        data = _measured_and_masked(switch, model_output, data)
+        token = _measured_in_ppo_loss.set(True)
+        try:
+            with micro_batch_in_scope(data):
+                return original(config, model_output, data, *args, **kwargs)
+        finally:
+            _measured_in_ppo_loss.reset(token)
 
     ppo_loss._verl_ext = True  # type: ignore[attr-defined]
     losses.ppo_loss = ppo_loss
+
+
+def _measured_and_masked(switch: dict[str, Any], model_output: Any, data: Any) -> Any:
+    """``data`` measured; a shallow copy with strict mode's drifting rows zeroed in its response mask, or itself."""
+    try:
+        from verl.workers.utils.padding import no_padding_2_padding
+
+        log_prob = no_padding_2_padding(model_output["log_probs"], data)
+        fields = data.select("response_mask", "old_log_probs").to_padded_tensor()
+        rows = measure(switch, data, fields["old_log_probs"], log_prob, fields["response_mask"].bool())
+    except NumericsStrictError:
+        raise  # strict mode's refusal is meant to stop the run
+    except Exception:  # the view must not stop training; the driver counts what was not measured
+        log.exception("verl_ext numerics: measuring in ppo_loss failed")
+        return data
+    if not rows:
+        return data
+    data = data.copy()
+    data["response_mask"] = _zero_rows(data["response_mask"], rows)
+    return data
 
 
 def install_update_marker(engine_base: Any) -> None:

@@ -122,9 +122,12 @@ def summarize_rows(
     skip: Sequence[bool] | None = None,
 ) -> RowsSummary:
     """Each row summarized on its mask-1 tokens; ``skip`` marks rows that are not rollouts (verl's padding rows).
-    A row without an id, or whose numbers cannot be summarized (a mask-1 token before its first turn start), is
-    unavailable, with its reason counted and logged once per batch."""
+    A row is as long as its mask without the trailing 0s (padding); trainer or engine values past that are padding
+    too. A row without an id, whose logprobs are shorter than its mask, or whose numbers cannot be summarized (a
+    mask value other than 0/1, a mask-1 token before its first turn start: numcore refuses them) is unavailable,
+    with its reason counted; the reasons are logged once per batch, with the first refusal's message."""
     out = RowsSummary()
+    first_refusal = ""
     for i, rollout_id in enumerate(keys.rollout_ids):
         if skip is not None and skip[i]:
             continue
@@ -137,29 +140,37 @@ def summarize_rows(
             out.unavailable.append(rollout_id)
             out.reasons["no_turn_starts"] += 1
             continue
-        n = min(len(trainer[i]), len(engine[i]), len(mask[i]))  # padded rows share the batch's width
-        row_mask = [1 if m else 0 for m in mask[i][:n]]
+        row_mask = list(mask[i])
+        while row_mask and row_mask[-1] == 0:
+            row_mask.pop()
+        n = len(row_mask)
+        if len(trainer[i]) < n or len(engine[i]) < n:
+            out.unavailable.append(rollout_id)
+            out.reasons["logprobs_shorter_than_mask"] += 1
+            first_refusal = first_refusal or (
+                f"rollout {rollout_id}: {len(trainer[i])} trainer and {len(engine[i])} engine logprobs for a "
+                f"response mask of {n} positions"
+            )
+            continue
         try:
             numerics = summarize_rollout(
-                rollout_id,
-                trainer[i][:n],
-                engine[i][:n],
-                row_mask,
-                keys.prompt_lengths[i],
-                starts,
-                options,
-                source,
+                rollout_id, trainer[i][:n], engine[i][:n], row_mask, keys.prompt_lengths[i], starts, options, source,
                 step,
-            )
+            )  # fmt: skip
         except ValueError as exc:
             out.unavailable.append(rollout_id)
             out.reasons["unreadable_row"] += 1
-            log.warning("verl_ext numerics: rollout %s not measured: %s", rollout_id, exc)
+            first_refusal = first_refusal or str(exc)
             continue
         out.measured.append(numerics)
         if _numbers_drift(keys.tokens_are_engines(i), numerics, options):
             out.drifting_rows.append(i)
-    if out.reasons:
+    if first_refusal:
+        log.warning(
+            "verl_ext numerics (%s, step %s): rows not measured: %s; first: %s",
+            source, step, dict(out.reasons), first_refusal,
+        )  # fmt: skip
+    elif out.reasons:
         log.info("verl_ext numerics (%s, step %s): rows not measured: %s", source, step, dict(out.reasons))
     return out
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,22 +26,44 @@ ACTOR_NAME = "verl_ext_tito_numerics"
 @dataclass
 class NumericsBatch:
     """What one drain hands over: a summary per measured rollout (by id), the rollouts that got no number (ids, and
-    rows that carried no id), and the counters (``masked``: rollouts strict mode took out of the loss)."""
+    rows that carried no id), the rollouts strict mode took out of the loss (``masked``, by id) and other counters.
+    Rows without an id reported with a ``batch_key`` (the micro-batch's identity, from the FSDP ranks) count once
+    per key: ranks that hold the same micro-batch (tensor or sequence parallel) report the same rows; the driver's
+    own counts (no key) are summed."""
 
     measured: dict[str, RolloutNumerics] = field(default_factory=dict)
     unavailable: set[str] = field(default_factory=set)
     unavailable_without_id: int = 0
+    without_id_by_batch: dict[Hashable, int] = field(default_factory=dict)
     expected: set[str] = field(default_factory=set)
+    masked: set[str] = field(default_factory=set)
     counters: Counter[str] = field(default_factory=Counter)
 
     @property
     def unavailable_count(self) -> int:
         """Rollouts with no number: expected or reported unavailable, and not measured; plus rows without an id."""
         missing = (self.unavailable | self.expected) - set(self.measured)
-        return len(missing) + self.unavailable_without_id
+        return len(missing) + self.unavailable_without_id + sum(self.without_id_by_batch.values())
 
     def __bool__(self) -> bool:
-        return bool(self.measured or self.unavailable or self.unavailable_without_id or self.expected)
+        return bool(
+            self.measured
+            or self.unavailable
+            or self.unavailable_without_id
+            or self.without_id_by_batch
+            or self.expected
+        )
+
+    def merge(self, other: NumericsBatch) -> None:
+        """Add ``other`` in: one summary per rollout id, one no-id count per batch key."""
+        for numerics in other.measured.values():
+            self.measured.setdefault(numerics.rollout_id, numerics)  # a second copy (another rank) is the same one
+        self.unavailable |= other.unavailable
+        self.unavailable_without_id += other.unavailable_without_id
+        self.without_id_by_batch.update(other.without_id_by_batch)
+        self.expected |= other.expected
+        self.masked |= other.masked
+        self.counters.update(other.counters)
 
 
 class NumericsCollector:
@@ -59,15 +81,23 @@ class NumericsCollector:
         unavailable_without_id: int = 0,
         expected: Iterable[str] = (),
         counters: Mapping[str, float] | None = None,
+        masked: Iterable[str] = (),
+        batch_key: Hashable | None = None,
     ) -> None:
+        """One report; ``batch_key``: the micro-batch's identity, so its rows without an id count once."""
+        part = NumericsBatch(
+            measured={n.rollout_id: n for n in measured},
+            unavailable=set(unavailable),
+            expected=set(expected),
+            masked=set(masked),
+            counters=Counter(counters or {}),
+        )
+        if batch_key is None:
+            part.unavailable_without_id = unavailable_without_id
+        elif unavailable_without_id:
+            part.without_id_by_batch[batch_key] = unavailable_without_id
         with self._lock:
-            b = self._batch
-            for numerics in measured:
-                b.measured.setdefault(numerics.rollout_id, numerics)  # a second copy (another rank) is the same one
-            b.unavailable.update(unavailable)
-            b.unavailable_without_id += unavailable_without_id
-            b.expected.update(expected)
-            b.counters.update(counters or {})
+            self._batch.merge(part)
 
     def take(self) -> NumericsBatch:
         with self._lock:
@@ -94,10 +124,15 @@ def report(
     unavailable_without_id: int = 0,
     expected: Iterable[str] = (),
     counters: Mapping[str, float] | None = None,
+    masked: Iterable[str] = (),
+    batch_key: Hashable | None = None,
 ) -> None:
-    """Send what one pass saw. Under Ray this waits for the collector to have it: the driver drains right after the
-    update returns, and a message still in flight would land in the next step."""
-    args = (list(measured), list(unavailable), unavailable_without_id, list(expected), dict(counters or {}))
+    """Send what one pass saw (``NumericsCollector.add``). Under Ray this waits for the collector to have it: the
+    driver drains right after the update returns, and a message still in flight would land in the next step."""
+    args = (
+        list(measured), list(unavailable), unavailable_without_id, list(expected), dict(counters or {}), list(masked),
+        batch_key,
+    )  # fmt: skip
     try:
         import ray
 
@@ -121,13 +156,7 @@ def drain() -> NumericsBatch:
             except ValueError:
                 actor = None  # nothing measured anywhere in this job yet
             if actor is not None:
-                remote: NumericsBatch = ray.get(actor.take.remote(), timeout=60)
-                for numerics in remote.measured.values():
-                    batch.measured.setdefault(numerics.rollout_id, numerics)
-                batch.unavailable |= remote.unavailable
-                batch.unavailable_without_id += remote.unavailable_without_id
-                batch.expected |= remote.expected
-                batch.counters.update(remote.counters)
+                batch.merge(ray.get(actor.take.remote(), timeout=60))
     except ImportError:
         pass
     return batch

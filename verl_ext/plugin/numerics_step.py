@@ -63,7 +63,7 @@ def step_metrics(step: Any, checked: float = 0.0) -> dict[str, float]:
     settings = numerics_trainer.settings() or numerics_trainer.NumericsSettings()
     if not batch and not checked:
         return {}
-    write_records(batch, settings)
+    written = write_records(batch, settings)
     from verl_ext.telemetry.numerics_metrics import numerics_metrics
 
     unavailable = batch.unavailable_count
@@ -77,6 +77,10 @@ def step_metrics(step: Any, checked: float = 0.0) -> dict[str, float]:
             PREFIX,
         )
     metrics = numerics_metrics(list(batch.measured.values()), settings.options, unavailable)
+    metrics[f"{NUMERICS_PREFIX}masked"] = float(len(batch.masked))
+    # lines a records folder was configured for and did not get (a write failed): the report would miss them
+    lost = len(batch.measured) - written if settings.records_dir else 0
+    metrics[f"{NUMERICS_PREFIX}records_not_written"] = float(lost)
     for name, value in batch.counters.items():
         metrics[f"{NUMERICS_PREFIX}{name}"] = float(value)
     drifting = [n for n in batch.measured.values() if n.verdict(settings.options).status == "drift"]

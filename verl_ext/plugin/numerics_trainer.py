@@ -115,12 +115,10 @@ def bypass_mode(config: Any) -> bool:
 
 def _report(summary: Any, keys: RowKeys, skip: list[bool] | None, masked: int) -> None:
     expected = [i for n, i in enumerate(keys.rollout_ids) if i is not None and not (skip and skip[n])]
+    # ``masked`` rows are the first ones of summary.drifting_rows (strict), which all carry an id (they were measured)
+    ids = [keys.rollout_ids[r] for r in summary.drifting_rows[:masked]]
     numerics_sink.report(
-        summary.measured,
-        summary.unavailable,
-        summary.unavailable_without_id,
-        expected,
-        {"masked": masked} if masked else None,
+        summary.measured, summary.unavailable, summary.unavailable_without_id, expected, masked=[i for i in ids if i]
     )
 
 

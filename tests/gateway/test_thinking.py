@@ -155,3 +155,53 @@ def test_the_worker_engine_says_the_rows_sampling_settings() -> None:
     engine.session_params["validation"] = {"temperature": 0.0, "top_p": 1.0}
     assert engine.decided_sampling("row") == {"temperature": 0.7, "top_p": 0.95, "top_k": -1}
     assert engine.decided_sampling("validation") == {"temperature": 0.0, "top_p": 1.0, "top_k": None}
+
+
+def _messages_request(thinking: Any) -> Any:
+    from verl_ext.gateway.anthropic_request import parse_messages_request
+
+    body = {"max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}], "thinking": thinking}
+    return parse_messages_request(body)
+
+
+def test_anthropic_thinking_disabled_is_served_exactly_where_thinking_off_renders_the_gateways_prompt() -> None:
+    """The Messages route's ``thinking: {"type": "disabled"}`` is the effort "none", checked as chat's is: over every
+    fixture template, served exactly where the template with its switch off renders what the gateway renders."""
+    request = _messages_request({"type": "disabled"})
+    served_somewhere = refused_somewhere = 0
+    for name, renderer in _renderers():
+        variable = _switch(renderer)
+        try:
+            check_effort(
+                renderer, request.reasoning_effort, request.reasoning_effort_field, request.reasoning_effort_sent
+            )
+            served = True
+        except GatewayError as exc:
+            served = False
+            assert exc.status == 400 and exc.param == "thinking", (name, exc.message)
+            assert exc.message.startswith("'thinking' ") and "leave" in exc.message, exc.message
+        off = False if variable in BOOLEAN_SWITCHES else "none"
+        expected = variable is not None and _render(renderer, **{variable: off}) == _render(renderer)
+        assert served == expected, (name, variable)
+        served_somewhere += served
+        refused_somewhere += not served
+    assert served_somewhere > 5 and refused_somewhere > 20, (served_somewhere, refused_somewhere)
+    assert _messages_request(None).reasoning_effort is None  # not given: the template's own setting, unchecked
+
+
+def test_anthropic_thinking_disabled_on_a_thinking_gateway_is_refused_naming_the_fix(
+    make_gateway: Any, gateway_parts: dict[str, Any]
+) -> None:
+    """Through the gateway: refused (before any engine call) where it renders ``enable_thinking=true``, served where
+    it renders thinking off."""
+    request = _messages_request({"type": "disabled"})
+    thinking = make_gateway(["The answer.<|im_end|>"])
+    with pytest.raises(GatewayError) as refused:
+        asyncio.run(thinking.complete("s", request))
+    assert refused.value.param == "thinking"
+    assert """'thinking' {"type": "disabled"} asks for no reasoning""" in refused.value.message
+    assert """--template-kwargs '{"enable_thinking": false}'""" in refused.value.message
+    assert thinking.counters["turns"] == 0
+    off = gateway_parts["renderer"].with_template_kwargs({"enable_thinking": False})
+    done = asyncio.run(make_gateway(["The answer.<|im_end|>"], renderer=off).complete("s", request))
+    assert done.message["content"] == "The answer."

@@ -41,7 +41,7 @@ def parse_messages_request(body: Any) -> ChatRequest:
     for key, why in _REFUSED.items():
         if body.get(key) is not None:
             raise bad_request(key, why, "unsupported")
-    _check_thinking(body.get("thinking"))
+    effort = _thinking_effort(body.get("thinking"))
     if "max_tokens" not in body:  # required by Anthropic's API: the SDK's own error says so too
         raise bad_request("max_tokens", "'max_tokens' is required (the Messages API has no default): send e.g. 1024")
     max_tokens = body.get("max_tokens")
@@ -74,12 +74,19 @@ def parse_messages_request(body: Any) -> ChatRequest:
         model=body.get("model") if isinstance(body.get("model"), str) else None,
         tool_choice=_tool_choice(body.get("tool_choice")),
         top_k=top_k(body),
+        reasoning_effort=effort,
+        reasoning_effort_field="thinking",
+        reasoning_effort_sent=None if effort is None else {"type": "disabled"},
     )
 
 
-def _check_thinking(thinking: Any) -> None:
-    if thinking is None or (isinstance(thinking, Mapping) and thinking.get("type") == "disabled"):
-        return
+def _thinking_effort(thinking: Any) -> str | None:
+    """``thinking`` as the effort the gateway checks against the template's thinking switch (``disabled``: "none",
+    refused where the gateway renders thinking on; verl_ext.gateway.thinking); None where not given."""
+    if thinking is None:
+        return None
+    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
+        return "none"
     raise bad_request(
         "thinking",
         "'thinking' (extended thinking with a token budget) is not served: whether the policy reasons is set by its "

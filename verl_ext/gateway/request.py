@@ -181,6 +181,7 @@ class ChatRequest:
     # (verl_ext.gateway.thinking) by the gateway, which renders; None: not asked
     reasoning_effort: object = None
     reasoning_effort_field: str = "reasoning_effort"  # the field that asked it, named in a refusal
+    reasoning_effort_sent: object = None  # what that field said, where not the effort itself (Anthropic's thinking)
 
 
 def parse_chat_request(body: Any) -> ChatRequest:

@@ -212,7 +212,9 @@ class Gateway:
             messages = request.messages if self.markers is None else ReasoningSplit(request.messages, self.markers)
             stop_ids = tuple(sorted(set(self._stop_ids(request.stop)) | set(self.reader.stop_token_ids)))
             self._refuse_unsupported_sampling(request)
-            check_effort(self.renderer, request.reasoning_effort, request.reasoning_effort_field)
+            check_effort(
+                self.renderer, request.reasoning_effort, request.reasoning_effort_field, request.reasoning_effort_sent
+            )
             mark = session.mark()
             try:
                 prepared = session.prepare(messages, request.tools)

@@ -13,6 +13,7 @@ the setting the gateway renders and how to start it with the other; a template w
 
 from __future__ import annotations
 
+import json
 import weakref
 from dataclasses import dataclass
 
@@ -81,9 +82,10 @@ def _probed_switch(renderer: ChatRenderer) -> ThinkingSwitch | None:
     return None
 
 
-def check_effort(renderer: ChatRenderer, effort: object, param: str) -> None:
+def check_effort(renderer: ChatRenderer, effort: object, param: str, sent: object = None) -> None:
     """Raises a 400 naming ``param`` for an effort the gateway does not render (the module docstring); None (not
-    given) passes."""
+    given) passes. ``sent``: what ``param`` said, named in a refusal, where it is not the effort itself (Anthropic's
+    ``thinking: {"type": "disabled"}`` is the effort "none")."""
     if effort is None:
         return
     if effort not in EFFORTS:
@@ -103,6 +105,7 @@ def check_effort(renderer: ChatRenderer, effort: object, param: str) -> None:
     else:
         wanted = f'{{"{switch.variable}": {"false" if effort == "none" else "true"}}}'
     asked = "no reasoning" if effort == "none" else f"reasoning effort {effort!r}"
+    shown = repr(effort) if sent is None else json.dumps(sent)
     fix = (
         f"start the gateway with --template-kwargs '{wanted}' (in training: data.apply_chat_template_kwargs), or "
         if wanted
@@ -110,7 +113,7 @@ def check_effort(renderer: ChatRenderer, effort: object, param: str) -> None:
     )
     raise _refused(
         param,
-        f"'{param}' {effort!r} asks for {asked}, but this gateway renders every session with the chat template's "
+        f"'{param}' {shown} asks for {asked}, but this gateway renders every session with the chat template's "
         f"{switch.setting()} (its prompts, check and records use one setting): {fix}leave '{param}' out",
     )
 

@@ -42,7 +42,7 @@ def run_check_template(args: argparse.Namespace) -> int:
         if vision is not None:
             print("\n" + "\n".join(vision.lines(renderer)))
     if args.html:
-        from verl_ext.check.record import HeaderProfile
+        from verl_ext.check.record_header import HeaderProfile
         from verl_ext.report.audit import audit_view
         from verl_ext.report.build import write_html
         from verl_ext.report.html import render

@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any
 from verl_ext.check.record_json import JsonFields, json_objects, plain_json, read_version
 
 if TYPE_CHECKING:
-    from verl_ext.core.probe import TemplateProfile
+    from verl_ext.core.template_profile import TemplateProfile
 
 
 @dataclass(frozen=True)
 class ProfileStop:
-    """One stop id of a header's profile (``core.probe.StopId`` as the record holds it)."""
+    """One stop id of a header's profile (``core.template_profile.StopId`` as the record holds it)."""
 
     id: int
     text: str
@@ -26,7 +26,7 @@ class ProfileStop:
 
 @dataclass(frozen=True)
 class ProfileBoundary:
-    """One boundary of a header's profile (``core.probe.Boundary`` as the record holds it)."""
+    """One boundary of a header's profile (``core.template_profile.Boundary`` as the record holds it)."""
 
     next_role: str
     close_ids: tuple[int, ...]

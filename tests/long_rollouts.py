@@ -15,9 +15,9 @@ from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, run, t
 
 from verl_ext.check.inputs import EngineCall, EngineCalls, TrainerSample, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import canonical_output
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import TokenTrajectory
 
 IM_END = 151645

@@ -27,8 +27,8 @@ from verl_ext.check.inputs import EngineCall, trainer_sample_from_trajectory
 from verl_ext.check.record import Rollout
 from verl_ext.core.engine_output import validate_engine_output
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import judge_finish
 from verl_ext.plugin.agent_loop import _malformed_message

@@ -294,7 +294,8 @@ class Built:
 def build(variant: Variant) -> Built | str:
     """The variant built and learned; a text: why it is skipped (it does not render, or renders as the original,
     or the derived reader learns nothing from it)."""
-    from verl_ext.core.probe import Verdict, probe_template
+    from verl_ext.core.probe import probe_template
+    from verl_ext.core.template_profile import Verdict
 
     r = renderer(variant)
     if isinstance(r, str):

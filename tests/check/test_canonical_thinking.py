@@ -14,9 +14,10 @@ from template_fixtures import template_files, template_renderer
 from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.check.inputs import engine_calls_from_trajectory, trainer_sample_from_trajectory
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import END, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import ReplayRecord, replay
+from verl_ext.core.template_profile import END
 
 
 def conversations(reasoning: str | None) -> dict[str, list[dict[str, Any]]]:

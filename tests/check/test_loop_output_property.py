@@ -22,8 +22,9 @@ from template_fixtures import template_files, template_renderer
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.core.call_reader import learn_call_reader
-from verl_ext.core.probe import Severity, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import Severity, Verdict
 
 CASES = [
     pytest.param("gpt-oss", {}, id="gpt-oss"),

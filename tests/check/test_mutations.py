@@ -33,8 +33,9 @@ from verl_ext.check.findings import CheckResult
 from verl_ext.check.inputs import EngineCall, TrainerSample
 from verl_ext.core.call_reader import learn_call_reader
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import TemplateProfile, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.demo.run import shipped_tokenizers
 
 # Every shipped tokenizer with its template's arguments.

@@ -20,8 +20,9 @@ from hypothesis import strategies as st
 from template_fixtures import SHIPPED, TEMPLATE_CASES, TOOLS, template_renderer
 
 from verl_ext.core.errors import TemplateError, TrajectoryError
-from verl_ext.core.probe import END, TemplateProfile, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import END, TemplateProfile
 from verl_ext.core.trajectory import TokenTrajectory
 
 PROMPT = [{"role": "user", "content": "What is 1+1?"}]

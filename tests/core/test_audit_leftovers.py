@@ -16,7 +16,8 @@ import pytest
 from verl_ext.cli.check_template import format_profile
 from verl_ext.cli.main import main
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import Severity, probe_template
+from verl_ext.core.probe import probe_template
+from verl_ext.core.template_profile import Severity
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from template_fixtures import template_path, template_renderer  # noqa: E402

@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from verl_ext.cli.main import main
-from verl_ext.core.probe import Severity, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import Severity
 from verl_ext.plugin.tool_parser_fit import tool_parser_fit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))

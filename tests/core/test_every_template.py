@@ -18,9 +18,10 @@ from template_fixtures import TEMPLATE_CASES as CASES
 from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.invariants import check_invariants
-from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.replay import ReplayRecord, replay
+from verl_ext.core.template_profile import END, TemplateProfile, Verdict
 from verl_ext.core.trajectory import TokenKind
 
 

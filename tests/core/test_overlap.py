@@ -9,8 +9,9 @@ from __future__ import annotations
 from synthetic_templates import ASSISTANT, GLM_SHAPED, OBSERVATION
 
 from verl_ext.core.invariants import check_invariants
-from verl_ext.core.probe import END, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import END
 from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory
 
 

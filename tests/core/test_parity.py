@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 from conversations import CALL, TOOLS
 
-from verl_ext.core.probe import END, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.replay import ReplayRecord, replay
+from verl_ext.core.template_profile import END
 
 TOOL_LOOP = [
     {"role": "user", "content": "What is 1+1?"},

@@ -8,8 +8,9 @@ import inspect
 import pytest
 
 from verl_ext.core import probe as probe_module
-from verl_ext.core.probe import END, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import END, Verdict
 
 QWEN_IM_END, QWEN_ENDOFTEXT, NEWLINE = 151645, 151643, 198
 

@@ -21,9 +21,8 @@ from verl_ext.core.rendering import (
     PARALLEL_MAX_PIECE_SHARE,
     PARALLEL_MIN_CHARS,
     ChatRenderer,
-    _light_spec,
-    chunking_plan,
 )
+from verl_ext.core.special_token_cut import chunking_plan, light_spec
 
 FAMILIES = ("qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3")
 # Every fixture template over the tokenizer the tests give it, with its markers (tests/template_fixtures.py):
@@ -215,7 +214,7 @@ def test_light_spec_reads_what_tokenizer_json_says(renderer_for: Any, family: st
     """The plan from the backend's parts is the plan from its whole tokenizer.json."""
     backend = renderer_for(family).tokenizer.backend_tokenizer
     full = chunking_plan(json.loads(backend.to_str()))
-    light = chunking_plan(_light_spec(backend))
+    light = chunking_plan(light_spec(backend))
     assert full is not None and light is not None
     assert (full[0].pattern, full[1]) == (light[0].pattern, light[1])
 

@@ -21,7 +21,8 @@ import pytest
 from tokenizers import AddedToken, Tokenizer
 
 from verl_ext.core import text_cut
-from verl_ext.core.rendering import PARALLEL_MIN_CHARS, ChatRenderer, _light_spec
+from verl_ext.core.rendering import PARALLEL_MIN_CHARS, ChatRenderer
+from verl_ext.core.special_token_cut import light_spec
 from verl_ext.core.text_cut import (
     CL100K_PATTERN,
     O200K_PATTERN,
@@ -176,7 +177,7 @@ def test_known_patterns_are_the_shipped_ones(renderer_for: Any, family: str) -> 
 def test_light_spec_gives_the_same_eligibility_as_tokenizer_json(renderer_for: Any, family: str) -> None:
     backend = renderer_for(family).tokenizer.backend_tokenizer
     full = text_cut_eligible(json.loads(backend.to_str()))
-    assert full == text_cut_eligible(_light_spec(backend))  # type: ignore[arg-type]
+    assert full == text_cut_eligible(light_spec(backend))  # type: ignore[arg-type]
     assert full == (family != "mistral-7b-v0.3")
 
 
@@ -357,7 +358,7 @@ def test_an_added_token_with_a_flag_is_encoded_whole(qwen3_light_spec: dict[str,
 @pytest.fixture(scope="module")
 def qwen3_light_spec(renderer_for: Any) -> dict[str, Any]:
     """What ``text_cut_eligible`` reads of Qwen3's tokenizer (its tokenizer.json without the vocabulary)."""
-    spec = _light_spec(renderer_for("qwen3").tokenizer.backend_tokenizer)
+    spec = light_spec(renderer_for("qwen3").tokenizer.backend_tokenizer)
     assert spec is not None
     return spec
 

@@ -216,9 +216,9 @@ def plain_marker_qwen3(tmp_path_factory, tokenizer_dirs):
 
 
 def test_non_special_role_markers_still_bound_turns_and_are_escaped(plain_marker_qwen3, renderer_for):
-    from verl_ext.core.probe import Verdict
     from verl_ext.core.rendering import load_renderer
     from verl_ext.core.replay import canonical_output
+    from verl_ext.core.template_profile import Verdict
 
     r = load_renderer(plain_marker_qwen3)
     ids = [r.tokenizer.convert_tokens_to_ids(t) for t in PLAIN_MARKERS]

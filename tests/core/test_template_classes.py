@@ -16,9 +16,10 @@ from verl_ext.check import Cause, ConsistencyChecker
 from verl_ext.core.deltas import render_context_delta
 from verl_ext.core.invariants import check_invariants
 from verl_ext.core.learned_deltas import LearnedDeltas
-from verl_ext.core.probe import END, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer, load_renderer, round_trip_failures
 from verl_ext.core.replay import ReplayRecord, canonical_output, replay
+from verl_ext.core.template_profile import END, Verdict
 from verl_ext.core.trajectory import RepairKind, TokenKind, TokenTrajectory
 
 CHAT = [

@@ -14,8 +14,9 @@ from verl_ext.check import Cause, ConsistencyChecker, EngineCall
 from verl_ext.check.inputs import trainer_sample_from_trajectory
 from verl_ext.cli.main import main
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import END, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.replay import ReplayRecord, replay
+from verl_ext.core.template_profile import END, Verdict
 from verl_ext.core.tool_call_shape import ARGUMENTS_STRING, RENDERS_NAME, RENDERS_NOTHING, ToolCallShape
 from verl_ext.core.trajectory import TokenTrajectory
 

@@ -15,7 +15,7 @@ from tokenizers import AddedToken, Tokenizer
 from tokenizers.models import WordLevel
 from tokenizers.pre_tokenizers import Whitespace
 
-from verl_ext.core.rendering import _text_only_sharing_the_model, _text_only_tokenizer
+from verl_ext.core.text_only_tokenizer import text_only_sharing_the_model, text_only_tokenizer
 
 SHIPPED = ["qwen3", "qwen2.5", "gpt-oss", "mistral-7b-v0.3"]
 ODD = ["\n", "  ", "\t", "\u00a0", "é", "e\u0301", "你好", "\U0001f600", '{"a": 1}', "▁", "<", "|>", "[INST]"]
@@ -36,7 +36,7 @@ def pairs(load_tokenizer: Any) -> dict[str, tuple[Tokenizer, Tokenizer, list[str
     out = {}
     for name in SHIPPED:
         backend = load_tokenizer(name).backend_tokenizer
-        shared = _text_only_sharing_the_model(backend)
+        shared = text_only_sharing_the_model(backend)
         assert shared is not None, f"{name}: the added tokens did not come back with their ids"
         added = [t.content for t in backend.get_added_tokens_decoder().values()]
         out[name] = (shared, rebuilt_from_json(backend), added)
@@ -64,7 +64,7 @@ def test_added_tokens_that_would_change_id_take_the_json_copy() -> None:
     backend = Tokenizer(WordLevel({"[UNK]": 0, "a": 1, "b": 2}, unk_token="[UNK]"))
     backend.pre_tokenizer = Whitespace()
     backend.add_tokens([AddedToken("<x>", special=False)])
-    assert _text_only_sharing_the_model(backend) is not None  # as loaded: <x> comes back as 3
+    assert text_only_sharing_the_model(backend) is not None  # as loaded: <x> comes back as 3
     table = {7: AddedToken("<x>", special=False)}  # what an id the library would not give again looks like
     renumbered = SimpleNamespace(
         model=backend.model,
@@ -74,6 +74,6 @@ def test_added_tokens_that_would_change_id_take_the_json_copy() -> None:
         post_processor=backend.post_processor,
         get_added_tokens_decoder=lambda: table,
     )
-    assert _text_only_sharing_the_model(renumbered) is None
-    text_only = _text_only_tokenizer(SimpleNamespace(backend_tokenizer=backend, name_or_path="small"))
+    assert text_only_sharing_the_model(renumbered) is None
+    text_only = text_only_tokenizer(SimpleNamespace(backend_tokenizer=backend, name_or_path="small"))
     assert text_only.encode("a <x>", add_special_tokens=False).ids == [1, 0, 0, 0]  # "<", "x", ">": text, unknown

@@ -22,8 +22,9 @@ from verl_ext.check.record import Rollout
 from verl_ext.check.template_view import template_findings
 from verl_ext.check.turn_boundaries import turn_end_findings
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import TemplateProfile, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 
 # When the stream itself is not the engine's, findings would describe the wrong tokens.
 # Invalid engine output too: its turn was cut (or holds ids no template renders), so the locator's turns are off.

@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.locate import Locator
-from verl_ext.core.probe import TemplateProfile
+from verl_ext.core.template_profile import TemplateProfile
 
 
 def lost_message_findings(loc: Locator, profile: TemplateProfile, allowed: Callable[[Cause], bool]) -> list[Finding]:

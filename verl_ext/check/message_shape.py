@@ -20,8 +20,8 @@ from typing import Any
 from verl_ext.check.fact_renders import with_tools_if_needed
 from verl_ext.check.sampled_text import text_runs
 from verl_ext.core.bounded_cache import LruCache
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 
 SLOT = re.compile(r"QXSLOT\d+QX")
 _USER = {"role": "user", "content": "QXUSER"}

@@ -48,39 +48,35 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
   5 have no numerics lines, and the report says the view is absent and why.
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
+The header line's types are in ``check/record_header.py``; the typed JSON reads both use, in ``check/record_json.py``.
+
 The check layer holds this type (not the plugin): it depends on the token core only, no verl, Ray or torch.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import uuid
 from collections import Counter
-from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.findings import CheckResult, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample, engine_call_images, rollout_assistants
+from verl_ext.check.record_json import JsonFields, json_objects, read_version
 from verl_ext.core.engine_output import NAN_HAPPENED
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.messages import json_type
 from verl_ext.core.replay import (
-    NON_FINITE_JSON,
     SCHEMA_VERSION,
     RecordError,
     ReplayRecord,
     Unparsed,
     parse_finish,
-    unknown_key_error,
 )
-
-if TYPE_CHECKING:
-    from verl_ext.core.probe import TemplateProfile
 
 _REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
 
@@ -407,7 +403,7 @@ class RecordedCheck:
     @classmethod
     def from_json(cls, obj: Any, where: str) -> RecordedCheck:
         """The ``check`` object of a record line, every key type-checked; an unknown key is refused."""
-        f = _Fields(obj, where, "check")
+        f = JsonFields(obj, where, "check")
         f.only({x.name for x in fields(cls)}, "the check's result")
         findings = tuple(
             RecordedFinding(
@@ -426,7 +422,7 @@ class RecordedCheck:
                 context_after=g.str("context_after", default=""),
                 detail=g.str("detail", default=""),
             )
-            for g in _objects(f, "findings", RecordedFinding)
+            for g in json_objects(f, "findings", RecordedFinding)
         )
         failures = tuple(
             RecordedFailure(
@@ -435,7 +431,7 @@ class RecordedCheck:
                 position=g.int("position", default=None),
                 detail=g.str("detail", default=""),
             )
-            for g in _objects(f, "engine_failures", RecordedFailure)
+            for g in json_objects(f, "engine_failures", RecordedFailure)
         )
         return cls(
             ok=f.bool("ok", default=False),
@@ -619,14 +615,14 @@ class RolloutRecord:
     def from_json(cls, obj: Any, where: str = "record") -> RolloutRecord:
         """A record line, every field type-checked. Raises RecordError with one line naming ``where`` (file:line),
         the key and the fix. Keys a version-less (pre-version-1) record lacks take their defaults."""
-        f = _Fields(obj, where, "")
-        version = _read_version(f, where)
+        f = JsonFields(obj, where, "")
+        version = read_version(f, where)
         f.only(_KEYS | EXTRA_KEYS, "a rollout record")
         input_ids = f.ints("input_ids", default=())
         n = len(input_ids)
         calls = []
         for k, item in enumerate(f.list("engine_calls", default=[])):
-            g = _Fields(item, where, f"engine_calls[{k}]")
+            g = JsonFields(item, where, f"engine_calls[{k}]")
             g.only(_CALL_KEYS, "an engine call")
             calls.append(
                 RecordedCall(
@@ -688,293 +684,13 @@ class RolloutRecord:
         )
 
 
-@dataclass(frozen=True)
-class ProfileStop:
-    """One stop id of a header's profile (``core.probe.StopId`` as the record holds it)."""
-
-    id: int
-    text: str
-    sources: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class ProfileBoundary:
-    """One boundary of a header's profile (``core.probe.Boundary`` as the record holds it)."""
-
-    next_role: str
-    close_ids: tuple[int, ...]
-    trailer_ids: tuple[int, ...]
-    delta_ids: tuple[int, ...]
-    prefix_preserving: bool
-    divergence: str
-
-
-@dataclass(frozen=True)
-class ProfileReason:
-    severity: str
-    text: str
-
-
-@dataclass(frozen=True)
-class HeaderProfile:
-    """The template profile of a record header, typed: the keys of ``TemplateProfile.to_dict`` the report displays.
-    A key the file lacks (a profile from an older verl_ext, or ``{}``) takes its default; ``None`` for the two
-    ``bool | None`` facts means what the probe meant by it (not renderable / never rendered)."""
-
-    fingerprint: str = ""
-    tokenizer_name: str = ""
-    tokenizer_fingerprint: str = ""  # the tokenizer alone (headers from before it was written: "")
-    verdict: str = "?"
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    stop_ids: tuple[ProfileStop, ...] = ()
-    alias_stop_ids: tuple[int, ...] = ()
-    generation_prompt_ids: tuple[int, ...] = ()
-    boundaries: tuple[ProfileBoundary, ...] = ()
-    unsupported_roles: Mapping[str, str] = field(default_factory=dict)
-    strips_reasoning: bool | None = None
-    consecutive_tool_results_grouped: bool | None = None
-    tool_call_arguments: str = "?"
-    reasons: tuple[ProfileReason, ...] = ()
-
-    @classmethod
-    def of(cls, profile: TemplateProfile) -> HeaderProfile:
-        """The typed form of a profile the probe just derived (``verl-ext check-template --html``)."""
-        return cls.from_json(_plain_json(profile.to_dict()), "template profile")
-
-    @classmethod
-    def from_json(cls, obj: Any, where: str = "header", path: str = "template_profile") -> HeaderProfile:
-        """Raises RecordError naming ``where`` and the key (``template_profile.boundaries[0].close_ids``) for a
-        value of the wrong type."""
-        f = _Fields(obj, where, path)
-        roles = _Fields(f.dict("unsupported_roles", default={}), where, f"{path}.unsupported_roles")
-        return cls(
-            fingerprint=f.str("fingerprint", default=""),
-            tokenizer_name=f.str("tokenizer_name", default=""),
-            tokenizer_fingerprint=f.str("tokenizer_fingerprint", default=""),
-            verdict=f.str("verdict", default="?"),
-            template_kwargs=f.dict("template_kwargs", default={}),
-            stop_ids=tuple(
-                ProfileStop(s.int("id"), s.str("text", default=""), s.strs("sources", default=()))
-                for s in _objects(f, "stop_ids")
-            ),
-            alias_stop_ids=f.ints("alias_stop_ids", default=()),
-            generation_prompt_ids=f.ints("generation_prompt_ids", default=()),
-            boundaries=tuple(
-                ProfileBoundary(
-                    next_role=b.str("next_role", default=""),
-                    close_ids=b.ints("close_ids", default=()),
-                    trailer_ids=b.ints("trailer_ids", default=()),
-                    delta_ids=b.ints("delta_ids", default=()),
-                    prefix_preserving=b.bool("prefix_preserving", default=False),
-                    divergence=b.str("divergence", default=""),
-                )
-                for b in _objects(f, "boundaries")
-            ),
-            unsupported_roles={k: roles.str(k) for k in roles.obj},
-            strips_reasoning=f.bool("strips_reasoning", default=None),
-            consecutive_tool_results_grouped=f.bool("consecutive_tool_results_grouped", default=None),
-            tool_call_arguments=f.str("tool_call_arguments", default="?"),
-            reasons=tuple(
-                ProfileReason(r.str("severity", default=""), r.str("text", default="")) for r in _objects(f, "reasons")
-            ),
-        )
-
-
-def _plain_json(value: Any) -> Any:
-    """``value`` as JSON reads it back (tuples as lists, mappings as dicts): ``TemplateProfile.to_dict`` holds
-    tuples, which the typed reads (written for parsed JSON) would refuse as "not a list"."""
-    return json.loads(json.dumps(value, default=lambda o: dict(o) if isinstance(o, Mapping) else str(o)))
-
-
-def _objects(f: _Fields, key: str, typed: type | None = None) -> Iterator[_Fields]:
-    """The JSON objects of the list at ``key`` (none when it is missing), each ready for typed reads; one at a time,
-    so the first problem in file order is the one reported (an item that is no object, or a bad key of one). With
-    ``typed`` (a dataclass), a key that is not one of its fields is refused."""
-    for k, item in enumerate(f.list(key, default=[])):
-        g = _Fields(item, f.where, f"{f._key(key)}[{k}]")
-        if typed is not None:
-            g.only({x.name for x in fields(typed)}, f"{f._key(key)}[{k}]")
-        yield g
-
-
-@dataclass(frozen=True)
-class RecordHeader:
-    """A record file's first line: the template profile (``TemplateProfile.to_dict``) its rollouts were checked
-    against. ``template_profile`` is the JSON object the probe wrote (written back unchanged); ``profile`` is its
-    typed form, which the report's audit (``report/audit.py``) displays. Raises RecordError (naming "header") when
-    the profile has a key of the wrong type."""
-
-    version: int
-    template_profile: Mapping[str, Any]
-    profile: HeaderProfile = field(default=None, compare=False, repr=False)  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.profile is None:
-            object.__setattr__(self, "profile", HeaderProfile.from_json(_plain_json(self.template_profile)))
-
-    @property
-    def fingerprint(self) -> str:
-        return self.profile.fingerprint
-
-    @classmethod
-    def from_json(cls, obj: Any, where: str = "header") -> RecordHeader:
-        """Raises RecordError naming ``where`` for a wrong type (in the profile too) or a schema version newer than
-        this verl_ext reads."""
-        f = _Fields(obj, where, "")
-        version = _read_version(f, where)
-        f.only(("type", "version", "template_profile"), "a record header")
-        raw = f.dict("template_profile", default={})
-        return cls(version, raw, HeaderProfile.from_json(raw, where))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"type": "header", "version": self.version, "template_profile": dict(self.template_profile)}
-
-
-def _read_version(f: _Fields, where: str) -> int:
-    """The line's schema version: 1 when it has none (files from before it was written)."""
-    version = f.int("version", default=1)
-    if version < 1:
-        raise f.error("version", "a positive integer", version)
-    if version > SCHEMA_VERSION:
-        raise RecordError(
-            f"{where}: record schema version {version} is newer than this verl_ext reads (up to {SCHEMA_VERSION}); "
-            "upgrade verl_ext to read it"
-        )
-    return version
-
-
-_MISSING: Any = object()
-_NON_FINITE_NAMES = 'or "NaN", "Infinity", "-Infinity"'
-
-
-class _Fields:
-    """Typed reads of one JSON object's keys; each wrong type is a RecordError naming where, the key and the fix.
-    A missing key (or null) takes its default; ``default=_MISSING`` makes it required."""
-
-    def __init__(self, obj: Any, where: str, path: str) -> None:
-        if not isinstance(obj, dict):
-            raise RecordError(f"{where}: {path or 'the record'} must be a JSON object, got {json_type(obj)}")
-        self.obj, self.where, self.path = obj, where, path
-
-    def _key(self, key: str) -> str:
-        return f"{self.path}.{key}" if self.path else key
-
-    def only(self, known: Collection[str], what: str) -> None:
-        """Refuse a key not in ``known`` (a misspelled key would otherwise be read as missing, with its default)."""
-        for key in self.obj:
-            if key not in known:
-                raise unknown_key_error(self.where, key, sorted(known), what, f"{self.path}." if self.path else "")
-
-    def error(self, key: str, expected: str, value: Any) -> RecordError:
-        return RecordError(
-            f"{self.where}: {self._key(key)!r} must be {expected}, got {json_type(value)} ({_short(value)}); "
-            "fix or remove that key (records are written by verl_ext.records.dir, see docs/check.md)"
-        )
-
-    def _get(self, key: str, default: Any) -> Any:
-        value = self.obj.get(key)
-        if value is None:
-            if default is _MISSING:
-                raise RecordError(f"{self.where}: {self._key(key)!r} is missing; records written by verl_ext have it")
-            return _MISSING
-        return value
-
-    def _typed(self, key: str, default: Any, ok: Callable[[Any], bool], expected: str) -> Any:
-        value = self._get(key, default)
-        if value is _MISSING:
-            return default
-        if not ok(value):
-            raise self.error(key, expected, value)
-        return value
-
-    def int(self, key: str, default: Any = _MISSING) -> Any:
-        return self._typed(key, default, _is_int, "an integer")
-
-    def count(self, key: str, value: Any) -> int:
-        if not _is_int(value):
-            raise self.error(key, "an integer", value)
-        return int(value)
-
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
-        return self._typed(key, default, lambda v: isinstance(v, bool), "true or false")
-
-    def str(self, key: str, default: Any = _MISSING) -> Any:
-        return self._typed(key, default, lambda v: isinstance(v, str), "a string")
-
-    def float(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._typed(key, default, _is_float, f"a number ({_NON_FINITE_NAMES})")
-        return value if value is default else _float(value)
-
-    def list(self, key: str, default: Any = _MISSING) -> Any:
-        return self._typed(key, default, lambda v: isinstance(v, list), "a list")
-
-    def dict(self, key: str, default: Any = _MISSING) -> Any:
-        return self._typed(key, default, lambda v: isinstance(v, dict), "an object")
-
-    def span(self, key: str) -> tuple[int, int]:
-        value = self._typed(
-            key,
-            [0, 0],
-            lambda v: isinstance(v, list) and len(v) == 2 and all(map(_is_int, v)),
-            "[start, end] (two integers)",
-        )
-        return (int(value[0]), int(value[1]))
-
-    def _items(self, key: str, default: Any, ok: Callable[[Any], bool], one: str, many: str) -> Any:
-        """A list whose every item passes ``ok`` (the error names the first that does not)."""
-        value = self._get(key, default)
-        if value is _MISSING:
-            return default
-        if not isinstance(value, list):
-            raise self.error(key, f"a list of {many}", value)
-        for k, item in enumerate(value):
-            if not ok(item):
-                raise self.error(f"{key}[{k}]", one, item)
-        return value
-
-    def ints(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._get(key, default)
-        if isinstance(value, list) and all(type(v) is int for v in value):  # the common case, at C speed
-            return tuple(value)
-        value = self._items(key, default, _is_int, "an integer", "integers")
-        return value if value is default else tuple(value)
-
-    def floats(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._get(key, default)
-        if isinstance(value, list) and all(type(v) is float for v in value):  # the common case, at C speed
-            return tuple(value)
-        value = self._items(
-            key, default, _is_float, f"a number ({_NON_FINITE_NAMES})", f"numbers ({_NON_FINITE_NAMES})"
-        )
-        return value if value is default else tuple(_float(x) for x in value)
-
-    def strs(self, key: str, default: Any = _MISSING) -> Any:
-        value = self._get(key, default)
-        if isinstance(value, list) and all(type(v) is str for v in value):
-            return tuple(value)
-        value = self._items(key, default, lambda v: isinstance(v, str), "a string", "strings")
-        return value if value is default else tuple(value)
-
-    def by_index(self, key: str, read: str) -> dict[int, Any]:
-        """An object keyed by assistant message index (``"3"``), each value read by the method named ``read``
-        (``"ints"``, ``"floats"``)."""
-        raw = self.dict(key, default={})
-        inner = _Fields(raw, self.where, self._key(key))
-        out = {}
-        for k in raw:
-            if not (k.isascii() and k.isdigit()):
-                raise RecordError(f'{self.where}: {self._key(key)!r} key {k!r} is not a message index (write "1")')
-            out[int(k)] = getattr(inner, read)(k)
-        return out
-
-
-def _recorded_images(g: _Fields, where: str, k: int, before: RecordedImages | None) -> RecordedImages | None:
+def _recorded_images(g: JsonFields, where: str, k: int, before: RecordedImages | None) -> RecordedImages | None:
     """An engine call's ``images`` (``{"kept": n, "added": [digests]}``), type-checked; ``n`` at most the images of
     the call before it (``before``: its record; None: it has none)."""
     raw = g.dict("images", default=None)
     if raw is None:
         return None
-    f = _Fields(raw, where, f"engine_calls[{k}].images")
+    f = JsonFields(raw, where, f"engine_calls[{k}].images")
     f.only(("kept", "added"), "an engine call's images")
     kept = f.int("kept", default=0) or 0
     added = f.strs("added", default=())
@@ -982,36 +698,3 @@ def _recorded_images(g: _Fields, where: str, k: int, before: RecordedImages | No
     if not 0 <= kept <= room:
         raise f.error("kept", f"an integer from 0 to {room} (the images of the engine call before it)", kept)
     return RecordedImages(kept, tuple(added))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_float(value: Any) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)) or (
-        isinstance(value, str) and value in NON_FINITE_JSON
-    )
-
-
-def _float(value: Any) -> float:
-    return NON_FINITE_JSON[value] if isinstance(value, str) else float(value)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def json_safe(value: Any) -> Any:
-    """``value`` with every float that is not finite replaced by ``"NaN"``, ``"Infinity"`` or ``"-Infinity"``, so
-    ``json.dumps(..., allow_nan=False)`` writes valid JSON (schema version 2)."""
-    if isinstance(value, float):
-        if math.isfinite(value):
-            return value
-        return "NaN" if math.isnan(value) else ("Infinity" if value > 0 else "-Infinity")
-    if isinstance(value, dict):
-        return {k: json_safe(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [json_safe(v) for v in value]
-    return value

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from verl_ext.check.record import RecordHeader, RolloutRecord
+from verl_ext.check.record import RolloutRecord
+from verl_ext.check.record_header import RecordHeader
 from verl_ext.core.rendering import ChatRenderer
 
 Decode = Callable[[Sequence[int]], str]

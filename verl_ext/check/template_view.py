@@ -46,8 +46,9 @@ from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.call_reader import learn_call_reader, parameter_types
 from verl_ext.core.call_reader.literals import MARKER
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import END, TemplateProfile
-from verl_ext.core.rendering import ChatRenderer, spec_components
+from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import END, TemplateProfile
+from verl_ext.core.text_cut import spec_components
 
 
 def template_findings(

@@ -18,7 +18,7 @@ from typing import Any
 from verl_ext.check.findings import Cause, Finding, Span
 from verl_ext.check.locate import Locator
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import END, TemplateProfile
+from verl_ext.core.template_profile import END, TemplateProfile
 
 
 def turn_end_findings(

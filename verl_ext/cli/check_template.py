@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING
 
 from verl_ext.cli.options import check_output_file, renderer_from_args, stop_ids_from_args
 from verl_ext.cli.vision_audit import audit_vision
-from verl_ext.core.probe import END, TemplateProfile, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import END, TemplateProfile, Verdict
 from verl_ext.core.tool_call_shape import RENDERS_ARGUMENTS, RENDERS_NAME, RENDERS_NOTHING
 
 if TYPE_CHECKING:
@@ -42,7 +43,7 @@ def run_check_template(args: argparse.Namespace) -> int:
         if vision is not None:
             print("\n" + "\n".join(vision.lines(renderer)))
     if args.html:
-        from verl_ext.check.record import HeaderProfile
+        from verl_ext.check.record_header import HeaderProfile
         from verl_ext.report.audit import audit_view
         from verl_ext.report.build import write_html
         from verl_ext.report.html import render

@@ -11,7 +11,8 @@ from typing import Any
 
 from verl_ext.check.image_view import ImageReplay, image_replay, replay_renderer
 from verl_ext.check.numerics_record import NumericsRecord
-from verl_ext.check.record import RecordedFailure, RecordHeader, RolloutRecord
+from verl_ext.check.record import RecordedFailure, RolloutRecord
+from verl_ext.check.record_header import RecordHeader
 from verl_ext.check.replay_diff import fingerprint_difference, stream_difference
 from verl_ext.check.revalidate import revalidated
 from verl_ext.cli.options import distinct_files, renderer_from_args, stop_ids_from_args

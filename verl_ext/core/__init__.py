@@ -12,9 +12,10 @@ from verl_ext.core.errors import (
     VerlExtError,
 )
 from verl_ext.core.invariants import InvariantReport, check_invariants
-from verl_ext.core.probe import TemplateProfile, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer, Escape, load_renderer
+from verl_ext.core.template_profile import TemplateProfile, Verdict
 from verl_ext.core.trajectory import FinishReason, RepairKind, TokenKind, TokenTrajectory
 
 __all__ = [

@@ -13,8 +13,8 @@ from typing import Any, NamedTuple
 
 from verl_ext.core.appended_text import refuse_dropped_content
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
+from verl_ext.core.template_profile import TemplateProfile
 
 _SYNTHETIC_SYSTEM = {"role": "system", "content": "You are a helpful assistant."}
 _SYNTHETIC_USER = {"role": "user", "content": "Hello."}

@@ -42,8 +42,8 @@ from verl_ext.core.deltas import (
     synthetic_history,
 )
 from verl_ext.core.errors import OptionsError, TemplateError
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer, Message
+from verl_ext.core.template_profile import TemplateProfile
 
 DEFAULT_VERIFY_RATE = 1 / 64  # share of learned-path appends re-checked against a render (first use: always)
 _MAX_SHAPES = 4096

@@ -21,19 +21,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tokenizers import AddedToken, Tokenizer
+from tokenizers import Tokenizer
 
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.literal_regex import literal_alternation
+from verl_ext.core.special_token_cut import chunking_plan, components_key, light_spec, no_start_marker
 from verl_ext.core.template_env import ChatTemplateRenderer
 from verl_ext.core.text_cut import (
     TEXT_CUT_MIN_CHARS,
-    only_types,
     parallel_threads,
-    spec_components,
     text_cut_eligible,
     text_cuts,
 )
+from verl_ext.core.text_only_tokenizer import text_only_tokenizer
 from verl_ext.core.tokenizer_files import (
     check_token_ids,
     check_tokenizer_folder,
@@ -256,7 +256,7 @@ class ChatRenderer:
         self.control_ids: frozenset[int] = self.structural_ids | frozenset(written)
         strings = {added[i].content for i in self.control_ids if added[i].content}
         self._added_re = re.compile(literal_alternation(strings)) if strings else None  # the longest where several
-        self._text_only = _text_only or _text_only_tokenizer(tokenizer)
+        self._text_only = _text_only or text_only_tokenizer(tokenizer)
 
     @property
     def control_pattern(self) -> re.Pattern[str] | None:
@@ -519,12 +519,12 @@ class ChatRenderer:
         if backend is None:
             return False
         try:
-            components = _components_key(backend)
+            components = components_key(backend)
         except Exception:  # a custom Python component cannot be serialised (its error type varies): encode whole
             return False
         cached = self.__dict__.get("_components_cut_cache")
         if cached is None or cached[0] != components:
-            spec = _light_spec(backend, with_added_tokens=False)
+            spec = light_spec(backend, with_added_tokens=False)
             cached = (components, spec is not None and text_cut_eligible(spec))
             self.__dict__["_components_cut_cache"] = cached
         if not cached[1]:
@@ -545,20 +545,20 @@ class ChatRenderer:
         # model's kind and dropout. 0.19 ms with Mistral's 771 added tokens (2026-11-26), where serialising them took
         # 1.8 ms; ``_text_cut`` asks the components first, so only a tokenizer they allow the cut pays it per encode.
         try:
-            key = (backend.get_added_tokens_decoder(), *_components_key(backend))
+            key = (backend.get_added_tokens_decoder(), *components_key(backend))
         except Exception:  # a custom Python component cannot be serialised (its error type varies): encode whole
             return None
         cached = self.__dict__.get("_plans_cache")
         if cached is not None and cached[0] == key:
             return cached[1]
-        spec = _light_spec(backend)
+        spec = light_spec(backend)
         plan = None if spec is None else chunking_plan(spec)
         made: tuple[re.Pattern[str], Tokenizer | None] | None = None
         if plan is not None and not plan[1]:
             made = (plan[0], None)
         elif plan is not None:
             continuation = json.loads(backend.to_str())
-            if _no_start_marker(continuation.get("pre_tokenizer")):
+            if no_start_marker(continuation.get("pre_tokenizer")):
                 made = (plan[0], Tokenizer.from_str(json.dumps(continuation)))
         plans = (made, spec is not None and text_cut_eligible(spec))
         self.__dict__["_plans_cache"] = (key, plans)
@@ -709,25 +709,13 @@ class ChatRenderer:
     def _continuation(self) -> tuple[Tokenizer, Tokenizer] | None:
         """(tokenizer, text-only tokenizer) that do not mark the start of their input, when the backend does."""
         spec = json.loads(self.tokenizer.backend_tokenizer.to_str())
-        if not _no_start_marker(spec.get("pre_tokenizer")):
+        if not no_start_marker(spec.get("pre_tokenizer")):
             return None
         text_only = json.loads(self._text_only.to_str())
-        _no_start_marker(text_only.get("pre_tokenizer"))
+        no_start_marker(text_only.get("pre_tokenizer"))
         plain, literal = Tokenizer.from_str(json.dumps(spec)), Tokenizer.from_str(json.dumps(text_only))
         literal.encode_special_tokens = True
         return plain, literal
-
-
-# Backend parts that treat each piece between added tokens on its own (the tokenizers library normalizes and
-# pre-tokenizes every such piece apart, and the model sees words), so cutting the text there changes nothing.
-# Anything else (a component this list does not name) keeps the text whole. Metaspace is here with a condition: one
-# that marks only the input's start ("first") looks at where a piece lies in the whole text (``chunking_plan``).
-_PIECEWISE_NORMALIZERS = frozenset(
-    {"NFC", "NFD", "NFKC", "NFKD", "Lowercase", "Strip", "StripAccents", "Replace", "Prepend", "Precompiled", "Nmt"}
-)
-_PIECEWISE_PRE_TOKENIZERS = frozenset(
-    {"Split", "ByteLevel", "Metaspace", "Whitespace", "WhitespaceSplit", "Digits", "Punctuation", "BertPreTokenizer"}
-)
 
 
 # Delimiter characters that do not make a marker's shape distinctive on their own: HTML tags (<table>, </div>) and
@@ -765,116 +753,6 @@ def _fixed_strftime(now: datetime.datetime) -> Any:
     return strftime_now
 
 
-def chunking_plan(spec: Mapping[str, Any]) -> tuple[re.Pattern[str], bool] | None:
-    """How text can be cut for a parallel encode with the tokenizer ``spec`` (a tokenizer.json, parsed), giving the
-    ids of encoding it whole: (a pattern that matches, and captures, the special-token strings to cut at; whether
-    pieces after the first need a tokenizer that does not mark the input's start); None when it cannot be shown.
-
-    The tokenizers library first cuts the text at added-token strings (leftmost, then longest), then normalizes,
-    pre-tokenizes and encodes each piece apart. Cutting at a special-token string ``s`` gives the same pieces when
-    that scan matches every occurrence of ``s`` exactly: when no added token contains ``s`` (other than ``s``
-    itself) and none ends with a proper prefix of ``s`` (so no match can run into it; ``s`` itself included).
-    Refused outright: added tokens matched after normalization or with lstrip/rstrip/single_word (their match
-    depends on text around them), BPE dropout (random splits), components not known to work piece by piece.
-    """
-    model = spec.get("model") or {}
-    if model.get("dropout") not in (None, 0, 0.0):
-        return None
-    if not only_types(spec.get("normalizer"), "normalizers", _PIECEWISE_NORMALIZERS):
-        return None
-    pre = spec.get("pre_tokenizer")
-    if not only_types(pre, "pretokenizers", _PIECEWISE_PRE_TOKENIZERS):
-        return None
-    metaspaces = [p for p in spec_components(pre, "pretokenizers") if p.get("type") == "Metaspace"] if pre else []
-    schemes = [p.get("prepend_scheme") for p in metaspaces]
-    if any(scheme not in ("always", "never", "first") for scheme in schemes):
-        return None  # an older file's add_prefix_space, or a scheme this code does not know
-    added = [t for t in spec.get("added_tokens") or [] if isinstance(t, Mapping)]
-    if any(t.get(flag) for t in added for flag in ("normalized", "lstrip", "rstrip", "single_word")):
-        return None
-    contents = [str(t.get("content") or "") for t in added]
-    candidates = {c for t, c in zip(added, contents, strict=True) if t.get("special") and c}
-    unsafe: set[str] = set()
-    prefixes: dict[str, set[str]] = {}
-    for s in candidates:
-        for k in range(1, len(s)):
-            prefixes.setdefault(s[:k], set()).add(s)
-    for t in contents:
-        for i in range(len(t)):
-            unsafe |= prefixes.get(t[i:], set()) if i else set()  # t runs into s: a suffix of t starts s
-            for j in range(i + 1, len(t) + 1):
-                if (i, j) != (0, len(t)) and t[i:j] in candidates:
-                    unsafe.add(t[i:j])  # t holds s: the scan can match t over it
-    cuts = candidates - unsafe
-    if not cuts:
-        return None
-    pattern = re.compile("(" + literal_alternation(cuts) + ")")  # the longest where several start, in any order
-    return pattern, "first" in schemes
-
-
-def _state(component: Any) -> bytes | None:
-    """A normalizer's or pre-tokenizer's serialised state, JSON (None for none); raises for a custom Python one."""
-    return None if component is None else bytes(component.__getstate__())
-
-
-def _components_key(backend: Tokenizer) -> tuple[Any, ...]:
-    """The state of a backend's components that the plans read, but its added tokens: the normalizer's,
-    pre-tokenizer's and post-processor's, the model's kind and dropout. Raises for a custom Python component."""
-    model = backend.model
-    return (
-        _state(backend.normalizer),
-        _state(backend.pre_tokenizer),
-        _state(backend.post_processor),
-        type(model).__name__,
-        getattr(model, "dropout", None),
-    )
-
-
-def _light_spec(backend: Tokenizer, with_added_tokens: bool = True) -> dict[str, Any] | None:
-    """What ``chunking_plan`` and ``text_cut_eligible`` read of a backend, in tokenizer.json's shape, without
-    serialising its vocabulary (nor reading its added tokens, with ``with_added_tokens=False``: an empty list); None
-    when a component cannot be serialised (a custom Python normalizer or pre-tokenizer: the text is encoded whole)."""
-
-    def part(component: Any) -> Any:
-        state = _state(component)
-        return None if state is None else json.loads(state)
-
-    added = [
-        {
-            "content": t.content,
-            "special": t.special,
-            **{flag: getattr(t, flag) for flag in ("normalized", "lstrip", "rstrip", "single_word")},
-        }
-        for t in (backend.get_added_tokens_decoder().values() if with_added_tokens else ())
-    ]
-    model = {"type": type(backend.model).__name__, "dropout": getattr(backend.model, "dropout", None)}
-    try:
-        normalizer, pre_tokenizer = part(backend.normalizer), part(backend.pre_tokenizer)
-        post_processor = part(backend.post_processor)
-    except Exception:  # the tokenizers library refuses to serialise a custom component (its error type varies)
-        return None
-    return {
-        "normalizer": normalizer,
-        "pre_tokenizer": pre_tokenizer,
-        "post_processor": post_processor,
-        "model": model,
-        "added_tokens": added,
-    }
-
-
-def _no_start_marker(pre_tokenizer: Any) -> bool:
-    """Switch a Metaspace pre-tokenizer that marks only the input's start (prepend_scheme "first") to "never", in
-    place, also inside a Sequence; True when one was switched."""
-    if not isinstance(pre_tokenizer, dict):
-        return False
-    if pre_tokenizer.get("type") == "Sequence":
-        return any([_no_start_marker(p) for p in pre_tokenizer.get("pretokenizers") or []])
-    if pre_tokenizer.get("type") == "Metaspace" and pre_tokenizer.get("prepend_scheme") == "first":
-        pre_tokenizer["prepend_scheme"] = "never"
-        return True
-    return False
-
-
 def _one_template(template: Any, tokenizer: PreTrainedTokenizerBase) -> str | None:
     """The one template a renderer uses. A tokenizer with named templates (``[{"name": "default", ...},
     {"name": "tool_use", ...}]`` in tokenizer_config.json) is taken when it names only ``default``; otherwise
@@ -897,50 +775,3 @@ def _one_template(template: Any, tokenizer: PreTrainedTokenizerBase) -> str | No
         f"tokenizer {tokenizer.name_or_path!r} has a chat template of type {type(template).__name__}, not a string; "
         "pass one with --chat-template FILE (or chat_template=...)"
     )
-
-
-def _text_only_tokenizer(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
-    """A copy of the fast tokenizer that never matches added tokens: every string is text."""
-    if not hasattr(tokenizer, "backend_tokenizer"):
-        raise TemplateError(
-            f"tokenizer {tokenizer.name_or_path!r} is a slow (Python) tokenizer; verl_ext needs the fast "
-            "tokenizer (a tokenizer.json) to encode untrusted text safely"
-        )
-    backend = tokenizer.backend_tokenizer
-    shared = _text_only_sharing_the_model(backend)
-    if shared is not None:
-        return shared
-    spec = json.loads(backend.to_str())
-    for token in spec.get("added_tokens", []):
-        token["special"] = True  # encode_special_tokens only skips tokens marked special
-    copy = Tokenizer.from_str(json.dumps(spec))
-    copy.encode_special_tokens = True
-    return copy
-
-
-def _text_only_sharing_the_model(backend: Tokenizer) -> Tokenizer | None:
-    """The text-only copy built around the original's model (read-only, shared): 1-4 s less than rebuilding it from
-    JSON on a 150k-token vocabulary, paid by every command and worker that loads a tokenizer. None where the added
-    tokens do not come back with their own ids (then the JSON copy is built). The copy has no truncation or padding:
-    it encodes whole texts."""
-    added = sorted(backend.get_added_tokens_decoder().items())
-    copy = Tokenizer(backend.model)
-    copy.normalizer, copy.pre_tokenizer, copy.decoder = backend.normalizer, backend.pre_tokenizer, backend.decoder
-    copy.post_processor = backend.post_processor
-    copy.add_special_tokens(
-        [
-            AddedToken(
-                t.content,
-                single_word=t.single_word,
-                lstrip=t.lstrip,
-                rstrip=t.rstrip,
-                normalized=t.normalized,
-                special=True,  # encode_special_tokens only skips tokens marked special
-            )
-            for _, t in added
-        ]
-    )
-    if any(copy.token_to_id(t.content) != i for i, t in added):
-        return None
-    copy.encode_special_tokens = True
-    return copy

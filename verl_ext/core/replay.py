@@ -29,8 +29,9 @@ from typing import Any
 from verl_ext.core.engine_output import NAN_HAPPENED, reports_nan
 from verl_ext.core.errors import IsAFolderError, MissingFileError, TemplateError, TrajectoryError, VerlExtError
 from verl_ext.core.messages import first_message_problem, json_type
-from verl_ext.core.probe import END, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer, Message, parse_clock
+from verl_ext.core.template_profile import END
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 
 

@@ -29,9 +29,10 @@ from verl_ext.core.engine_output import (
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.learned_deltas import LearnedDeltas, shared_deltas, tools_fingerprint
 from verl_ext.core.messages import first_message_problem
-from verl_ext.core.probe import END, TemplateProfile, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer, Escape, Message
+from verl_ext.core.template_profile import END, TemplateProfile
 
 
 class TokenKind(StrEnum):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from verl_ext.core.errors import OptionsError
-from verl_ext.core.probe import TemplateProfile
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason
 
 

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from verl_ext.core.images import image_digest, part_image
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer, Message
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import TokenTrajectory
 from verl_ext.gateway.errors import bad_request
 from verl_ext.runtime.images import MAX_IMAGE_BYTES, ImageTooLarge, UnusableImage, decode_image_bytes

@@ -21,8 +21,8 @@ from verl_ext.check.checker import ConsistencyChecker
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
 from verl_ext.core.images import ImageTokens
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn

@@ -23,8 +23,9 @@ from typing import Any
 
 from verl_ext.core.call_reader import Learned, learn_call_reader
 from verl_ext.core.errors import TemplateError
-from verl_ext.core.probe import PROBE_TOOL_NAME, PROBE_TOOLS, TemplateProfile
+from verl_ext.core.probe import PROBE_TOOL_NAME, PROBE_TOOLS
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.tool_call_shape import RENDERS_NOTHING
 
 _ARGUMENTS = {"query": "QXARG1"}

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from verl_ext.check.record import HeaderProfile
+from verl_ext.check.record_header import HeaderProfile
 from verl_ext.report.text import shorten
 
 Decode = Callable[[Sequence[int]], str]

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from verl_ext.check.numerics_record import NumericsIndex
-from verl_ext.check.record import HeaderProfile, RolloutRecord
+from verl_ext.check.record import RolloutRecord
+from verl_ext.check.record_header import HeaderProfile
 from verl_ext.check.revalidate import revalidated
 from verl_ext.core.replay import RecordError
 from verl_ext.telemetry.records import read_record_files

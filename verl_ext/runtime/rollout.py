@@ -27,9 +27,9 @@ from verl_ext.check.inputs import EngineCall, EngineCalls, TrainerSample, traine
 from verl_ext.check.record import Rollout
 from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.image_trajectory import ImageTrajectory
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_parse import ParsedTurn
 from verl_ext.runtime.images import image_sample

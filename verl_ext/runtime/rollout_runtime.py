@@ -22,8 +22,9 @@ from verl_ext.core.engine_output import OutputProblem, validate_engine_output
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.images import ImageTokens
-from verl_ext.core.probe import Severity, TemplateProfile, Verdict, probe_template
+from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.template_profile import Severity, TemplateProfile, Verdict
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import end_of_turn_ids, judge_finish
 from verl_ext.core.turn_parse import ParsedTurn

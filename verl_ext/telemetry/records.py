@@ -25,10 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from verl_ext.check.numerics_record import NumericsRecord
-from verl_ext.check.record import SCHEMA_VERSION, RecordHeader, RolloutRecord, json_safe
+from verl_ext.check.record import SCHEMA_VERSION, RolloutRecord
+from verl_ext.check.record_header import RecordHeader
+from verl_ext.check.record_json import json_safe
 from verl_ext.core.numerics import NumericsOptions, RolloutNumerics
-from verl_ext.core.probe import TemplateProfile
 from verl_ext.core.replay import RecordError, read_json_lines
+from verl_ext.core.template_profile import TemplateProfile
 
 log = logging.getLogger("verl_ext.records")
 

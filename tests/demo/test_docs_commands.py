@@ -32,6 +32,9 @@ NOT_RUN: dict[str, str] = {
     "builder writes the report tests' records (tests/report/conftest.py), whose report they check",
     "verl-ext demo --trainer v0": "a second demo run (minutes on 2 cores): tests/demo/test_gateway_demo.py runs "
     "the v0 trainer (through the gateway)",
+    "verl-ext demo '+actor_rollout_ref.rollout.engine_kwargs.verl_ext_cpu={faults:[{kind:past_depth,depth:300,"
+    "shift:-0.5}]}'": "a demo run with a test-only fault (minutes on 2 cores): tests/demo/test_demo_faults.py runs "
+    "the demo's trainer with this override (built by verl_ext.demo.faults) and asserts where the view finds it",
     "verl-ext demo --loop gateway --steps 1": "a demo run through the gateway (minutes on 2 cores): "
     "tests/demo/test_gateway_demo.py runs it (one row x 2 samples)",
     "verl-ext demo --model qwen2.5-vl --steps 1 --out build/demo-vl": "the VL demo run (minutes on 2 cores): "

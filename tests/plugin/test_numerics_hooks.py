@@ -353,7 +353,7 @@ def test_each_step_writes_a_numerics_line_per_rollout_and_is_never_silently_abse
 
     rows = make_rows(random.Random(6), 3)
     numerics_sink.drain()
-    numerics_step._writer.clear()
+    numerics_step._WRITERS.clear()
     numerics_trainer._settings = NumericsSettings(OPTIONS, records_dir=str(tmp_path))
     numerics_sink.report(expected(rows, "old_log_prob").values(), expected=["r0", "r1", "r2", "r9"])
     m = numerics_step.step_metrics(3, checked=4.0)
@@ -366,7 +366,7 @@ def test_each_step_writes_a_numerics_line_per_rollout_and_is_never_silently_abse
     assert m["tito/numerics/rollouts"] == 0 and m["tito/numerics/numerics_unavailable"] == 4
     assert numerics_step.step_metrics(5, checked=0.0) == {}  # a validation log: no trainer numbers by design
     numerics_trainer._settings = None
-    numerics_step._writer.clear()
+    numerics_step._WRITERS.clear()
 
 
 def ppo_loss_inputs(rows: list[dict[str, Any]], step: int | None, strict: bool = False) -> tuple[Any, Any]:
@@ -485,10 +485,10 @@ def test_numerics_lines_a_failed_write_lost_are_counted(tmp_path: Any, caplog: A
     rows = make_rows(random.Random(6), 3)
     (tmp_path / "file").write_text("")  # a records folder under a file: every write fails
     numerics_sink.drain()
-    numerics_step._writer.clear()
+    numerics_step._WRITERS.clear()
     try:
         for folder, lost in ((tmp_path / "file" / "records", 3), (tmp_path / "ok", 0)):
-            numerics_step._writer.clear()
+            numerics_step._WRITERS.clear()
             numerics_trainer._settings = NumericsSettings(OPTIONS, records_dir=str(folder))
             numerics_sink.report(expected(rows, "old_log_prob").values(), expected=["r0", "r1", "r2"])
             with caplog.at_level("ERROR", logger="verl_ext.plugin"):
@@ -497,4 +497,4 @@ def test_numerics_lines_a_failed_write_lost_are_counted(tmp_path: Any, caplog: A
         assert any("cannot write" in r.getMessage() for r in caplog.records)
     finally:
         numerics_trainer._settings = None
-        numerics_step._writer.clear()
+        numerics_step._WRITERS.clear()

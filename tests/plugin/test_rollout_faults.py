@@ -8,6 +8,8 @@ a reward function that raises stops the step with its error. Nothing half-done t
 from __future__ import annotations
 
 import asyncio
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,6 +82,9 @@ def test_a_turn_that_keeps_aborting_ends_the_rollout_with_an_error(make_loop) ->
 class _Stuck:
     """A rollout server that never answers in time: the test kills it mid-request."""
 
+    def ready(self) -> bool:
+        return True
+
     async def generate(self, request_id: str, prompt_ids: list[int], sampling_params: dict[str, Any]) -> Any:
         await asyncio.sleep(600)
 
@@ -95,9 +100,13 @@ class RayServerManager:
 
 
 @pytest.fixture
-def ray_local():
+def ray_local(monkeypatch: pytest.MonkeyPatch):
     import ray
 
+    # Ray's workers import the test's actor class by its module (this file): put its folder on their path, which
+    # they inherit from the cluster ray.init starts (a cluster an earlier test started and shut down left none)
+    here = str(Path(__file__).resolve().parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH", "")) if p))
     ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False, configure_logging=False)
     try:
         yield ray
@@ -109,6 +118,7 @@ def ray_local():
 def test_rollout_server_actor_killed_mid_rollout_is_a_clear_error(make_loop, ray_local) -> None:
     loop, _ = make_loop(response_length=8)
     actor = ray_local.remote(num_cpus=0)(_Stuck).remote()
+    assert ray_local.get(actor.ready.remote(), timeout=120)  # started (a loaded host starts actors slowly)
     loop.server_manager = RayServerManager(actor)
 
     async def kill_soon() -> None:

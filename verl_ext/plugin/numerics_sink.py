@@ -106,16 +106,13 @@ class NumericsCollector:
 
 
 _local = NumericsCollector()
-_actor: Any = None
 
 
 def _ray_collector() -> Any:
-    global _actor
-    if _actor is None:
-        import ray
+    """The job's collector of rollouts' numbers (``metrics_sink.named_collector``: a live cluster's handle)."""
+    from verl_ext.plugin.metrics_sink import named_collector
 
-        _actor = ray.remote(num_cpus=0)(NumericsCollector).options(name=ACTOR_NAME, get_if_exists=True).remote()
-    return _actor
+    return named_collector(NumericsCollector, ACTOR_NAME)
 
 
 def report(

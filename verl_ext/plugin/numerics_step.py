@@ -10,31 +10,29 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.plugin import numerics_sink, numerics_trainer
 from verl_ext.telemetry.metrics import PREFIX
 
 log = logging.getLogger("verl_ext.plugin")
 
 NUMERICS_PREFIX = f"{PREFIX}numerics/"
-_writer: list[Any] = []  # this process's numerics record writer, made on first use
+# this process's numerics record writer per records folder, made on first use (one folder per job)
+_WRITERS: LruCache[tuple[str, int | None, int | None], Any] = LruCache("numerics record writers", 4)
 
 
 def _record_writer(settings: numerics_trainer.NumericsSettings) -> Any:
     if not settings.records_dir:
         return None
-    if not _writer:
-        from verl_ext.telemetry.records import RecordWriter
+    from verl_ext.telemetry.records import RecordWriter
 
-        _writer.append(
-            RecordWriter(
-                settings.records_dir,
-                None,
-                max_bytes=settings.max_bytes,
-                max_files=settings.max_files,
-                prefix="numerics",
-            )
-        )
-    return _writer[0]
+    key = (str(settings.records_dir), settings.max_bytes, settings.max_files)
+    return _WRITERS.get_or_make(
+        key,
+        lambda: RecordWriter(
+            settings.records_dir, None, max_bytes=settings.max_bytes, max_files=settings.max_files, prefix="numerics"
+        ),
+    )
 
 
 def write_records(batch: numerics_sink.NumericsBatch, settings: numerics_trainer.NumericsSettings) -> int:

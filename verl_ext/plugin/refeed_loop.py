@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 from verl_ext.check.record import Rollout
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.numerics import NumericsOptions
 from verl_ext.core.refeed import CPU_SCORING_TOLERANCE, RefeedResult, audited
 from verl_ext.engines.refeed_audit import RefeedAuditor
@@ -36,8 +37,8 @@ TOLERANCES = {"verl_ext_cpu": CPU_SCORING_TOLERANCE}
 
 # (engine, server id, options) -> its auditor, once per worker process: the canary runs once per server. A job has
 # a few servers and one set of options; verl never renames a server, so this does not grow with steps.
-_AUDITORS: dict[tuple[str, str, str], RefeedAuditor] = {}
-_LOGGED: set[str] = set()
+_AUDITORS: LruCache[tuple[str, str, str], RefeedAuditor] = LruCache("re-feed auditors", 256)
+_LOGGED: LruCache[str, bool] = LruCache("re-feed refusals logged", 256)  # each reason logged once per worker
 
 
 def _call(method: Any) -> Callable[..., Awaitable[Any]]:
@@ -139,7 +140,7 @@ async def audit_rollout(
 
 def _log_once(reason: str) -> None:
     if reason not in _LOGGED:
-        _LOGGED.add(reason)
+        _LOGGED[reason] = True
         log.warning("verl_ext re-feed audit: %s", reason)
 
 

@@ -55,10 +55,13 @@ def call_faults(
     faults: set[str] = set()
     for name, arguments in calls:
         try:
-            value = json.loads(arguments)
+            value, decoded = json.loads(arguments), True
         except (json.JSONDecodeError, TypeError):
-            value = None
-        if not isinstance(value, dict) or not reader.writes(text, name, value):
+            value, decoded = None, False
+        # arguments that are JSON but no object ("1+1") are the model's own mistake, kept as it wrote them (the tool
+        # answers bad_arguments); a reading that cannot decode them, or an object the text does not hold, misread
+        written = reader.writes(text, name, value) if isinstance(value, dict) else decoded
+        if not written:
             faults.add(NOT_WRITTEN)
         if types and name not in types and not reader.writes(text, name):  # a tool not offered the model wrote is
             faults.add(NAME_NOT_OFFERED)  # what it wrote

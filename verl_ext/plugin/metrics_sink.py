@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from verl_ext.check.findings import CheckResult
-from verl_ext.core.bounded_cache import LruCache
+from verl_ext.plugin.collectors import named_collector
 from verl_ext.telemetry.metrics import PREFIX, aggregate
 
 log = logging.getLogger("verl_ext.plugin")
@@ -56,23 +56,6 @@ def _metrics(results: list[CheckResult], counters: Counter[str]) -> dict[str, fl
 
 
 _local = MetricsCollector()
-# each named collector's handle, with the Ray job and node it was got in: a process that outlives its cluster
-# (ray.shutdown, then ray.init: tests do) gets the new cluster's, never a dead one's
-_HANDLES: LruCache[str, tuple[tuple[str, str], Any]] = LruCache("collector actor handles", 8)
-
-
-def named_collector(cls: type, name: str) -> Any:
-    """The job's ``name``d collector actor of ``cls``, created by the first process that reports (0 CPUs: it only
-    counts)."""
-    import ray
-
-    context = ray.get_runtime_context()
-    where = (context.get_job_id(), context.get_node_id())
-    known = _HANDLES.get(name)
-    if known is None or known[0] != where:
-        known = (where, ray.remote(num_cpus=0)(cls).options(name=name, get_if_exists=True).remote())
-        _HANDLES[name] = known
-    return known[1]
 
 
 def _ray_collector() -> Any:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.core.numerics import RolloutNumerics
+from verl_ext.plugin.collectors import named_collector
 
 ACTOR_NAME = "verl_ext_tito_numerics"
 
@@ -109,9 +110,7 @@ _local = NumericsCollector()
 
 
 def _ray_collector() -> Any:
-    """The job's collector of rollouts' numbers (``metrics_sink.named_collector``: a live cluster's handle)."""
-    from verl_ext.plugin.metrics_sink import named_collector
-
+    """The job's collector of rollouts' numbers (``collectors.named_collector``: a live cluster's handle)."""
     return named_collector(NumericsCollector, ACTOR_NAME)
 
 

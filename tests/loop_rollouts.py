@@ -176,6 +176,35 @@ def tool_schemas(tools: Sequence[Mapping[str, Any]] | None) -> list[Any]:
     return [OpenAIFunctionToolSchema.model_validate(dict(t)) for t in tools or ()]
 
 
+def parse_text(
+    parts: Mapping[str, Any],
+    text: str,
+    tools: Sequence[Mapping[str, Any]],
+    reader: Any = "derived",
+    parser: Any = "verl",
+) -> Any:
+    """``parse_turn`` of a turn's ``text`` (its close id appended) as the loop reads it: ``parts`` holds the renderer
+    ``r``, its ``profile``, verl's ``parser`` and the derived ``reader``; ``reader``/``parser`` replace them."""
+    from verl_ext.core.turn_end import end_of_turn_ids
+    from verl_ext.core.turn_parse import parse_turn as parse_ids
+
+    r, profile = parts["r"], parts["profile"]
+    ids = [*r.encode(text), min(profile.close_id_set)]
+    return asyncio.run(
+        parse_ids(
+            parts["parser"] if parser == "verl" else parser,
+            ids,
+            end_of_turn_ids(profile),
+            r.decode,
+            tool_schemas(tools),
+            0,
+            None,
+            generation_prompt=profile.generation_prompt_ids,
+            call_reader=parts["reader"] if reader == "derived" else reader,
+        )
+    )
+
+
 def canonical_call_text(renderer: ChatRenderer, profile: TemplateProfile, arguments: Any) -> str:
     """The text the template renders for one assistant tool call (between the generation prompt and the close):
     what a model trained on this template writes to call a tool."""

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 from call_reader_cases import TOOLS, ChangesArguments, assistant_message, rendered_turn
-from loop_rollouts import tool_schemas
+from loop_rollouts import parse_text, tool_schemas
 from template_fixtures import template_renderer
 
 from verl_ext.core.call_reader import CallReader, ReadCall, ReadTurn, learn_call_reader, parameter_types
@@ -36,7 +36,7 @@ from verl_ext.core.call_reader.faults import (
 )
 from verl_ext.core.probe import probe_template
 from verl_ext.core.turn_end import end_of_turn_ids
-from verl_ext.core.turn_parse import ParsedTurn, parse_turn
+from verl_ext.core.turn_parse import ParsedTurn
 
 
 def _parts(template: str, fmt: str) -> dict[str, Any]:
@@ -67,21 +67,7 @@ def text_of(parts: dict[str, Any], calls: list[tuple[str, dict[str, Any]]]) -> s
 
 
 def read(parts: dict[str, Any], text: str, reader: Any = "derived") -> ParsedTurn:
-    r, profile = parts["r"], parts["profile"]
-    ids = [*r.encode(text), min(profile.close_id_set)]
-    return asyncio.run(
-        parse_turn(
-            parts["parser"],
-            ids,
-            end_of_turn_ids(profile),
-            r.decode,
-            tool_schemas(TOOLS),
-            0,
-            None,
-            generation_prompt=profile.generation_prompt_ids,
-            call_reader=parts["reader"] if reader == "derived" else reader,
-        )
-    )
+    return parse_text(parts, text, TOOLS, reader)
 
 
 def calls_of(turn: ParsedTurn) -> list[tuple[str, Any]]:

@@ -18,14 +18,14 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from loop_rollouts import tool_schemas, verl_parser
+from loop_rollouts import parse_text, verl_parser
 from rollouts import TOOLS
 
 from verl_ext.core.call_reader import CallReader, ReadTurn, learn_call_reader
 from verl_ext.core.call_reader.leftover import call_markers, call_text_left
 from verl_ext.core.probe import probe_template
 from verl_ext.core.turn_end import end_of_turn_ids
-from verl_ext.core.turn_parse import ParsedTurn, parse_turn
+from verl_ext.core.turn_parse import ParsedTurn
 
 GOOD = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "1+2"}}\n</tool_call>'
 IN_STRING = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "a </tool_call> b"}}\n</tool_call>'
@@ -51,21 +51,7 @@ def qwen3(renderer_for: Any) -> dict[str, Any]:
 
 
 def read(parts: dict[str, Any], text: str, reader: Any = "derived", parser: Any = "verl") -> ParsedTurn:
-    r, profile = parts["r"], parts["profile"]
-    ids = [*r.encode(text), min(profile.close_id_set)]
-    return asyncio.run(
-        parse_turn(
-            parts["parser"] if parser == "verl" else parser,
-            ids,
-            end_of_turn_ids(profile),
-            r.decode,
-            tool_schemas(TOOLS),
-            0,
-            None,
-            generation_prompt=profile.generation_prompt_ids,
-            call_reader=parts["reader"] if reader == "derived" else reader,
-        )
-    )
+    return parse_text(parts, text, TOOLS, reader, parser)
 
 
 def expressions(turn: ParsedTurn) -> list[str]:

@@ -15,6 +15,7 @@ imports verl, Ray, torch or numpy.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from bisect import bisect_right
@@ -300,14 +301,7 @@ class NumericsVerdict:
     reason: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "status": self.status,
-            "turn": self.turn,
-            "depth_bucket": self.depth_bucket,
-            "position": self.position,
-            "worst_mean_abs": self.worst_mean_abs,
-            "reason": self.reason,
-        }
+        return dataclasses.asdict(self)
 
 
 def _merge_maps(a: Mapping[int, DeltaStats], b: Mapping[int, DeltaStats]) -> dict[int, DeltaStats]:

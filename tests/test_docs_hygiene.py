@@ -115,3 +115,27 @@ def test_the_check_page_lists_every_cause_with_its_kind():
         k: (drawn.get(k), expected.get(k)) for k in drawn.keys() | expected.keys() if drawn.get(k) != expected.get(k)
     }
     assert not wrong, f"cause: (docs/check.md, Cause's kind): {wrong}"
+
+
+def _readme_layout() -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Layout") :]
+    return section[section.index("```text") : section.index("```", section.index("```text") + 7)]
+
+
+# The packages whose layout lists every module (the token core and the check: where a newcomer reads the contract).
+LISTED_BY_MODULE = ("core", "check")
+
+
+def test_the_readme_layout_names_every_package_and_every_core_and_check_module():
+    """A package folder of verl_ext missing from the README's layout (or a core or check module, which the layout
+    lists one by one) is what a newcomer met: the layout said less than ``ls verl_ext/*/``."""
+    layout = _readme_layout()
+    packages = sorted(p.name for p in (REPO / "verl_ext").iterdir() if (p / "__init__.py").is_file())
+    missing = [f"verl_ext/{name}/" for name in packages if f"\n  {name}/ " not in layout]
+    for name in LISTED_BY_MODULE:
+        folder = REPO / "verl_ext" / name
+        names = [p.name for p in folder.glob("*.py") if p.name != "__init__.py"]
+        names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
+        missing += [f"verl_ext/{name}/{n}" for n in sorted(names) if not re.search(rf"\n {{4}}{re.escape(n)} ", layout)]
+    assert packages and not missing, f"README.md's layout does not name: {missing}"

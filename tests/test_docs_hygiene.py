@@ -8,6 +8,7 @@ import ast
 import importlib.util
 import re
 import shutil
+import subprocess
 from importlib.metadata import PackageNotFoundError, requires, version
 from pathlib import Path
 
@@ -139,3 +140,26 @@ def test_the_readme_layout_names_every_package_and_every_core_and_check_module()
         names += [f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").is_file()]
         missing += [f"verl_ext/{name}/{n}" for n in sorted(names) if not re.search(rf"\n {{4}}{re.escape(n)} ", layout)]
     assert packages and not missing, f"README.md's layout does not name: {missing}"
+
+
+# A page a documented command writes: `-o NAME.html` or `--html NAME.html`, NAME without a folder (the checkout).
+WRITTEN_PAGE = re.compile(r"(?:\s-o|--html)\s+([\w.-]+\.html)\b")
+
+
+def test_what_the_docs_write_in_the_checkout_is_ignored_by_git():
+    """The pages the docs' commands write into the checkout (`verl-ext report -o report.html`, ...) and the `.venv`
+    a user links there (a symlink, not a folder) are ignored: `git status` stays clean after following the docs."""
+    if shutil.which("git") is None or not (REPO / ".git").exists():
+        pytest.skip("not a git checkout")
+    pages = {m.group(1) for doc in DOCS for m in WRITTEN_PAGE.finditer(doc.read_text(encoding="utf-8"))}
+    assert "report.html" in pages, "the README's `verl-ext report ... -o report.html` was not found"
+    paths = sorted(pages | {".venv"})
+    done = subprocess.run(
+        ["git", "check-ignore", "--no-index", "--verbose", "--non-matching", *paths],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    not_ignored = [line.split("\t")[-1] for line in done.stdout.splitlines() if line.startswith("::")]
+    assert done.returncode in (0, 1) and not not_ignored, f"not ignored by .gitignore: {not_ignored} {done.stderr}"

@@ -1,16 +1,19 @@
 """Long-horizon rollouts: per-turn bookkeeping, memory and the check at 1,000 turns (issue 30's goals).
 
-One tool-calling rollout per template and tool-result size, built exactly as ``verl_ext_tool_agent`` builds it, the
-engine and the tools excluded: per turn the engine-call record (the rollout's ``EngineCalls`` log, or
-``EngineCall.of`` on code that has none), the output validation, ``parse_turn`` with verl's tool parser that reads
-the template's calls (hermes where none does; the turn's message is then the one its ids were rendered from),
-``add_sampled``, the tool message, ``append_messages``. Then the end of the rollout: the trainer
-sample, the ``Rollout`` the loop hands to the check, and the check itself (template view on).
+One tool-calling rollout per template and tool-result size, driven through the one rollout object every loop and
+the gateway drive (``RolloutRuntime.rollout()``: a ``LiveRollout``) as ``verl_ext_tool_agent`` drives it, the engine
+and the tools excluded: per turn the budget, ``turn`` (an engine hook returning the scripted ids; the engine-call
+record in the rollout's ``EngineCalls`` log, the finish judged from the ids, the output validation, ``parse_turn``
+with verl's tool parser that reads the template's calls and the reader derived from the template, as the loop passes
+it; where neither reads the call, the turn's message is the one its ids were rendered from), ``keep``, the tool
+message, ``reply``. Then the end of the rollout: ``finish`` (the trainer sample, the ``Rollout`` the loop hands to
+the check) and the check itself (template view on).
 
 Printed, each against its goal (PASS/FAIL; never a timed test):
 - flat: the mean bookkeeping per turn at turns 901-1,000 over turns 2-32 (goal at most 1.25x);
-- memory: what the rollout holds at its end (trajectory, engine-call records, turn records, the ``Rollout`` and the
-  check's result), measured with tracemalloc in a second, untimed pass, per stream token (goal at most 64 bytes);
+- memory: what the rollout holds at its end (the ``LiveRollout``: trajectory, engine-call records; the check's
+  result; with the ``Rollout`` the check reads as a second figure), measured with tracemalloc in a second, untimed
+  pass, per stream token (goal at most 64 bytes);
 - check: the end-of-rollout check over one transformers render + encode of the final conversation (goal at most 1.0x),
   fastest of ``--reps`` each.
 
@@ -72,97 +75,116 @@ def pick_parser(renderer: Any, profile: Any) -> Any:
 @dataclass
 class Built:
     per_turn_us: list[float]
-    trajectory: Any
-    calls: Any  # the rollout's engine-call records, as the loop keeps them
+    live: Any  # the finished ``LiveRollout``
+    rollout: Any  # the ``Rollout`` its ``finish`` assembled (what the check reads)
+
+    @property
+    def trajectory(self) -> Any:
+        return self.live.trajectory
 
 
-async def build(renderer: Any, profile: Any, conv: Conversation, turns: int, parser: Any, deltas: Any) -> Built:
-    """The rollout as ``verl_ext_tool_agent._turn`` and ``_reply`` build it (engine and tools excluded)."""
-    from verl_ext.check import inputs
-    from verl_ext.core.engine_output import validate_engine_output
-    from verl_ext.core.trajectory import TokenTrajectory
-    from verl_ext.core.turn_end import end_of_turn_ids
-    from verl_ext.core.turn_parse import parse_turn
+@dataclass(frozen=True)
+class Output:
+    """What an engine hook returns (``verl_ext.runtime.Generated``): the scripted turn's ids and logprobs."""
 
-    log_type = getattr(inputs, "EngineCalls", None)  # the per-rollout log; code without one appends EngineCall.of
-    calls: Any = log_type() if log_type else []
-    record = calls.record if log_type else (lambda *a: calls.append(inputs.EngineCall.of(*a)))
-    t = TokenTrajectory(renderer, profile, deltas=deltas)
-    prompt = t.start(conv.prompt, TOOLS)
-    eot, decode, vocab, stops = end_of_turn_ids(profile), renderer.decode, renderer.vocab_size, profile.stop_id_set
-    gen = profile.generation_prompt_ids
+    token_ids: list[int]
+    log_probs: list[float]
+
+
+def runtime_for(renderer: Any) -> Any:
+    """The runtime every loop shares (probe, check, policy; no records: the write is not the loop's per-turn work)."""
+    from verl_ext.runtime import RolloutRuntime
+
+    return RolloutRuntime.build(renderer)
+
+
+async def build(rt: Any, conv: Conversation, turns: int, parser: Any) -> Built:
+    """The rollout as ``verl_ext_tool_agent`` drives it (``_start``, ``_turn``, ``_reply``), engine and tools excluded:
+    the one rollout object (``rt.rollout()``: ``start``, then per turn ``budget``, ``turn`` with an engine hook that
+    returns the scripted ids and the loop's reader, ``keep``, ``reply``), then ``finish``."""
     from verl.tools.schemas import OpenAIFunctionToolSchema
 
+    from verl_ext.core.turn_parse import parse_turn
+
+    renderer, profile = rt.renderer, rt.profile
     schemas = [OpenAIFunctionToolSchema.model_validate(tool) for tool in TOOLS]
+    stop_ids = sorted(profile.stop_id_set)
+    live = rt.rollout()
+    live.start(conv.prompt, TOOLS)
+    budget = 10**9  # the response budget: never the limit here (the rollout ends on its scripted answer)
+    k = 0
+
+    async def read(ids: Any) -> Any:
+        return await parse_turn(
+            parser,
+            list(ids),
+            rt.end_of_turn_ids,
+            renderer.decode,
+            schemas,
+            k,
+            None,
+            generation_prompt=profile.generation_prompt_ids,
+            call_reader=rt.call_reader,
+        )
+
+    async def one_turn(ids: list[int], fallback: dict[str, Any]) -> Any:
+        remaining = live.budget(budget)
+
+        async def generate(max_tokens: int) -> Output:
+            return Output(ids, [-0.5] * len(ids))
+
+        turn = await live.turn(remaining, stop_ids, generate, read)
+        if not turn.valid:
+            raise SystemExit(f"turn {k}: the benchmark's own output is invalid: {turn.problems}")
+        # no reader of this template reads the scripted call: the message the ids were rendered from
+        message = turn.message if turn.parsed.calls else fallback
+        live.keep(turn.call, message)
+        return turn
+
     times: list[float] = []
     for k in range(turns):
-        ids = list(conv.assistant_ids[k])
-        lps = [-0.5] * len(ids)
         began = time.perf_counter_ns()
-        record(prompt, ids, lps, "stop")
-        if validate_engine_output(ids, lps, vocab, stop_ids=stops):
-            raise SystemExit(f"turn {k}: the benchmark's own output is invalid")
-        turned = await parse_turn(parser, ids, eot, decode, schemas, k, None, generation_prompt=gen)
+        turn = await one_turn(list(conv.assistant_ids[k]), conv.assistants[k])
         tool = dict(conv.tools[k])
-        message = turned.message
-        if turned.calls:  # the id the parser read (the template's own call id where it renders one)
-            tool["tool_call_id"] = turned.calls[0].call_id
-        else:  # no parser of this verl reads the template's calls: the message the ids were rendered from
-            message = conv.assistants[k]
-        t.add_sampled(ids, lps, "stop", message=message)
-        prompt = t.append_messages([tool])
+        if turn.parsed.calls:  # the id the reader read (the template's own call id where it renders one)
+            tool["tool_call_id"] = turn.parsed.calls[0].call_id
+        live.reply([tool])
         times.append((time.perf_counter_ns() - began) / 1000)
     # The rollout ends on the assistant's answer: the template's own rendering of it, up to its close.
     final = {"role": "assistant", "content": "There are 42 crates in depot 7."}
-    before = renderer.render(t.messages, TOOLS, add_generation_prompt=True).ids
-    after = renderer.render([*t.messages, final], TOOLS).ids
+    messages = live.trajectory.messages
+    before = renderer.render(messages, TOOLS, add_generation_prompt=True).ids
+    after = renderer.render([*messages, final], TOOLS).ids
     close = profile.boundary("end").close_ids
     answer = list(after[len(before) :])
     answer = answer[: answer.index(close[0]) + 1] if close else answer
-    record(prompt, answer, [-0.5] * len(answer), "stop")
-    t.add_sampled(answer, [-0.5] * len(answer), "stop", message=final)
-    t.finish()
-    return Built(times, t, calls)
+    k = turns
+    await one_turn(answer, final)
+    finished = live.finish(response_length=None)
+    return Built(times, live, finished.rollout)
 
 
-def conclude(renderer: Any, profile: Any, built: Built, prompt_messages: int) -> tuple[Any, Any]:
-    """The loop's end of a rollout: the trainer sample, the ``Rollout`` (kinds, repairs) and the check's result."""
-    from collections import Counter
-
-    from verl_ext.check import ConsistencyChecker
-    from verl_ext.check.inputs import trainer_sample_from_trajectory
-    from verl_ext.check.record import Rollout
-
-    t = built.trajectory
-    sample = trainer_sample_from_trajectory(t)
-    rollout = Rollout.of(
-        built.calls,
-        sample,
-        t.messages,
-        TOOLS,
-        prompt_messages=prompt_messages,
-        kinds=t.kind_values(len(sample.stream)),
-        repairs=Counter(e.kind.value for e in t.edits),
-        repair_log=t.repair_log(),
-    )
-    result = ConsistencyChecker(renderer, profile).check_rollout(rollout, template_view=True)
+def conclude(rt: Any, built: Built) -> Any:
+    """The loop's end of a rollout (``LiveRollout.conclude`` without a record): the check of the ``Rollout``
+    ``finish`` assembled (template view on)."""
+    result = rt.checker.check_rollout(built.rollout, template_view=True)
     if not result.ok:
         raise SystemExit(f"the check found defects in a benchmark rollout: {result.summary()}")
-    return rollout, result
+    return result
 
 
-def memory(renderer: Any, profile: Any, conv: Conversation, turns: int, parser: Any, deltas: Any) -> dict[str, float]:
-    """Bytes per stream token: what the rollout holds at its end (the trajectory with its per-token views, the
-    engine-call records, the check's result), the same with the ``Rollout`` the check reads (trainer sample, kinds;
-    dropped once the check has run), and the peak while it was built and checked."""
+def memory(rt: Any, conv: Conversation, turns: int, parser: Any) -> dict[str, float]:
+    """Bytes per stream token: what the rollout holds at its end (the ``LiveRollout``: its trajectory with the
+    per-token views, the engine-call records; the check's result), the same with the ``Rollout`` the check reads
+    (trainer sample, kinds; dropped once the check has run), and the peak while it was built and checked."""
     gc.collect()
     tracemalloc.start()
     base = tracemalloc.get_traced_memory()[0]
-    built = asyncio.run(build(renderer, profile, conv, turns, parser, deltas))
-    rollout, result = conclude(renderer, profile, built, len(conv.prompt))
+    built = asyncio.run(build(rt, conv, turns, parser))
+    result = conclude(rt, built)
     gc.collect()
     with_rollout = tracemalloc.get_traced_memory()[0]
-    del rollout
+    built.rollout = None
     gc.collect()
     held, peak = tracemalloc.get_traced_memory()
     tracemalloc.stop()
@@ -176,12 +198,12 @@ def memory(renderer: Any, profile: Any, conv: Conversation, turns: int, parser: 
     }
 
 
-def check_ratio(renderer: Any, profile: Any, built: Built, prompt_messages: int, reps: int) -> dict[str, float]:
+def check_ratio(rt: Any, built: Built, reps: int) -> dict[str, float]:
     messages = built.trajectory.messages
     best = fastest(
         {
-            "check": lambda: conclude(renderer, profile, built, prompt_messages),
-            "hf_render": lambda: renderer.tokenizer.apply_chat_template(
+            "check": lambda: conclude(rt, built),
+            "hf_render": lambda: rt.renderer.tokenizer.apply_chat_template(
                 [dict(m) for m in messages], tools=TOOLS, tokenize=True
             ),
         },
@@ -208,8 +230,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--turns must be at least {max(EARLY) + 1}")
     late = range(max(args.turns - 99, max(EARLY) + 1), args.turns + 1)
 
-    from verl_ext.core.learned_deltas import LearnedDeltas
-    from verl_ext.core.probe import probe_template
     from verl_ext.core.rendering import load_renderer
     from verl_ext.demo.run import shipped_tokenizers
 
@@ -218,17 +238,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows: list[str] = []
     failed = 0
     for name in args.tokenizers.split(","):
-        renderer = load_renderer(folders[name])
-        profile = probe_template(renderer)
-        parser = pick_parser(renderer, profile)
+        rt = runtime_for(load_renderer(folders[name]))
+        parser = pick_parser(rt.renderer, rt.profile)
         for size in (int(s) for s in args.sizes.split(",")):
-            conv = long_conversation(renderer, profile, size, args.turns)
-            deltas = LearnedDeltas(renderer, profile)
-            asyncio.run(build(renderer, profile, conv, 4, parser, deltas))  # learns the deltas, untimed
+            conv = long_conversation(rt.renderer, rt.profile, size, args.turns)
+            asyncio.run(build(rt, conv, 4, parser))  # learns the deltas (shared by the template's rollouts), untimed
             runs: list[Built] = []
             for _ in range(args.reps):
                 gc.collect()
-                runs.append(asyncio.run(build(renderer, profile, conv, args.turns, parser, deltas)))
+                runs.append(asyncio.run(build(rt, conv, args.turns, parser)))
                 if len(runs) > 1:  # keep one rollout's worth: a 2,000-token rollout of today's code is GBs
                     runs[0].per_turn_us = [
                         min(a, b) for a, b in zip(runs[0].per_turn_us, runs[1].per_turn_us, strict=True)
@@ -245,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
             failed += flat > FLAT_GOAL
             if not args.no_check:
-                c = check_ratio(renderer, profile, built, len(conv.prompt), args.reps)
+                c = check_ratio(rt, built, args.reps)
                 ratio = c["check_s"] / c["hf_render_s"]
                 failed += ratio > CHECK_GOAL
                 line += (
@@ -255,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             del runs, built
             if not args.no_memory:
                 gc.collect()
-                m = memory(renderer, profile, conv, args.turns, parser, deltas)
+                m = memory(rt, conv, args.turns, parser)
                 failed += m["held_B_per_token"] > BYTES_GOAL
                 line += (
                     f"; held {m['held_B_per_token']:.0f} B/token (with the check's Rollout "

@@ -12,8 +12,10 @@ short result is appended, and the rollout ends at ``max_assistant_turns``.
 
 Printed while it runs: every ``--every`` turns the stream length, the mean wall time per turn over those turns (the
 engine, and the loop: everything between one engine call's return and the next call, tools included) and the
-process's resident memory. At the end: per-turn wall time early (turns 2-32) vs late (the last 100), what the
-loop holds (``--tracemalloc``: Python memory traced at the last engine call, per stream token), the check's time
+process's resident memory. At the end: per-turn wall time early (turns 2-32) vs late (the last 100) of the engine
+and of the loop (also in process CPU time, per block of 100 turns, and split into the list copy of the whole prompt
+that verl's server-manager interface takes every turn, timed alone at each turn's prompt length, and the rest), what
+the loop holds (``--tracemalloc``: Python memory traced at the last engine call, per stream token), the check's time
 against one transformers render + encode of the final conversation (the same ratio as ``bench/long_horizon.py``),
 the verdict, and what ``verl-ext report`` and ``verl-ext replay`` say of the record the loop wrote.
 
@@ -81,6 +83,8 @@ class TimedServer:
     trace: bool
     began: list[float] = field(default_factory=list)
     ended: list[float] = field(default_factory=list)
+    began_cpu: list[float] = field(default_factory=list)  # the process's CPU time at the same moments
+    ended_cpu: list[float] = field(default_factory=list)
     prompt_lengths: list[int] = field(default_factory=list)
     traced_bytes: list[int] = field(default_factory=list)  # Python memory traced as each call began (--tracemalloc)
 
@@ -90,10 +94,12 @@ class TimedServer:
         """One engine call, timed."""
         if self.trace:
             self.traced_bytes.append(tracemalloc.get_traced_memory()[0])
+        self.began_cpu.append(time.process_time())
         self.began.append(time.perf_counter())
         self.prompt_lengths.append(len(prompt_ids))
         out = await self.server.generate(prompt_ids, sampling_params, request_id, kwargs.get("image_data"))
         self.ended.append(time.perf_counter())
+        self.ended_cpu.append(time.process_time())
         n = len(self.ended)
         if n % self.every == 0:
             window = range(max(1, n - self.every), n)  # turns whose next call has begun
@@ -106,13 +112,15 @@ class TimedServer:
             )
         return out
 
-    def per_turn(self) -> tuple[list[float], list[float], list[float]]:
-        """Per finished turn k (its next call began): wall time call to call, the engine's part, the loop's part."""
+    def per_turn(self) -> tuple[list[float], list[float], list[float], list[float]]:
+        """Per finished turn k (its next call began): wall time call to call, the engine's part, the loop's part, and
+        the loop's part in process CPU time (what other jobs on a shared machine inflate least)."""
         turns = range(len(self.began) - 1)
         wall = [self.began[k + 1] - self.began[k] for k in turns]
         engine = [self.ended[k] - self.began[k] for k in turns]
         loop = [self.began[k + 1] - self.ended[k] for k in turns]
-        return wall, engine, loop
+        loop_cpu = [self.began_cpu[k + 1] - self.ended_cpu[k] for k in turns]
+        return wall, engine, loop, loop_cpu
 
 
 @dataclass
@@ -205,6 +213,32 @@ def window(values: Sequence[float], turns: range) -> float:
     return statistics.fmean(values[k - 1] for k in turns if k <= len(values))
 
 
+def prompt_copy_seconds(length: int, reps: int = 7) -> float:
+    """The list copy of a ``length``-token prompt that the loop hands verl's server-manager interface every turn
+    (``engine_turn.generate_turn``: ``[*prompt_ids, *ids]`` of the trajectory's ``PromptIds`` view; verl's servers
+    take lists), fastest of ``reps``: the part of the loop's turn that grows with the stream by construction."""
+    from array import array
+
+    from verl_ext.core.prompt_ids import PromptIds
+
+    view = PromptIds(array("i", range(length)))
+    best = float("inf")
+    for _ in range(reps):
+        began = time.perf_counter()
+        [*view]  # noqa: B018 -- the copy is what is timed
+        best = min(best, time.perf_counter() - began)
+    return best
+
+
+def hundreds(wall: Sequence[float], cpu: Sequence[float]) -> list[str]:
+    """The loop's mean per turn in each block of 100 turns, wall and CPU ms: where the growth, if any, lies."""
+    return [
+        f"{k + 1}-{min(k + 100, len(wall))}: {statistics.fmean(wall[k : k + 100]) * 1000:.2f}/"
+        f"{statistics.fmean(cpu[k : k + 100]) * 1000:.2f}"
+        for k in range(0, len(wall), 100)
+    ]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--turns", type=int, default=1000)
@@ -259,7 +293,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     calls = len(server.began)
     tokens = len(out.prompt_ids) + len(out.response_ids)
-    wall, engine, loop_part = server.per_turn()
+    wall, engine, loop_part, loop_cpu = server.per_turn()
     late = range(
         max(max(EARLY) + 1, calls - 100), calls
     )  # the last 100 finished turns (the last turn's "loop" is the rollout's end)
@@ -268,16 +302,27 @@ def main(argv: Sequence[str] | None = None) -> int:
     if calls != args.turns:
         print(f"FAIL: the rollout ended after {calls} turns, not {args.turns}")
         failed += 1
-    for name, values in (("wall", wall), ("engine", engine), ("loop (tools included)", loop_part)):
+    copies = [prompt_copy_seconds(server.prompt_lengths[k]) for k in range(len(loop_part))]  # each turn's prompt
+    minus_copy = [t - c for t, c in zip(loop_part, copies, strict=True)]
+    rows = (
+        ("wall", wall),
+        ("engine", engine),
+        ("loop (tools included)", loop_part),
+        ("loop, process CPU time", loop_cpu),
+        ("loop, of which the prompt's list copy for verl's server interface", copies),
+        ("loop without that copy", minus_copy),
+    )
+    for name, values in rows:
         early_ms, late_ms = window(values, EARLY) * 1000, window(values, late) * 1000
         verdict = ""
-        if name.startswith("loop"):
+        if name == "loop (tools included)":
             verdict = f" [{'PASS' if late_ms / early_ms <= FLAT_GOAL else 'FAIL'} flat <= {FLAT_GOAL}x]"
             failed += late_ms / early_ms > FLAT_GOAL
         print(
             f"per turn, {name}: {early_ms:.2f} ms (turns 2-32) -> {late_ms:.2f} ms (turns {late.start}-"
             f"{late.stop - 1}) = {late_ms / early_ms:.2f}x{verdict}"
         )
+    print("loop per 100 turns (wall, process CPU):", "; ".join(hundreds(loop_part, loop_cpu)))
     print(f"resident memory: {rss_before:.0f} MiB before the rollout, {rss_after:.0f} MiB after")
     if args.tracemalloc:
         held = server.traced_bytes[-1] - server.traced_bytes[0]

@@ -3,8 +3,10 @@
 - report-demo.png: build/demo/report.html, the page `make demo` writes (the README shows it): drawn 1,000 px wide so
   it reads at the README's width, the sections a new user reads first (verdict, summary, what to do, numerics, all
   rollouts; the per-step plots, the per-turn table, the worst examples and the template audit left out by hiding
-  their sections), the page's empty bottom trimmed and the colours reduced to a palette (a small file);
+  their sections), the page's empty bottom trimmed;
 - report-clean.png and report-defective.png: the report on real Qwen3 rollout records (the test builder's).
+
+Each is reduced to a palette of ``COLOURS`` (a small file).
 
     make demo && PYTHONPATH=. .venv/bin/python scripts/report_screenshots.py      # needs chromium
     PYTHONPATH=. .venv/bin/python scripts/report_screenshots.py --only report-demo.png   # the README's picture alone
@@ -36,7 +38,7 @@ SHOTS = {"report-clean.png": 1500, "report-defective.png": 2300}  # page height 
 DEMO_REPORT = ROOT / "build" / "demo" / "report.html"
 DEMO_WIDTH, DEMO_HEIGHT = 1100, 6000  # drawn tall, then the empty bottom trimmed
 DEMO_HIDDEN = ("steps", "turns", "examples", "audit")  # section ids left out of the README's picture
-DEMO_COLOURS = 128  # the palette the README's picture is reduced to (the page's flat colours survive it)
+COLOURS = 128  # the palette every picture is reduced to (a small file)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
         page = write_html(folder / "report.html", build_report([writer.path], r.decode).html)
         with tempfile.TemporaryDirectory() as tmp:
             draw(browser, page.resolve(), name, Path(tmp))
+        out = ROOT / "docs" / "images" / name
+        with Image.open(out) as drawn:
+            save_small(drawn.convert("RGB"), out)
     return 0
 
 
@@ -86,8 +91,12 @@ def draw_demo(browser: str) -> None:
     copy.unlink()
     with Image.open(out) as drawn:
         page = drawn.convert("RGB")
-    page = page.crop((0, 0, page.width, content_bottom(page) + 24))
-    page.quantize(DEMO_COLOURS, dither=Image.Dither.NONE).save(out, optimize=True)
+    save_small(page.crop((0, 0, page.width, content_bottom(page) + 24)), out)
+
+
+def save_small(page: Image.Image, out: Path) -> None:
+    """``page`` written to ``out`` reduced to a palette of ``COLOURS`` (the page's flat colours survive it)."""
+    page.quantize(COLOURS, dither=Image.Dither.NONE).save(out, optimize=True)
     print(f"  {page.width}x{page.height} px, {out.stat().st_size / 1024:.0f} KiB", flush=True)
 
 

@@ -1,0 +1,214 @@
+"""Which policy version generated which tokens of one engine call: the segment contract and compact version spans.
+
+A turn may take several engine calls (an abort for a weight update, then a resume on the new weights: see
+``verl_ext.plugin.engine_turn``). Each call of a turn is one *segment*, a plain dict (``TurnOutput.segments``, JSON
+in the record) with these keys, all defined here and nowhere else:
+
+* ``ids`` (``SEG_IDS``): how many output ids the call added; ``start`` (``SEG_START``): where they start in the
+  turn's output (the sum of the ``ids`` before it);
+* ``stop_reason``, ``complete``: the call's stop reason and whether it stopped where the engine meant to;
+* ``version`` (``SEG_VERSION``): the policy version the call was **sent** on, as the engine reports it in its
+  ``verl_ext_engine`` report under ``DISPATCH_VERSION_FIELD`` (``"weight_version_at_dispatch"``). Engines stamp it
+  when they accept the request, before the first token, never when the output returns. None: the engine stamps
+  no dispatch version (an older engine, verl's own server): the check counts such calls as unverified;
+* ``version_at_stop`` (``SEG_STOP_VERSION``): the version the engine was serving when the call stopped, reported
+  under ``STOP_VERSION_FIELD`` (``"weight_version_at_stop"``), falling back to the report's ``weight_version`` (what
+  SGLang's ``meta_info`` says when it produced the output). For an abort it is the version the update replaced;
+* ``weight_version``: the version read when the output came back (the report's ``weight_version``, else verl's
+  ``global_steps``); kept as it was before the two stamps above, and the value verl's own server would stamp;
+* ``log_probs`` (``SEG_LOGPROBS``): the call's own logprobs (None: the engine returned none);
+* ``ids_cut`` (``SEG_IDS_CUT``): ids the SGLang server's id check cut (returned, not covered by logprob entries):
+  they were generated and dropped, the resume regenerates them.
+
+An engine that serves partial rollouts fills ``DISPATCH_VERSION_FIELD`` and ``STOP_VERSION_FIELD`` in its report
+(CPU engine: ``engines/cpu.py``; SGLang: ``engines/sglang_server.py``). Versions are integers (verl's
+``global_steps``); a digit string is read as one, anything else (SGLang's ``"default"``) as unknown (None).
+
+The rule a stamp obeys, checkable from what is recorded: a call is sent no later than it stops
+(``version <= version_at_stop``), and the next call of the turn is sent no earlier (``version_at_stop <=`` the next
+``version``). A version stamped on return instead of at dispatch shows as a segment whose ``version`` is later than
+the weights that stopped it (the update that aborted it came first).
+
+From the segments, ``spans`` gives a call's ``(version, start, end)`` runs over its output ids (adjacent segments of
+one version merged): the record keeps these, not a version per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DISPATCH_VERSION_FIELD = "weight_version_at_dispatch"  # engine report key: version stamped when the call was sent
+STOP_VERSION_FIELD = "weight_version_at_stop"  # engine report key: version serving when the call stopped
+
+SEG_IDS = "ids"
+SEG_START = "start"
+SEG_VERSION = "version"
+SEG_STOP_VERSION = "version_at_stop"
+SEG_RETURN_VERSION = "weight_version"
+SEG_LOGPROBS = "log_probs"
+SEG_IDS_CUT = "ids_cut"
+SEG_STOP_REASON = "stop_reason"
+SEG_COMPLETE = "complete"
+
+ABORT_REASONS = frozenset({"abort", "aborted"})
+
+
+def as_version(value: Any) -> int | None:
+    """A policy version as an int: an int, or a string of digits; None for anything else (unknown)."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value.strip())
+    return None
+
+
+def segment(
+    start: int,
+    new_ids: int,
+    stop_reason: Any,
+    complete: bool,
+    report: Mapping[str, Any],
+    extra_fields: Mapping[str, Any],
+    log_probs: Sequence[float] | None,
+) -> dict[str, Any]:
+    """The segment dict of one engine call (keys above) from its engine ``report`` (``verl_ext_engine``) and
+    ``extra_fields``: ``start`` is where its ``new_ids`` ids begin in the turn's output."""
+    returned = report.get("weight_version", extra_fields.get("global_steps"))
+    cut = 0
+    if report.get("ids_match_logprobs") is False:
+        cut = int(report.get("returned_ids", 0)) - int(report.get("kept_ids", 0))
+    return {
+        SEG_IDS: new_ids,
+        SEG_START: start,
+        SEG_STOP_REASON: stop_reason,
+        SEG_RETURN_VERSION: returned,
+        SEG_VERSION: as_version(report.get(DISPATCH_VERSION_FIELD)),
+        SEG_STOP_VERSION: as_version(report.get(STOP_VERSION_FIELD, report.get("weight_version"))),
+        SEG_LOGPROBS: None if log_probs is None else [float(x) for x in log_probs],
+        SEG_IDS_CUT: cut,
+        SEG_COMPLETE: complete,
+    }
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    """Output ids ``[start, end)`` of one engine call generated on policy ``version`` (None: not stamped)."""
+
+    version: int | None
+    start: int
+    end: int
+
+    def to_list(self) -> list[int | None]:
+        """The span as the record keeps it: ``[version, start, end]``."""
+        return [self.version, self.start, self.end]
+
+    @classmethod
+    def from_list(cls, row: Sequence[Any]) -> VersionSpan:
+        """A span from its record form ``[version, start, end]``."""
+        if len(row) != 3:
+            raise ValueError(f"a version span is [version, start, end], got {list(row)!r}")
+        return cls(as_version(row[0]), int(row[1]), int(row[2]))
+
+    @property
+    def tokens(self) -> int:
+        return self.end - self.start
+
+
+def segment_version(seg: Mapping[str, Any]) -> int | None:
+    """The version a segment's ids were generated on: its dispatch stamp (None where the engine gave none)."""
+    return as_version(seg.get(SEG_VERSION))
+
+
+def spans(segments: Sequence[Mapping[str, Any]]) -> list[VersionSpan]:
+    """One engine call's version spans from its segments: consecutive segments of one version merged; a segment's
+    start is its recorded ``start`` or, for segments recorded before it was kept, the sum of the ids before it."""
+    out: list[VersionSpan] = []
+    at = 0
+    for seg in segments:
+        start = int(seg.get(SEG_START, at))
+        end = start + int(seg.get(SEG_IDS, 0))
+        at = end
+        version = segment_version(seg)
+        if out and out[-1].version == version and out[-1].end == start:
+            out[-1] = VersionSpan(version, out[-1].start, end)
+        elif end > start or not out:
+            out.append(VersionSpan(version, start, end))
+    return out
+
+
+def whole_call_spans(n_ids: int, version: Any) -> list[VersionSpan]:
+    """The spans of an engine call recorded without segments (one engine call, one version)."""
+    return [VersionSpan(as_version(version), 0, n_ids)]
+
+
+def mixes_versions(call_spans: Iterable[VersionSpan]) -> bool:
+    """Were the call's tokens generated on more than one (known) version?"""
+    return len({s.version for s in call_spans if s.tokens and s.version is not None}) > 1
+
+
+def resumes(segments: Sequence[Mapping[str, Any]]) -> int:
+    """How many times the turn was resumed (engine calls after the first)."""
+    return max(0, len(segments) - 1)
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """Token-weighted staleness of some tokens against the step that trains them: ``tokens`` with a known version,
+    summed ``trained_step - version`` over them, the largest lag, and ``unknown`` tokens without a version."""
+
+    tokens: int = 0
+    lag_sum: int = 0
+    max_lag: int = 0
+    unknown: int = 0
+
+    @property
+    def mean(self) -> float:
+        return self.lag_sum / self.tokens if self.tokens else 0.0
+
+    def __add__(self, other: Staleness) -> Staleness:
+        return Staleness(
+            self.tokens + other.tokens,
+            self.lag_sum + other.lag_sum,
+            max(self.max_lag, other.max_lag),
+            self.unknown + other.unknown,
+        )
+
+
+def served_step(version: int) -> int:
+    """The training step a version serves: verl syncs the weights after step ``k`` with ``global_steps=k`` (the first
+    sync, before step 1, carries 0), so version ``v`` serves the rollouts of step ``v + 1``."""
+    return version + 1
+
+
+def lag_of(version: int, trained_step: int) -> int:
+    """How many weight updates lie between the weights that generated a token of ``version`` and those that step
+    ``trained_step`` trains (0: on-policy, the step's own rollout; 1: one step off policy)."""
+    return trained_step - served_step(version)
+
+
+def staleness(call_spans: Iterable[VersionSpan], trained_step: int) -> Staleness:
+    """Token-weighted staleness of the spans' tokens when step ``trained_step`` trains on them (``lag``)."""
+    tokens = lag_sum = max_lag = unknown = 0
+    for s in call_spans:
+        if s.version is None:
+            unknown += s.tokens
+            continue
+        lag = lag_of(s.version, trained_step)
+        tokens += s.tokens
+        lag_sum += lag * s.tokens
+        if s.tokens:
+            max_lag = max(max_lag, lag)
+    return Staleness(tokens, lag_sum, max_lag, unknown)
+
+
+def older_than(call_spans: Iterable[VersionSpan], trained_step: int, max_lag: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` output ranges whose version lags ``trained_step`` by more than ``max_lag``."""
+    return [
+        (s.start, s.end)
+        for s in call_spans
+        if s.version is not None and s.tokens and lag_of(s.version, trained_step) > max_lag
+    ]

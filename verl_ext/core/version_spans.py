@@ -18,7 +18,13 @@ in the record) with these keys, all defined here and nowhere else:
   ``global_steps``); kept as it was before the two stamps above, and the value verl's own server would stamp;
 * ``log_probs`` (``SEG_LOGPROBS``): the call's own logprobs (None: the engine returned none);
 * ``ids_cut`` (``SEG_IDS_CUT``): ids the SGLang server's id check cut (returned, not covered by logprob entries):
-  they were generated and dropped, the resume regenerates them.
+  they were generated and dropped, the resume regenerates them;
+* ``prompt_crc`` (``SEG_PROMPT_CRC``): the CRC-32 (``ids_crc``) of the prompt ids as the engine received them,
+  reported under ``PROMPT_CRC_FIELD`` (``"prompt_crc32"``); None where the engine reports none. A resume's prompt
+  must be the turn's prompt + the ids before it, id for id: a client that re-tokenized the partial output sent
+  other ids;
+* ``ids_crc``, ``logprobs_crc`` (``SEG_IDS_CRC``, ``SEG_LOGPROBS_CRC``): CRC-32 of the ids and logprobs the call
+  returned, taken when it returned: the turn's joined output must hold them at ``start``.
 
 An engine that serves partial rollouts fills ``DISPATCH_VERSION_FIELD`` and ``STOP_VERSION_FIELD`` in its report
 (CPU engine: ``engines/cpu.py``; SGLang: ``engines/sglang_server.py``). Versions are integers (verl's
@@ -35,12 +41,15 @@ one version merged): the record keeps these, not a version per token.
 
 from __future__ import annotations
 
+import zlib
+from array import array
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 DISPATCH_VERSION_FIELD = "weight_version_at_dispatch"  # engine report key: version stamped when the call was sent
 STOP_VERSION_FIELD = "weight_version_at_stop"  # engine report key: version serving when the call stopped
+PROMPT_CRC_FIELD = "prompt_crc32"  # engine report key: ids_crc of the prompt ids the engine received
 
 SEG_IDS = "ids"
 SEG_START = "start"
@@ -51,6 +60,9 @@ SEG_LOGPROBS = "log_probs"
 SEG_IDS_CUT = "ids_cut"
 SEG_STOP_REASON = "stop_reason"
 SEG_COMPLETE = "complete"
+SEG_PROMPT_CRC = "prompt_crc"
+SEG_IDS_CRC = "ids_crc"
+SEG_LOGPROBS_CRC = "logprobs_crc"
 
 ABORT_REASONS = frozenset({"abort", "aborted"})
 
@@ -66,9 +78,19 @@ def as_version(value: Any) -> int | None:
     return None
 
 
+def ids_crc(ids: Sequence[int]) -> int:
+    """CRC-32 of token ids packed as little-endian signed 32-bit integers (what ``PROMPT_CRC_FIELD`` holds)."""
+    return zlib.crc32(array("i", ids).tobytes()) if ids else 0
+
+
+def logprobs_crc(logprobs: Sequence[float] | None) -> int | None:
+    """CRC-32 of logprobs packed as float64 (None: no logprobs)."""
+    return None if logprobs is None else zlib.crc32(array("d", logprobs).tobytes())
+
+
 def segment(
     start: int,
-    new_ids: int,
+    new_ids: Sequence[int],
     stop_reason: Any,
     complete: bool,
     report: Mapping[str, Any],
@@ -76,21 +98,25 @@ def segment(
     log_probs: Sequence[float] | None,
 ) -> dict[str, Any]:
     """The segment dict of one engine call (keys above) from its engine ``report`` (``verl_ext_engine``) and
-    ``extra_fields``: ``start`` is where its ``new_ids`` ids begin in the turn's output."""
+    ``extra_fields``: ``start`` is where its ``new_ids`` (the ids it returned) begin in the turn's output."""
     returned = report.get("weight_version", extra_fields.get("global_steps"))
     cut = 0
     if report.get("ids_match_logprobs") is False:
         cut = int(report.get("returned_ids", 0)) - int(report.get("kept_ids", 0))
+    lps = None if log_probs is None else [float(x) for x in log_probs]
     return {
-        SEG_IDS: new_ids,
+        SEG_IDS: len(new_ids),
         SEG_START: start,
         SEG_STOP_REASON: stop_reason,
         SEG_RETURN_VERSION: returned,
         SEG_VERSION: as_version(report.get(DISPATCH_VERSION_FIELD)),
         SEG_STOP_VERSION: as_version(report.get(STOP_VERSION_FIELD, report.get("weight_version"))),
-        SEG_LOGPROBS: None if log_probs is None else [float(x) for x in log_probs],
+        SEG_LOGPROBS: lps,
         SEG_IDS_CUT: cut,
         SEG_COMPLETE: complete,
+        SEG_PROMPT_CRC: report.get(PROMPT_CRC_FIELD),
+        SEG_IDS_CRC: ids_crc(new_ids),
+        SEG_LOGPROBS_CRC: logprobs_crc(lps),
     }
 
 

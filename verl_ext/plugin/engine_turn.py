@@ -91,7 +91,7 @@ async def generate_turn(
         _count_engine_report(report, counters)
         # one segment per call (keys: verl_ext.core.version_spans): its own start, logprobs, stamps and cut ids
         segments.append(
-            segment(len(ids), len(new), out.stop_reason, not _incomplete(out), report, extra, out.log_probs)
+            segment(len(ids), new, out.stop_reason, not _incomplete(out), report, extra, out.log_probs)
         )
         ids += new
         if logprobs is not None and out.log_probs is not None:

@@ -363,3 +363,28 @@ class RolloutVersions:
         if not isinstance(calls, list) or not all(isinstance(c, list) for c in calls):
             raise ValueError("'versions.calls' is a list (one per engine call) of lists of attempt rows")
         return cls(tuple(tuple(Attempt.from_list(r) for r in call) for call in calls), step)
+
+
+def stale_mask(
+    versions: RolloutVersions | None,
+    output_starts: Sequence[int],
+    mask: Sequence[int],
+    response_start: int,
+    max_lag: int | None,
+) -> tuple[list[int] | None, int]:
+    """``mask`` (the trainer's response mask) with 0 on every sampled token whose version lags the trained step by
+    more than ``max_lag``, and how many tokens that turned from 1 to 0; ``(None, 0)`` where nothing is masked (off,
+    no versions, no trained step, or no stale token). ``output_starts``: each engine call's first output token in the
+    stream; ``response_start``: the stream position of the response's first token."""
+    if max_lag is None or versions is None or versions.trained_step is None:
+        return None, 0
+    out: list[int] | None = None
+    masked = 0
+    for start, call in zip(output_starts, versions.calls, strict=False):
+        for a, b in older_than(attempt_spans(call), versions.trained_step, max_lag):
+            for p in range(start + a - response_start, min(start + b - response_start, len(mask))):
+                if p >= 0 and mask[p]:
+                    out = list(mask) if out is None else out
+                    out[p] = 0
+                    masked += 1
+    return out, masked

@@ -105,3 +105,13 @@ def test_a_malformed_versions_object_is_one_error_naming_the_line(written, tmp_p
     path.write_text(header + "\n" + json.dumps({**json.loads(line), "versions": versions}) + "\n")
     with pytest.raises(RecordError, match=rf"{path}:2: .*{message}"):
         read_records([path])
+
+
+def test_the_report_draws_the_version_strips_and_the_staleness_plot(written, renderer_for):
+    from verl_ext.report import build_report
+
+    writer, _, _ = written
+    r = renderer_for("qwen3")
+    html = build_report([writer.path], r.decode, vocab_size=r.vocab_size).html
+    assert 'id="versions"' in html and html.count('class="version-strip"') == 1
+    assert "abort, resumed at token 2" in html and "staleness: versions between" in html

@@ -48,11 +48,13 @@ def version_findings(
         return [], counts
     out: list[Finding] = []
     last: int | None = None  # the latest version seen along the rollout
+    crcs = _PromptCrcs()
     for k, (call, attempts) in enumerate(zip(calls, versions.calls, strict=False)):
+        crcs.add(call)
         if not attempts:
             continue
         counts.resumes += len(attempts) - 1
-        out += _placement(k, call, attempts, counts, allowed)
+        out += _placement(k, call, attempts, counts, allowed, crcs)
         for j, a in enumerate(attempts):
             counts.unstamped_attempts += a.version is None
             counts.ids_cut += a.ids_cut
@@ -68,14 +70,18 @@ def version_findings(
 
 
 def _placement(
-    k: int, call: EngineCall, attempts: Sequence[Attempt], counts: VersionCounts, allowed: Callable[[Cause], bool]
+    k: int,
+    call: EngineCall,
+    attempts: Sequence[Attempt],
+    counts: VersionCounts,
+    allowed: Callable[[Cause], bool],
+    crcs: _PromptCrcs,
 ) -> list[Finding]:
     """Findings on where call ``k``'s attempts lie in its output, and on what its resumes were sent."""
     out: list[Finding] = []
     ids, lps = call.output_ids, call.logprobs
     at = 0
     misplaced = False  # an attempt's ids are not at its place: the prompts after it cannot be compared
-    stream: array[int] | list[int] | None = None
     for j, a in enumerate(attempts):
         if a.start != at or not 0 <= a.start <= a.end <= len(ids):
             detail = f"attempt {j} recorded at [{a.start}, {a.end}) where the output's ids so far end at {at}"
@@ -96,9 +102,7 @@ def _placement(
         if a.prompt_crc is None:
             counts.unverified_resumes += 1
             continue
-        stream = call.stream() if stream is None else stream  # read once per resumed call: O(prompt)
-        sent = stream[: call.prompt_length + a.start]
-        if zlib.crc32(array("i", sent).tobytes()) != a.prompt_crc:
+        if crcs.sent(call, a.start) != a.prompt_crc:
             detail = (
                 f"attempt {j} was sent other ids than the turn's prompt + its first {a.start} output ids (a resume "
                 "that re-tokenized the partial output)"
@@ -108,6 +112,37 @@ def _placement(
         detail = f"the attempts end at {at}, the output holds {len(ids)} ids: ids no attempt returned"
         out.append(_finding(Cause.SEGMENT_DISCARDED, k, call, attempts[-1], detail, allowed))
     return out
+
+
+class _PromptCrcs:
+    """The CRC of each engine call's prompt, chained along the rollout: a call whose prompt is the previous call's
+    prompt + output + new ids (``EngineCall.after``/``shared``/``tail``, as the loops record them) costs a CRC of its
+    new ids and output, not of its whole prompt; any other call reads its prompt once."""
+
+    def __init__(self) -> None:
+        self._prompt: dict[int, int] = {}  # id(call) -> CRC of its prompt
+        self._full: dict[int, int] = {}  # id(call) -> CRC of its prompt + output
+
+    def add(self, call: EngineCall) -> None:
+        after = call.after
+        if after is None and call.shared == 0:
+            crc = zlib.crc32(_bytes(call.tail))
+        elif after is not None and id(after) in self._full and call.shared == after.output_end:
+            crc = zlib.crc32(_bytes(call.tail), self._full[id(after)])
+        else:
+            crc = zlib.crc32(_bytes(call.stream()[: call.prompt_length]))
+        self._prompt[id(call)] = crc
+        self._full[id(call)] = zlib.crc32(_bytes(call.output_ids), crc)
+
+    def sent(self, call: EngineCall, start: int) -> int:
+        """The CRC of what a resume at output ``start`` should have been sent: the prompt + the first ids."""
+        return zlib.crc32(_bytes(call.output_ids[:start]), self._prompt[id(call)])
+
+
+def _bytes(ids: Sequence[int]) -> bytes:
+    if isinstance(ids, array) and ids.typecode == "i":
+        return ids.tobytes()
+    return array("i", ids).tobytes()
 
 
 def _finding(

@@ -34,7 +34,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
-from verl_ext.core.version_spans import RolloutVersions, resumed_fields, stale_mask
+from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields, stale_mask
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
@@ -132,7 +132,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         finished = ro.live.finish(
             response_length=self.response_length,
             step=step,
-            versions=RolloutVersions.of(ro.segments, trained_step=step),
+            versions=RolloutVersions(tuple(ro.attempts), trained_step=step),
             extra={
                 "loop": AGENT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
@@ -225,7 +225,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             # was sent. The rollout ends before the turn, as when its budget runs out: its earlier turns are exact.
             log.warning("verl_ext: the rollout ends before turn %d: %s", ro.turn, exc)
             return False
-        ro.segments.append(turn.output.segments)  # the record's versions: every turn's attempts
+        # the record's versions: every turn's attempts as rows (the segments' logprobs are the call's, not kept twice)
+        ro.attempts.append(tuple(Attempt.of(s) for s in turn.output.segments))
         if len(turn.output.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": [resumed_fields(s) for s in turn.output.segments]})
         merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
@@ -381,7 +382,7 @@ class _RolloutState:
     extra_fields: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
-    segments: list[list[dict[str, Any]]] = field(default_factory=list)  # each turn's engine attempts (engine_turn)
+    attempts: list[tuple[Attempt, ...]] = field(default_factory=list)  # each turn's engine calls (engine_turn)
     turn: int = 0  # assistant turns kept
 
 

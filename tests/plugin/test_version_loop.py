@@ -10,13 +10,7 @@ from typing import Any
 import pytest
 from loop_harness import run_loop
 
-from verl_ext.core.version_spans import (
-    DISPATCH_VERSION_FIELD,
-    PROMPT_CRC_FIELD,
-    STOP_VERSION_FIELD,
-    VersionSpan,
-    ids_crc,
-)
+from verl_ext.core.version_spans import VersionSpan, engine_stamps
 from verl_ext.engines.sglang_output import ENGINE_FIELD
 from verl_ext.plugin import metrics_sink
 from verl_ext.telemetry.records import read_records
@@ -49,12 +43,8 @@ class AbortingVersionedServer:
             out.stop_reason = "abort"
             self.version += 1  # the weight update the abort was for, before the resume
         self.truth.append((dispatched, len(out.token_ids)))
-        report = {
-            DISPATCH_VERSION_FIELD: self.version if self.stamp_on_return else dispatched,
-            STOP_VERSION_FIELD: stopped,
-            PROMPT_CRC_FIELD: ids_crc(prompt_ids),
-            "weight_version": str(self.version),
-        }
+        stamped = self.version if self.stamp_on_return else dispatched
+        report = {**engine_stamps(stamped, stopped, prompt_ids), "weight_version": str(self.version)}
         out.extra_fields = {**out.extra_fields, "global_steps": self.version, ENGINE_FIELD: report}
         return out
 

@@ -140,9 +140,14 @@ class _PromptCrcs:
 
 
 def _bytes(ids: Sequence[int]) -> bytes:
+    """Ids as ``ids_crc`` packs them (32-bit); an id past 32 bits (no tokenizer has one) packed in 64, so the CRC
+    cannot match and the check says so rather than fail."""
     if isinstance(ids, array) and ids.typecode == "i":
         return ids.tobytes()
-    return array("i", ids).tobytes()
+    try:
+        return array("i", ids).tobytes()
+    except OverflowError:
+        return array("q", ids).tobytes()
 
 
 def _finding(

@@ -26,8 +26,9 @@ in the record) with these keys, all defined here and nowhere else:
 * ``ids_crc``, ``logprobs_crc`` (``SEG_IDS_CRC``, ``SEG_LOGPROBS_CRC``): CRC-32 of the ids and logprobs the call
   returned, taken when it returned: the turn's joined output must hold them at ``start``.
 
-An engine that serves partial rollouts fills ``DISPATCH_VERSION_FIELD`` and ``STOP_VERSION_FIELD`` in its report
-(CPU engine: ``engines/cpu.py``; SGLang: ``engines/sglang_server.py``). Versions are integers (verl's
+An engine that serves partial rollouts fills ``DISPATCH_VERSION_FIELD``, ``STOP_VERSION_FIELD`` and
+``PROMPT_CRC_FIELD`` in its report, with ``engine_stamps`` (CPU engine: ``engines/cpu.py``; SGLang:
+``engines/sglang_server.py``). Versions are integers (verl's
 ``global_steps``); a digit string is read as one, anything else (SGLang's ``"default"``) as unknown (None).
 
 The rule a stamp obeys, checkable from what is recorded: a call is sent no later than it stops
@@ -79,8 +80,23 @@ def as_version(value: Any) -> int | None:
 
 
 def ids_crc(ids: Sequence[int]) -> int:
-    """CRC-32 of token ids packed as little-endian signed 32-bit integers (what ``PROMPT_CRC_FIELD`` holds)."""
-    return zlib.crc32(array("i", ids).tobytes()) if ids else 0
+    """CRC-32 of token ids packed as signed 32-bit integers in the machine's byte order (little-endian on x86 and
+    ARM; what ``PROMPT_CRC_FIELD`` holds). An id past 32 bits (invalid output, which the engine view names) is packed
+    in 64 bits instead of failing the turn."""
+    try:
+        return zlib.crc32(array("i", ids).tobytes())
+    except OverflowError:
+        return zlib.crc32(array("q", ids).tobytes())
+
+
+def engine_stamps(dispatched: Any, stopped: Any, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """What an engine adds to its ``verl_ext_engine`` report for one request: the version it accepted the request
+    on (read before the first token), the version serving when it stopped, and the CRC of the prompt it received."""
+    return {
+        DISPATCH_VERSION_FIELD: as_version(dispatched),
+        STOP_VERSION_FIELD: as_version(stopped),
+        PROMPT_CRC_FIELD: ids_crc(prompt_ids),
+    }
 
 
 def logprobs_crc(logprobs: Sequence[float] | None) -> int | None:

@@ -94,3 +94,14 @@ def test_a_version_stamped_on_return_is_caught_in_its_turn(make_loop, tmp_path) 
     defects = [f for f in record.check.findings if f.cause == "version_stamped_on_return"]
     assert defects and {f.turn for f in defects} == {0}
     assert m["tito/findings/version_stamped_on_return"] == len(defects)
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, "2", True])
+def test_a_bad_max_token_lag_names_the_key_and_the_fix(bad: Any) -> None:
+    from verl_ext.core.errors import OptionsError
+    from verl_ext.plugin.options import LoopOptions
+
+    assert LoopOptions.from_mapping({}).max_token_lag is None
+    assert LoopOptions.from_mapping({"max_token_lag": 0}).max_token_lag == 0
+    with pytest.raises(OptionsError, match=r"verl_ext\.max_token_lag must be a whole number.*e\.g\."):
+        LoopOptions.from_mapping({"max_token_lag": bad})

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from verl_ext.core.errors import OptionsError
-from verl_ext.engines.cpu import load_model, load_weights
 from verl_ext.engines import gloo_checkpoint
+from verl_ext.engines.cpu import load_model, load_weights
 from verl_ext.engines.gloo_checkpoint import GLOO_BACKEND, GlooCheckpointEngine
 
 MB = 1 << 20

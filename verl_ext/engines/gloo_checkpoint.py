@@ -173,7 +173,11 @@ class GlooCheckpointEngine(CheckpointEngine):
         header = pickle.dumps({"bucket_meta": table, "is_last": last, "length": length})
         await asyncio.to_thread(self._store.set, _KEY.format(index), header)
         if length:
-            await asyncio.to_thread(lambda: self._group.broadcast(buffer[:length], 0).wait())
+            await asyncio.to_thread(self._broadcast_into, buffer[:length])
+
+    def _broadcast_into(self, tensor: torch.Tensor) -> None:
+        """One gloo broadcast from rank 0 (rank 0 sends ``tensor``, the others fill it); blocks until done."""
+        self._group.broadcast(tensor, 0).wait()
 
     async def receive_weights(self, global_steps: int | None = None) -> AsyncIterator[tuple[str, torch.Tensor]]:
         """A rollout worker: every weight rank 0 sends, as ``(name, tensor)`` on CPU (chunked tensors merged)."""
@@ -190,7 +194,7 @@ class GlooCheckpointEngine(CheckpointEngine):
             # a fresh buffer per bucket: the tensors yielded are views of it and stay valid after the next bucket
             buffer = torch.empty(header["length"], dtype=torch.uint8)
             if header["length"]:
-                await asyncio.to_thread(lambda: self._group.broadcast(buffer, 0).wait())
+                await asyncio.to_thread(self._broadcast_into, buffer)
             for meta in header["bucket_meta"].values():
                 tensors += meta.chunk_offset == 0
                 yield meta, buffer[meta.offset : meta.offset + meta.chunk_size]

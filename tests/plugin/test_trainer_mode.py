@@ -43,7 +43,16 @@ def test_the_trainer_is_read_from_verls_configs() -> None:
     assert TrainerMode.of(verl_config(["trainer.use_v1=true"])).name == "v1:sync"
     mode = TrainerMode.of(verl_config(["trainer.use_v1=true", "trainer.v1.trainer_mode=colocate_async"]))
     assert mode.name == "v1:colocate_async" and mode.sync.value == "after_update"
-    assert TrainerMode.of(fully_async_config()).name == FULLY_ASYNC
+    fully_async = TrainerMode.of(fully_async_config())
+    assert fully_async.name == FULLY_ASYNC
+    # its trainer takes rollouts from a queue later: no lag is claimed for them when they are generated
+    assert fully_async.rollout_staleness([2, 2], 3) == {
+        "mode": FULLY_ASYNC,
+        "sync": "after_update",
+        "served": 2,
+        "lag": None,
+        "problem": None,
+    }
 
 
 @pytest.mark.parametrize(

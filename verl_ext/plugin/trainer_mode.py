@@ -65,18 +65,23 @@ class TrainerMode:
             return frozenset({0})
         return None
 
-    def rollout_staleness(self, served: Sequence[Any], trained_step: int) -> dict[str, Any]:
+    def rollout_staleness(self, served: Sequence[Any], trained_step: int | None) -> dict[str, Any]:
         """The record's ``trainer`` entry for a rollout whose turns were served on labels ``served`` (one per turn,
         as the engine reported them) and that step ``trained_step`` trains: ``mode``, ``sync``, ``served`` (the
         label when all turns share one, else None), ``lag`` (from the oldest label) and ``problem`` (None, or one of
-        ``MIXED_LABELS``, ``UNLABELLED``, ``UNEXPECTED_LAG``)."""
+        ``MIXED_LABELS``, ``UNLABELLED``, ``UNEXPECTED_LAG``). Under ``fully_async_policy`` the lag is None: the
+        step that trains the rollout is decided later, by the trainer."""
         labels = [_label(x) for x in served]
         known = [x for x in labels if x is not None]
         entry: dict[str, Any] = {"mode": self.name, "sync": self.sync.value, "served": None, "lag": None}
+        if self.name == FULLY_ASYNC:  # the trainer takes rollouts from a queue: the step that trains one is not
+            trained_step = None  # known while it is generated (the trainer's metrics say how stale they were)
         problem = None
         if len(known) < len(labels) or not known:
             problem = UNLABELLED
-        if known:
+        if known and trained_step is None:
+            entry["served"] = known[0] if len(set(known)) == 1 and problem is None else None
+        elif known:
             entry["lag"] = lag(min(known), trained_step, self.sync)
             if len(set(known)) == 1:
                 entry["served"] = known[0] if problem is None else None  # one label, if every turn has one

@@ -117,7 +117,7 @@ def ray_cpu() -> Any:
         num_cpus=4,
         num_gpus=2,  # fake: verl's pools ask for GPUs; the CPU platform maps them to this resource
         include_dashboard=False,
-        log_to_driver=True,
+        log_to_driver=False,
         configure_logging=False,
         runtime_env={"env_vars": env},
     )

@@ -34,6 +34,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields, stale_mask
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
@@ -54,6 +55,7 @@ from verl_ext.plugin.tool_calls import (
 from verl_ext.plugin.trainer_mode import TrainerMode, staleness_counters
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
+from verl_ext.telemetry.async_metrics import version_counters
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -134,6 +136,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         finished = ro.live.finish(
             response_length=self.response_length,
             step=step,
+            versions=RolloutVersions(tuple(ro.attempts), trained_step=step),
             extra={
                 "trainer": trainer,
                 "loop": AGENT_LOOP_NAME,
@@ -143,6 +146,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             },
         )
         refeed = await self._refeed(ro, finished)
+        mask, masked = self._stale_mask(finished)
+        ro.live.counters.update(version_counters(finished.rollout.versions, masked))
         result = ro.live.conclude(finished)
         if refeed is not None and refeed.numerics is not None:
             write_refeed_line(self.rt, refeed, self.options.numerics)
@@ -152,7 +157,18 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             result,
             engine_fields=ro.extra_fields,
             loop_fields={"turn_scores": [], "tool_rewards": ro.rewards},
+            mask=mask,
             metrics=ro.metrics,
+        )
+
+    def _stale_mask(self, finished: Any) -> tuple[list[int] | None, int]:
+        """The response mask with tokens older than ``verl_ext.max_token_lag`` versions masked out (None: nothing
+        masked), after the check: the record and the engine view keep the sampled mask."""
+        rollout = finished.rollout
+        starts = [c.output_start for c in rollout.calls]
+        sample = rollout.sample
+        return stale_mask(
+            rollout.versions, starts, sample.response_mask, len(sample.prompt_ids), self.options.max_token_lag
         )
 
     # -- the rollout's steps, in order ------------------------------------------------------------
@@ -214,8 +230,10 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             # was sent. The rollout ends before the turn, as when its budget runs out: its earlier turns are exact.
             log.warning("verl_ext: the rollout ends before turn %d: %s", ro.turn, exc)
             return False
+        # the record's versions: every turn's attempts as rows (the segments' logprobs are the call's, not kept twice)
+        ro.attempts.append(tuple(Attempt.of(s) for s in turn.output.segments))
         if len(turn.output.segments) > 1:
-            ro.resumed.append({"turn": ro.turn, "segments": turn.output.segments})
+            ro.resumed.append({"turn": ro.turn, "segments": [resumed_fields(s) for s in turn.output.segments]})
         merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
         ro.served.append((turn.output.extra_fields or {}).get("global_steps"))  # the weight label of this turn
         ro.live.keep(turn.call, turn.message)
@@ -370,12 +388,15 @@ class _RolloutState:
     extra_fields: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
+    attempts: list[tuple[Attempt, ...]] = field(default_factory=list)  # each turn's engine calls (engine_turn)
     served: list[Any] = field(default_factory=list)  # each turn's weight label, as the engine reported it
     turn: int = 0  # assistant turns kept
 
 
 def training_step(kwargs: Mapping[str, Any], served_weight_version: Any) -> int:
-    """v1 passes the trainer step; v0 does not, so it is the weight version the engine served + 1 (on-policy)."""
+    """The step that trains the rollout (the record's ``step`` and ``versions.trained_step``): v1 passes the trainer
+    step whose batch the sample is in; v0 does not, so it is the weight version the engine served + 1 (v0 trains
+    on-policy). The versions that served each turn are the record's ``versions`` (``core.version_spans``)."""
     if kwargs.get("global_steps") is not None:
         return int(kwargs["global_steps"])
     return int(served_weight_version or 0) + 1

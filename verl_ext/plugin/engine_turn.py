@@ -4,9 +4,10 @@ verl pauses SGLang with ``pause_generation(mode="abort")`` for weight syncs and 
 returns its partial output with ``stop_reason`` ``abort``. verl_ext's SGLang server also marks an output incomplete
 when its logprobs do not cover all its ids (it keeps the covered prefix). Either way the turn is continued: the next
 engine call's prompt is the turn's prompt + the ids so far, its budget what is left, and the outputs are joined
-(logprobs kept) into one turn, recorded as one engine call whose output spans the calls (``segments``). If the turn
-cannot be completed (the engine keeps aborting, or the rollout server is gone), the rollout ends with an error that
-says so: nothing of it reaches training.
+(logprobs kept) into one turn, recorded as one engine call whose output spans the calls (``segments``: one dict
+per call, keys defined in ``verl_ext.core.version_spans``: ids and start, stop reason, the versions stamped at
+dispatch and at stop, its own logprobs, ids the id check cut). If the turn cannot be completed (the engine keeps
+aborting, or the rollout server is gone), the rollout ends with an error that says so: nothing of it reaches training.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.core.errors import VerlExtError
+from verl_ext.core.version_spans import segment
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.engines.sglang_output import ABORT_REASONS, ENGINE_FIELD
 
@@ -87,19 +89,15 @@ async def generate_turn(
         first_extra = extra if first_extra is None else first_extra
         report = extra.get(ENGINE_FIELD) or {}
         _count_engine_report(report, counters)
+        # one segment per call (keys: verl_ext.core.version_spans): its own start, logprobs, stamps and cut ids
+        segments.append(
+            segment(len(ids), new, out.stop_reason, not _incomplete(out), report, extra, out.log_probs)
+        )
         ids += new
         if logprobs is not None and out.log_probs is not None:
             logprobs += [float(x) for x in out.log_probs]
         else:
             logprobs = None
-        segments.append(
-            {
-                "ids": len(new),
-                "stop_reason": out.stop_reason,
-                "weight_version": report.get("weight_version", extra.get("global_steps")),
-                "complete": not _incomplete(out),
-            }
-        )
         if not _incomplete(out) or len(ids) >= budget:
             break
         counters["engine/continued_calls"] += 1

@@ -80,12 +80,10 @@ def command(trainer: str, out: Path, steps: int) -> list[str]:
 
 
 def summary(out: Path, log: str, seconds: float) -> dict:
-    rollouts = [
-        json.loads(line)
-        for f in sorted((out / "records").glob("rollouts*.jsonl"))
-        for line in f.read_text().splitlines()
-        if '"type": "rollout"' in line
+    lines = [
+        json.loads(x) for f in sorted((out / "records").glob("rollouts*.jsonl")) for x in f.read_text().split("\n") if x
     ]
+    rollouts = [r for r in lines if r.get("type") == "rollout"]
     entries = Counter(
         (
             r["step"],

@@ -43,6 +43,12 @@ NOT_RUN: dict[str, str] = {
     "(minutes on 2 cores); the audited stock loop runs in tests/plugin/",
     "recipes/sglang/install.sh": "installs SGLang and CUDA torch on a GPU node (network, GPU)",
     "ray start --head": "starts a Ray cluster on a real head node",
+    ".venv/bin/python bench/cpu_trainer_modes.py --trainer one-step-off --steps 3 --out build/one-step-off": "a "
+    "trainer start with two pools (five minutes on 2 cores); tests/engines/test_gloo_checkpoint_ray.py runs its "
+    "weight sync, tests/plugin/test_trainer_mode.py its rollout path",
+    ".venv/bin/python bench/cpu_trainer_modes.py --trainer fully-async --steps 2 --out build/fully-async": "a "
+    "trainer start with two pools (seven minutes on 2 cores); tests/engines/test_gloo_checkpoint_ray.py runs its "
+    "weight sync",
     "recipes/cpu_demo/cluster.sh start && recipes/cpu_demo/submit.sh; recipes/cpu_demo/cluster.sh stop": "a two-node "
     "Ray cluster for minutes: tests/recipes/test_ray_cluster_recipe.py runs exactly this",
 }

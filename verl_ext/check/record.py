@@ -506,7 +506,8 @@ def _json_fields(obj: Any) -> dict[str, Any]:
 # resumed rollout replayed, the gateway's session and branch (``gateway``), and the loop's name (``loop``: the
 # report's fix texts are that loop's, verl_ext.report.loops). The reader refuses any key that is neither one of these
 # nor a record key.
-EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway", "images", "loop"})  # images: image_view
+# images: image_view; trainer: plugin/trainer_mode.py (the trainer mode, its sync convention, the rollout's lag)
+EXTRA_KEYS = frozenset({"data_source", "index", "resumed_turns", "gateway", "images", "loop", "trainer"})
 
 # The record's own keys; the others a rollout line may hold are ``EXTRA_KEYS``.
 _KEYS = frozenset(

@@ -39,6 +39,7 @@ import ray
 import torch
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
+from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_ext.core.errors import EngineRequestError, OptionsError
 from verl_ext.engines.cpu_faults import CallNumbers, Fault, parse_faults, perturbed
@@ -650,7 +651,9 @@ class CPUServerAdapter(BaseRollout):
             * self.config.pipeline_model_parallel_size
         )
         rank = int(os.environ.get("RANK", "0"))
-        self.replica_rank = rank // world
+        # verl's CheckpointEngineWorker (separate rollout pools) passes its replica's rank; RANK is then the rank
+        # within that replica's own worker group
+        self.replica_rank = int(kwargs.get("replica_rank", rank // world))
         self.is_leader = rank % world == 0
         self._server: Any = None
 
@@ -675,7 +678,8 @@ class CPUServerAdapter(BaseRollout):
         if kwargs.get("peft_config") is not None:
             raise NotImplementedError("verl_ext_cpu: LoRA adapter sync is not supported (use lora.merge=true)")
         # every rank drains the generator: producing full tensors from FSDP shards is a collective
-        named = [(name, tensor.detach().to("cpu").clone()) for name, tensor in weights]
+        # a checkpoint engine's receive_weights (separate rollout pools) is an async generator
+        named = [(name, tensor.detach().to("cpu").clone()) async for name, tensor in ensure_async_iterator(weights)]
         if not self.is_leader:
             return None
         loaded = await self._server_handle().update_weights.remote(named, kwargs.get("global_steps"))

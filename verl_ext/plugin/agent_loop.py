@@ -52,6 +52,7 @@ from verl_ext.plugin.tool_calls import (
     parse_turn,
     run_tool,
 )
+from verl_ext.plugin.trainer_mode import TrainerMode, staleness_counters
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
 from verl_ext.telemetry.async_metrics import version_counters
@@ -114,6 +115,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         self.rt = runtime_for(
             self.tokenizer, self.apply_chat_template_kwargs, self.options, self.tool_parser.stop_token_ids
         )
+        self.trainer_mode = TrainerMode.of(self.config)  # what the engine's weight label means (plugin.trainer_mode)
 
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         """One rollout: render the prompt once, then turn by turn generate, parse, run the tools and append their
@@ -129,11 +131,14 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             raise
         # step 4: finish the rollout; check it, write its record, report its metrics, apply the policy
         step = training_step(kwargs, ro.extra_fields.get("global_steps"))
+        trainer = self.trainer_mode.rollout_staleness(ro.served, step)
+        metrics_sink.count(staleness_counters(trainer))
         finished = ro.live.finish(
             response_length=self.response_length,
             step=step,
             versions=RolloutVersions(tuple(ro.attempts), trained_step=step),
             extra={
+                "trainer": trainer,
                 "loop": AGENT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
                 "index": plain_index(kwargs.get("index")),
@@ -230,6 +235,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         if len(turn.output.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": [resumed_fields(s) for s in turn.output.segments]})
         merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
+        ro.served.append((turn.output.extra_fields or {}).get("global_steps"))  # the weight label of this turn
         ro.live.keep(turn.call, turn.message)
         if not turn.valid:
             # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
@@ -383,6 +389,7 @@ class _RolloutState:
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
     attempts: list[tuple[Attempt, ...]] = field(default_factory=list)  # each turn's engine calls (engine_turn)
+    served: list[Any] = field(default_factory=list)  # each turn's weight label, as the engine reported it
     turn: int = 0  # assistant turns kept
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from verl_ext.core.messages import json_type, message_problem
@@ -182,6 +182,9 @@ class ChatRequest:
     reasoning_effort: object = None
     reasoning_effort_field: str = "reasoning_effort"  # the field that asked it, named in a refusal
     reasoning_effort_sent: object = None  # what that field said, where not the effort itself (Anthropic's thinking)
+    # what the request asked that the gateway serves otherwise (Anthropic's thinking.budget_tokens), as
+    # ``Completion.sampling_overridden`` says it: setting -> {"requested", "used"}
+    overridden: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def parse_chat_request(body: Any) -> ChatRequest:

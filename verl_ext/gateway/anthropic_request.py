@@ -115,7 +115,9 @@ def read_thinking(thinking: Any, max_tokens: int) -> Thinking:
         return Thinking()
     if not isinstance(thinking, Mapping):
         raise bad_request(
-            "thinking", f"'thinking' must be an object such as {{\"type\": \"enabled\", ...}}, got {json_type(thinking)}"
+            "thinking",
+            f'\'thinking\' must be an object such as {{"type": "enabled", "budget_tokens": 1024}}, got '
+            f"{json_type(thinking)}",
         )
     kind = thinking.get("type")
     if kind not in _THINKING_KEYS:

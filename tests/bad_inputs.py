@@ -62,7 +62,7 @@ class Http:
 
 # Words a message uses to tell the fix (checked on every entry: an error that names the problem only is unclear).
 FIX_WORDS = re.compile(
-    r"\b(pass|send|use|set|leave|give|add|remove|write|start|open|shorten|quote|install|create|end the|did you mean|"
+    r"\b(pass|send|use|set|leave|give|add|remove|write|start|open|shorten|quote|install|create|end (the|it)|did you mean|"
     r"e\.g\.|pick|run|fix|choose|must be|expected|see|serve|copy|save|delete|wait|upgrade|check the)\b",
     re.IGNORECASE,
 )
@@ -370,13 +370,15 @@ HTTP: list[Http] = [
     # the body itself
     Http("chat", None, 400, ("not UTF-8 JSON",), raw=b"{messages: []}"),
     Http("chat", None, 400, ("not UTF-8 JSON", "byte 14"), raw=b'{"messages": "\xff"}'),
-    Http("chat", [1, 2], 400, ("must be a JSON object, got an array",)),
+    Http("chat", [1, 2], 400, ("must be a JSON object, got a list",)),
     Http("chat", {}, 400, ("'messages' must be a non-empty list",)),
     Http("chat", _chat(messages=[]), 400, ("'messages' must be a non-empty list",)),
     Http("chat", None, 400, ("lone UTF-16 surrogate", "send valid Unicode"), raw=b'{"messages": [{"role": "user", "content": "\\ud800"}]}'),
     # chat completions: unknown and refused fields
     Http("chat", _chat(temprature=0.5), 400, ("'temprature' is not a chat-completions field", "did you mean 'temperature'")),
     Http("chat", _chat(max_token=8), 400, ("'max_token'", "did you mean 'max_tokens'")),
+    Http("chat", {"input": "Hi", "max_tokens": 4}, 400, ("'input' is not a chat-completions field", "did you mean 'messages'")),
+    Http("chat", _chat(max_output_tokens=8), 400, ("'max_output_tokens'", "did you mean 'max_tokens'")),
     Http("chat", _chat(extra_body={"top_k": 5}), 400, ("'extra_body'", "leave it out")),
     Http("chat", _chat(reasoning={"effort": "high"}), 400, ("'reasoning' is not a chat-completions field",)),
     Http("chat", _chat(n=2), 400, ("'n' must be 1",)),
@@ -449,6 +451,8 @@ HTTP: list[Http] = [
     Http("responses", _responses(temprature=0.5), 400, ("'temprature'", "did you mean 'temperature'")),
     Http("responses", _responses(max_tokens=8), 400, ("'max_tokens'", "did you mean 'max_output_tokens'")),
     Http("responses", _responses(min_p=0.1), 400, ("'min_p'",)),
+    Http("responses", {"messages": [{"role": "user", "content": "Hi"}]}, 400, ("'messages' is not a Responses field", "did you mean 'input'")),
+    Http("responses", _responses(reasoning_effort="low"), 400, ("did you mean 'reasoning'",)),
     Http("responses", _responses(previous_response_id="resp_1"), 400, ("'previous_response_id' is not served", "send the whole conversation")),
     Http("responses", _responses(conversation="conv_1"), 400, ("'conversation' is not served",)),
     Http("responses", _responses(background=True), 400, ("'background' is not served",)),
@@ -456,7 +460,7 @@ HTTP: list[Http] = [
     Http("responses", _responses(top_logprobs=3), 400, ("'top_logprobs' is not served",)),
     Http("responses", _responses(truncation="auto"), 400, ("truncation 'auto' is not served",)),
     Http("responses", _responses(text={"format": {"type": "json_schema"}}), 400, ("only the text format is served",)),
-    Http("responses", _responses(reasoning="high"), 400, ("'reasoning' must be an object, got a string",)),
+    Http("responses", _responses(reasoning="high"), 400, ("'reasoning' must be an object such as", "got a string")),
     Http("responses", _responses(reasoning={"effort": "none"}), 400, ("'reasoning.effort'", "asks for no reasoning")),
     Http("responses", _responses(reasoning={"effort": "high", "summary": "auto", "level": 3}), 400, ("'reasoning.level'",)),
     Http("responses", _responses(temperature=2.5), 400, ("'temperature' must be in [0, 2]",)),
@@ -480,6 +484,9 @@ HTTP: list[Http] = [
     Http("messages", _messages(temprature=0.5), 400, ("'temprature'", "did you mean 'temperature'")),
     Http("messages", _messages(stop=["."]), 400, ("'stop'", "did you mean 'stop_sequences'")),
     Http("messages", _messages(temperature=1.5), 400, ("'temperature' must be in [0, 1]",)),
+    Http("messages", _messages(max_completion_tokens=8), 400, ("did you mean 'max_tokens'",)),
+    Http("messages", _messages(reasoning_effort="high"), 400, ("did you mean 'thinking'",)),
+    Http("messages", _messages(output_config={"format": {"type": "json_schema"}}), 400, ("'output_config'",)),
     Http("messages", _messages(top_k=0.5), 400, ("'top_k' must be an integer",)),
     Http("messages", _messages(system=5), 400, ("system must be a string or a list of text blocks",)),
     Http("messages", _messages(messages=[{"role": "system", "content": "Be brief."}, *TEXT]), 400, ("messages[0].role must be 'user' or 'assistant'",)),

@@ -24,7 +24,7 @@ from typing import Any
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import GatewayError, bad_request
 from verl_ext.gateway.images import decode_image, image_part, joined
-from verl_ext.gateway.request import ChatRequest, number_in, top_k
+from verl_ext.gateway.request import ChatRequest, number_in, refuse_unknown_fields, top_k
 from verl_ext.gateway.thinking import REASONING_ON
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
@@ -32,6 +32,29 @@ from verl_ext.gateway.tool_schema import check_description, check_parameters
 _REFUSED = {
     "mcp_servers": "MCP servers are run by the client here: the gateway serves the model only; leave it out",
     "container": "containers (server-side code execution) are not served; leave 'container' out",
+    "output_config": "structured output and effort settings are not served (the engine samples freely, and the chat "
+    "template decides the reasoning: see 'thinking'); leave 'output_config' out",
+}
+# The Messages API's request fields: those not read here change no token (metadata, service_tier, cache_control,
+# inference_geo, speed, workspace_id, user_profile_id, diagnostics); any other key is refused, so a misspelt one is
+# never ignored (the same rule as chat completions').
+KNOWN_FIELDS = frozenset(
+    {
+        *("model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream"),
+        *("tools", "tool_choice", "thinking", "output_config", "metadata", "service_tier", "cache_control"),
+        *("inference_geo", "speed", "workspace_id", "user_profile_id", "diagnostics"),
+        *_REFUSED,
+    }
+)
+# The OpenAI APIs' names for Messages API fields (a harness moved from chat completions or Responses)
+_OTHER_APIS_NAMES = {
+    "stop": "stop_sequences",
+    "max_completion_tokens": "max_tokens",
+    "max_output_tokens": "max_tokens",
+    "reasoning_effort": "thinking",
+    "reasoning": "thinking",
+    "input": "messages",
+    "instructions": "system",
 }
 _TEXT_ONLY = "only text, tool_use, tool_result and thinking blocks are served"
 _USER_BLOCKS = "only text, image and tool_result blocks are served"
@@ -41,8 +64,9 @@ def parse_messages_request(body: Any) -> ChatRequest:
     """The checked request as the gateway's ``ChatRequest``. Raises ``GatewayError`` (400) naming the field."""
     if not isinstance(body, Mapping):
         raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
+    refuse_unknown_fields(body, KNOWN_FIELDS, "Messages API", aliases=_OTHER_APIS_NAMES)
     for key, why in _REFUSED.items():
-        if body.get(key) is not None:
+        if body.get(key) not in (None, {}):
             raise bad_request(key, why, "unsupported")
     if "max_tokens" not in body:  # required by Anthropic's API: the SDK's own error says so too
         raise bad_request("max_tokens", "'max_tokens' is required (the Messages API has no default): send e.g. 1024")
@@ -226,7 +250,7 @@ def _user(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
         elif kind == "image":
             parts.append(_image(block, at))
         else:
-            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_USER_BLOCKS}")
+            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_USER_BLOCKS}: send those")
     if parts or not out:
         out.append({"role": "user", "content": joined(parts)})
     return out
@@ -324,7 +348,8 @@ def _check_tool_results(messages: list[Any]) -> None:
                 raise bad_request(
                     f"messages[{i}].content[{k}].tool_use_id",
                     f"messages[{i}].content[{k}]: tool_use_id {block['tool_use_id']!r} answers no tool_use block of "
-                    f"an earlier assistant message (tool_use ids so far: {sorted(known)})",
+                    f"an earlier assistant message (tool_use ids so far: {sorted(known)}); use the id of the tool_use "
+                    "block it answers",
                 )
 
 

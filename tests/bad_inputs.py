@@ -62,8 +62,8 @@ class Http:
 
 # Words a message uses to tell the fix (checked on every entry: an error that names the problem only is unclear).
 FIX_WORDS = re.compile(
-    r"\b(pass|send|use|set|leave|give|add|remove|write|start|open|shorten|quote|install|create|end (the|it)|did you mean|"
-    r"e\.g\.|pick|run|fix|choose|must be|expected|see|serve|copy|save|delete|wait|upgrade|check the)\b",
+    r"\b(pass|send|use|set|leave|give|add|remove|write|start|open|shorten|quote|install|create|end (the|it)|"
+    r"did you mean|e\.g\.|pick|run|fix|choose|must be|expected|see|serve|copy|save|delete|wait|upgrade|check the)\b",
     re.IGNORECASE,
 )
 # A Python object's repr (``<PIL.Image.Image object at 0x...>``, ``<class 'int'>``) or a traceback in a message.
@@ -134,7 +134,9 @@ BAD_FILES: dict[str, Callable[[Scratch], Path]] = {
     "truncated.jsonl": lambda s: _write_bytes(  # a killed writer: the last line cut, no newline after it
         s.tmp / "truncated.jsonl", "\n".join([*s.record_lines[:-1], s.record_lines[-1][:-40]]).encode()
     ),
-    "bad-line.jsonl": lambda s: s.lines("bad-line.jsonl", [*s.record_lines[:2], s.record_lines[2][:-40], *s.record_lines[3:]]),
+    "bad-line.jsonl": lambda s: s.lines(
+        "bad-line.jsonl", [*s.record_lines[:2], s.record_lines[2][:-40], *s.record_lines[3:]]
+    ),
     "a-list.jsonl": lambda s: s.lines("a-list.jsonl", ["[1, 2, 3]"]),
     "no-type.jsonl": lambda s: s.lines("no-type.jsonl", ['{"rollout": 1}']),
     "other-type.jsonl": lambda s: s.lines("other-type.jsonl", ['{"type": "metrics", "step": 1}']),
@@ -295,13 +297,20 @@ OPTIONS: list[Option] = [
     Option(("verl_ext.check.mode must be one of",), override="verl_ext.check.mode=[warn]"),
     Option(("verl_ext.check.mode must be one of",), override="verl_ext.check.mode=1"),
     Option(("unknown option verl_ext.chek", "did you mean verl_ext.check"), override="+verl_ext.chek.mode=strict"),
-    Option(("unknown option verl_ext.check.moed", "did you mean verl_ext.check.mode"), override="verl_ext.check.moed=x"),
+    Option(
+        ("unknown option verl_ext.check.moed", "did you mean verl_ext.check.mode"), override="verl_ext.check.moed=x"
+    ),
     Option(("allowed_causes[0]", "did you mean 'bpe_remerge'"), override="verl_ext.check.allowed_causes=[bpe_remerg]"),
     Option(("allowed_causes must be 'default' or a list",), override="verl_ext.check.allowed_causes=bpe_remerge"),
     Option(("template_view_rate must be a finite number from 0 to 1",), override="verl_ext.check.template_view_rate=2"),
-    Option(("template_view_rate must be a number", "without quotes"), yaml="verl_ext: {check: {template_view_rate: '0.5'}}"),
+    Option(
+        ("template_view_rate must be a number", "without quotes"), yaml="verl_ext: {check: {template_view_rate: '0.5'}}"
+    ),
     Option(("logprob_atol must be a finite number",), override="verl_ext.check.logprob_atol=-1"),
-    Option(("template_view_budget_s must be a finite number more than 0",), override="verl_ext.check.template_view_budget_s=0"),
+    Option(
+        ("template_view_budget_s must be a finite number more than 0",),
+        override="verl_ext.check.template_view_budget_s=0",
+    ),
     Option(("verl_ext.check must be a mapping",), yaml="verl_ext: {check: []}"),
     # verl_ext.records
     Option(("verl_ext.records.dir must be a folder path",), override="verl_ext.records.dir=5"),
@@ -309,7 +318,10 @@ OPTIONS: list[Option] = [
     Option(("verl_ext.records.max_bytes must be a positive integer",), override="verl_ext.records.max_bytes=64MB"),
     Option(("verl_ext.records.max_files must be a positive integer",), override="verl_ext.records.max_files=-1"),
     Option(("verl_ext.records.thumbnails must be true or false",), override="verl_ext.records.thumbnails=yes"),
-    Option(("unknown option verl_ext.records.maxbytes", "did you mean verl_ext.records.max_bytes"), override="verl_ext.records.maxbytes=1"),
+    Option(
+        ("unknown option verl_ext.records.maxbytes", "did you mean verl_ext.records.max_bytes"),
+        override="verl_ext.records.maxbytes=1",
+    ),
     Option(("verl_ext.records must be a mapping",), yaml="verl_ext: {records: false}"),
     Option(("verl_ext.records must be a mapping",), yaml="verl_ext: {records: /tmp/records}"),
     # top-level keys
@@ -317,12 +329,20 @@ OPTIONS: list[Option] = [
     Option(("verl_ext.tool_timeout_s must be a positive finite number",), override="verl_ext.tool_timeout_s=0"),
     Option(("verl_ext.tool_timeout_s must be a positive finite number",), override="verl_ext.tool_timeout_s=inf"),
     Option(("verl_ext.tool_timeout_s must be a positive finite number",), override="verl_ext.tool_timeout_s=30s"),
-    Option(("extra_stop_tokens must be a list of token strings",), yaml="verl_ext: {extra_stop_tokens: '</tool_call>'}"),
+    Option(
+        ("extra_stop_tokens must be a list of token strings",), yaml="verl_ext: {extra_stop_tokens: '</tool_call>'}"
+    ),
     Option(("extra_stop_tokens[0] must be a token's text",), override="verl_ext.extra_stop_tokens=[1]"),
     Option(("extra_stop_tokens[0] must be a token's text",), override="verl_ext.extra_stop_tokens=['']"),
     Option(("Hydra cannot read the override", "Quote each string"), override="verl_ext.extra_stop_tokens=[<|im_end|>]"),
-    Option(("verl_ext.agent_name_column must be one of", "did you mean 'switch'"), override="verl_ext.agent_name_column=swtich"),
-    Option(("unknown option verl_ext.tool_timeout", "did you mean verl_ext.tool_timeout_s"), override="verl_ext.tool_timeout=5"),
+    Option(
+        ("verl_ext.agent_name_column must be one of", "did you mean 'switch'"),
+        override="verl_ext.agent_name_column=swtich",
+    ),
+    Option(
+        ("unknown option verl_ext.tool_timeout", "did you mean verl_ext.tool_timeout_s"),
+        override="verl_ext.tool_timeout=5",
+    ),
     Option(("verl_ext must be a mapping of options", "hydra.searchpath"), yaml="verl_ext: strict"),
     Option(("verl_ext must be a mapping of options",), yaml="verl_ext: [strict]"),
     # verl_ext.harness
@@ -332,7 +352,10 @@ OPTIONS: list[Option] = [
     Option(("harness.timeout_s must be a positive finite number",), override="verl_ext.harness.timeout_s=0"),
     Option(("harness.branches must be 'last'",), override="verl_ext.harness.branches=every"),
     Option(("harness.max_branches must be a positive integer",), override="verl_ext.harness.max_branches=0"),
-    Option(("unknown option verl_ext.harness.comand", "did you mean verl_ext.harness.command"), override="verl_ext.harness.comand=x"),
+    Option(
+        ("unknown option verl_ext.harness.comand", "did you mean verl_ext.harness.command"),
+        override="verl_ext.harness.comand=x",
+    ),
     Option(("verl_ext.harness must be a mapping",), yaml="verl_ext: {harness: run.py}"),
     # verl_ext.numerics
     Option(("verl_ext.numerics.policy",), override="verl_ext.numerics.policy=loud"),
@@ -360,7 +383,9 @@ def _messages(**body: Any) -> dict[str, Any]:
 
 
 def _image_message(url: str) -> list[dict[str, Any]]:
-    return [{"role": "user", "content": [{"type": "text", "text": "See"}, {"type": "image_url", "image_url": {"url": url}}]}]
+    return [
+        {"role": "user", "content": [{"type": "text", "text": "See"}, {"type": "image_url", "image_url": {"url": url}}]}
+    ]
 
 
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
@@ -373,11 +398,27 @@ HTTP: list[Http] = [
     Http("chat", [1, 2], 400, ("must be a JSON object, got a list",)),
     Http("chat", {}, 400, ("'messages' must be a non-empty list",)),
     Http("chat", _chat(messages=[]), 400, ("'messages' must be a non-empty list",)),
-    Http("chat", None, 400, ("lone UTF-16 surrogate", "send valid Unicode"), raw=b'{"messages": [{"role": "user", "content": "\\ud800"}]}'),
+    Http(
+        "chat",
+        None,
+        400,
+        ("lone UTF-16 surrogate", "send valid Unicode"),
+        raw=b'{"messages": [{"role": "user", "content": "\\ud800"}]}',
+    ),
     # chat completions: unknown and refused fields
-    Http("chat", _chat(temprature=0.5), 400, ("'temprature' is not a chat-completions field", "did you mean 'temperature'")),
+    Http(
+        "chat",
+        _chat(temprature=0.5),
+        400,
+        ("'temprature' is not a chat-completions field", "did you mean 'temperature'"),
+    ),
     Http("chat", _chat(max_token=8), 400, ("'max_token'", "did you mean 'max_tokens'")),
-    Http("chat", {"input": "Hi", "max_tokens": 4}, 400, ("'input' is not a chat-completions field", "did you mean 'messages'")),
+    Http(
+        "chat",
+        {"input": "Hi", "max_tokens": 4},
+        400,
+        ("'input' is not a chat-completions field", "did you mean 'messages'"),
+    ),
     Http("chat", _chat(max_output_tokens=8), 400, ("'max_output_tokens'", "did you mean 'max_tokens'")),
     Http("chat", _chat(extra_body={"top_k": 5}), 400, ("'extra_body'", "leave it out")),
     Http("chat", _chat(reasoning={"effort": "high"}), 400, ("'reasoning' is not a chat-completions field",)),
@@ -409,34 +450,111 @@ HTTP: list[Http] = [
     Http("chat", _chat(max_completion_tokens="8"), 400, ("'max_completion_tokens' must be an integer",)),
     Http("chat", _chat(repetition_penalty=0), 400, ("'repetition_penalty' must be in (0, 2]",)),
     Http("chat", _chat(reasoning_effort="max"), 400, ("'reasoning_effort' must be one of",)),
-    Http("chat", _chat(reasoning_effort="none"), 400, ("asks for no reasoning", "enable_thinking=true", "--template-kwargs")),
-    Http("chat", _chat(stop=["a", "b", "c", "d", "e"]), 400, ("'stop' must be a non-empty string or a list of at most 4",)),
+    Http(
+        "chat",
+        _chat(reasoning_effort="none"),
+        400,
+        ("asks for no reasoning", "enable_thinking=true", "--template-kwargs"),
+    ),
+    Http(
+        "chat",
+        _chat(stop=["a", "b", "c", "d", "e"]),
+        400,
+        ("'stop' must be a non-empty string or a list of at most 4",),
+    ),
     Http("chat", _chat(stop="Hello world"), 400, ("'Hello world'", "tokens")),
     Http("chat", _chat(stop=""), 400, ("'stop' must be a non-empty string",)),
     Http("chat", _chat(stream="yes"), 400, ("'stream' must be true or false, got a string",)),
     Http("chat", _chat(stream_options=[]), 400, ("'stream_options' must be an object",)),
-    Http("chat", _chat(stream_options={"include_usage": "yes"}), 400, ("'stream_options.include_usage' must be true or false",)),
+    Http(
+        "chat",
+        _chat(stream_options={"include_usage": "yes"}),
+        400,
+        ("'stream_options.include_usage' must be true or false",),
+    ),
     # chat completions: messages
     Http("chat", _chat(messages=[{"role": "robot", "content": "Hi"}]), 400, ("unknown role 'robot'",)),
     Http("chat", _chat(messages=[{"content": "Hi"}]), 400, ("messages[0]", "role")),
     Http("chat", _chat(messages=["Hi"]), 400, ("messages[0]",)),
     Http("chat", _chat(messages=[{"role": "user", "content": 5}]), 400, ("messages[0]", "content")),
-    Http("chat", _chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]), 400, ("content part 0 is 'input_audio'",)),
-    Http("chat", _chat(messages=[*TEXT, {"role": "assistant", "content": "The answer is"}]), 400, ("the last message is an assistant message",)),
-    Http("chat", _chat(messages=[*TEXT, {"role": "tool", "content": "4", "tool_call_id": "c9"}]), 400, ("tool_call_id 'c9' answers no tool call",)),
+    Http(
+        "chat",
+        _chat(messages=[{"role": "user", "content": [{"type": "input_audio"}]}]),
+        400,
+        ("content part 0 is 'input_audio'",),
+    ),
+    Http(
+        "chat",
+        _chat(messages=[*TEXT, {"role": "assistant", "content": "The answer is"}]),
+        400,
+        ("the last message is an assistant message",),
+    ),
+    Http(
+        "chat",
+        _chat(messages=[*TEXT, {"role": "tool", "content": "4", "tool_call_id": "c9"}]),
+        400,
+        ("tool_call_id 'c9' answers no tool call",),
+    ),
     Http("chat", _chat(messages=[*TEXT, {"role": "tool", "content": "4"}]), 400, ("needs the 'tool_call_id'",)),
-    Http("chat", _chat(messages=[*TEXT, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": "{}"}}]}, {"role": "user", "content": "?"}]), 400, ("tool_calls[0]", "'id'")),
-    Http("chat", _chat(messages=[*TEXT, {"role": "function", "name": "calc", "content": "4"}]), 400, ("answers no earlier assistant function_call",)),
+    Http(
+        "chat",
+        _chat(
+            messages=[
+                *TEXT,
+                {
+                    "role": "assistant",
+                    "content": "",
+                    "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": "{}"}}],
+                },
+                {"role": "user", "content": "?"},
+            ]
+        ),
+        400,
+        ("tool_calls[0]", "'id'"),
+    ),
+    Http(
+        "chat",
+        _chat(messages=[*TEXT, {"role": "function", "name": "calc", "content": "4"}]),
+        400,
+        ("answers no earlier assistant function_call",),
+    ),
     # chat completions: tools
     Http("chat", _chat(tools={"calc": {}}), 400, ("'tools' must be a list of function tools, got an object",)),
     Http("chat", _chat(tools=[{"name": "calc"}]), 400, ("tools[0]", '"type": "function"')),
-    Http("chat", _chat(tools=[{"type": "function", "function": {"name": ""}}]), 400, ("tools[0]", "'name' must be a non-empty string")),
-    Http("chat", _chat(tools=[{"type": "function", "function": {"name": "calc", "parameters": {"type": "array"}}}]), 400, ("tools[0].function.parameters",)),
-    Http("chat", _chat(tools=[{"type": "function", "function": {"name": "calc", "parameters": "{}"}}]), 400, ("tools[0].function.parameters",)),
-    Http("chat", _chat(tools=[CALC], tool_choice="required"), 400, ("tool_choice 'required' is not served", "use \"auto\"")),
-    Http("chat", _chat(tools=[CALC], tool_choice={"type": "function", "function": {"name": "calc"}}), 400, ("is not served",)),
+    Http(
+        "chat",
+        _chat(tools=[{"type": "function", "function": {"name": ""}}]),
+        400,
+        ("tools[0]", "'name' must be a non-empty string"),
+    ),
+    Http(
+        "chat",
+        _chat(tools=[{"type": "function", "function": {"name": "calc", "parameters": {"type": "array"}}}]),
+        400,
+        ("tools[0].function.parameters",),
+    ),
+    Http(
+        "chat",
+        _chat(tools=[{"type": "function", "function": {"name": "calc", "parameters": "{}"}}]),
+        400,
+        ("tools[0].function.parameters",),
+    ),
+    Http(
+        "chat", _chat(tools=[CALC], tool_choice="required"), 400, ("tool_choice 'required' is not served", 'use "auto"')
+    ),
+    Http(
+        "chat",
+        _chat(tools=[CALC], tool_choice={"type": "function", "function": {"name": "calc"}}),
+        400,
+        ("is not served",),
+    ),
     Http("chat", _chat(function_call="auto"), 400, ("'function_call' needs 'functions'",)),
-    Http("chat", _chat(tools=[CALC], functions=[CALC["function"]]), 400, ("give 'tools' or the legacy 'functions', not both",)),
+    Http(
+        "chat",
+        _chat(tools=[CALC], functions=[CALC["function"]]),
+        400,
+        ("give 'tools' or the legacy 'functions', not both",),
+    ),
     # chat completions: images
     Http("chat", _chat(messages=_image_message("https://example.com/cat.png")), 400, ("fetch",)),
     Http("chat", _chat(messages=_image_message("data:image/png;base64,AAAA")), 400, ("cannot be decoded",)),
@@ -444,16 +562,37 @@ HTTP: list[Http] = [
     Http("chat", _chat(messages=_image_message("data:text/plain;base64,aGk=")), 400, ("text/plain",)),
     Http("chat", _chat(messages=_image_message(DATA_URL)), 400, ("takes no images",)),
     Http("chat", _chat(messages=[{"role": "user", "content": [{"type": "image_url"}]}]), 400, ("without 'image_url'",)),
-    Http("chat", _chat(messages=[*TEXT, {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]}, {"role": "user", "content": "?"}]), 400, ("in a 'assistant' message only text parts",)),
+    Http(
+        "chat",
+        _chat(
+            messages=[
+                *TEXT,
+                {"role": "assistant", "content": [{"type": "image_url", "image_url": {"url": DATA_URL}}]},
+                {"role": "user", "content": "?"},
+            ]
+        ),
+        400,
+        ("in a 'assistant' message only text parts",),
+    ),
     # the Responses route
     Http("responses", [], 400, ("must be a JSON object",)),
     Http("responses", _responses(input=[]), 400, ("'input' must be a string or a non-empty list",)),
     Http("responses", _responses(temprature=0.5), 400, ("'temprature'", "did you mean 'temperature'")),
     Http("responses", _responses(max_tokens=8), 400, ("'max_tokens'", "did you mean 'max_output_tokens'")),
     Http("responses", _responses(min_p=0.1), 400, ("'min_p'",)),
-    Http("responses", {"messages": [{"role": "user", "content": "Hi"}]}, 400, ("'messages' is not a Responses field", "did you mean 'input'")),
+    Http(
+        "responses",
+        {"messages": [{"role": "user", "content": "Hi"}]},
+        400,
+        ("'messages' is not a Responses field", "did you mean 'input'"),
+    ),
     Http("responses", _responses(reasoning_effort="low"), 400, ("did you mean 'reasoning'",)),
-    Http("responses", _responses(previous_response_id="resp_1"), 400, ("'previous_response_id' is not served", "send the whole conversation")),
+    Http(
+        "responses",
+        _responses(previous_response_id="resp_1"),
+        400,
+        ("'previous_response_id' is not served", "send the whole conversation"),
+    ),
     Http("responses", _responses(conversation="conv_1"), 400, ("'conversation' is not served",)),
     Http("responses", _responses(background=True), 400, ("'background' is not served",)),
     Http("responses", _responses(max_tool_calls=2), 400, ("'max_tool_calls' is not served",)),
@@ -462,7 +601,12 @@ HTTP: list[Http] = [
     Http("responses", _responses(text={"format": {"type": "json_schema"}}), 400, ("only the text format is served",)),
     Http("responses", _responses(reasoning="high"), 400, ("'reasoning' must be an object such as", "got a string")),
     Http("responses", _responses(reasoning={"effort": "none"}), 400, ("'reasoning.effort'", "asks for no reasoning")),
-    Http("responses", _responses(reasoning={"effort": "high", "summary": "auto", "level": 3}), 400, ("'reasoning.level'",)),
+    Http(
+        "responses",
+        _responses(reasoning={"effort": "high", "summary": "auto", "level": 3}),
+        400,
+        ("'reasoning.level'",),
+    ),
     Http("responses", _responses(temperature=2.5), 400, ("'temperature' must be in [0, 2]",)),
     Http("responses", _responses(max_output_tokens=0), 400, ("'max_output_tokens' must be in [1,",)),
     Http("responses", _responses(stream=1), 400, ("'stream' must be true or false",)),
@@ -472,11 +616,36 @@ HTTP: list[Http] = [
     Http("responses", _responses(tool_choice="required"), 400, ("tool_choice 'required' is not served",)),
     Http("responses", _responses(input=[{"type": "item_reference", "id": "msg_1"}]), 400, ("'item_reference' item",)),
     Http("responses", _responses(input=[{"role": "robot", "content": "Hi"}]), 400, ("input[0].role must be one of",)),
-    Http("responses", _responses(input=[{"type": "function_call_output", "call_id": "c1", "output": "4"}]), 400, ("call_id 'c1' answers no earlier function_call",)),
-    Http("responses", _responses(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f1"}]}]), 400, ("'input_file' part",)),
-    Http("responses", _responses(input=[{"role": "user", "content": [{"type": "input_image", "file_id": "f1"}]}]), 400, ("file ids are not served",)),
-    Http("responses", _responses(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/cat.png"}]}]), 400, ("fetch",)),
-    Http("responses", _responses(input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The"}]), 400, ("the input ends with the assistant's turn",)),
+    Http(
+        "responses",
+        _responses(input=[{"type": "function_call_output", "call_id": "c1", "output": "4"}]),
+        400,
+        ("call_id 'c1' answers no earlier function_call",),
+    ),
+    Http(
+        "responses",
+        _responses(input=[{"role": "user", "content": [{"type": "input_file", "file_id": "f1"}]}]),
+        400,
+        ("'input_file' part",),
+    ),
+    Http(
+        "responses",
+        _responses(input=[{"role": "user", "content": [{"type": "input_image", "file_id": "f1"}]}]),
+        400,
+        ("file ids are not served",),
+    ),
+    Http(
+        "responses",
+        _responses(input=[{"role": "user", "content": [{"type": "input_image", "image_url": "https://x/cat.png"}]}]),
+        400,
+        ("fetch",),
+    ),
+    Http(
+        "responses",
+        _responses(input=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "The"}]),
+        400,
+        ("the input ends with the assistant's turn",),
+    ),
     # the Anthropic Messages route
     Http("messages", {"messages": TEXT}, 400, ("'max_tokens' is required", "send e.g. 1024")),
     Http("messages", _messages(max_tokens="8"), 400, ("'max_tokens' must be an integer",)),
@@ -489,35 +658,115 @@ HTTP: list[Http] = [
     Http("messages", _messages(output_config={"format": {"type": "json_schema"}}), 400, ("'output_config'",)),
     Http("messages", _messages(top_k=0.5), 400, ("'top_k' must be an integer",)),
     Http("messages", _messages(system=5), 400, ("system must be a string or a list of text blocks",)),
-    Http("messages", _messages(messages=[{"role": "system", "content": "Be brief."}, *TEXT]), 400, ("messages[0].role must be 'user' or 'assistant'",)),
-    Http("messages", _messages(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]), 400, ("'document' block in a user message",)),
-    Http("messages", _messages(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/cat.png"}}]}]), 400, ("fetches no images",)),
-    Http("messages", _messages(messages=[{"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]), 400, ("cannot be decoded",)),
-    Http("messages", _messages(messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]}]), 400, ("tool_use_id 't1' answers no tool_use block",)),
+    Http(
+        "messages",
+        _messages(messages=[{"role": "system", "content": "Be brief."}, *TEXT]),
+        400,
+        ("messages[0].role must be 'user' or 'assistant'",),
+    ),
+    Http(
+        "messages",
+        _messages(messages=[{"role": "user", "content": [{"type": "document", "source": {}}]}]),
+        400,
+        ("'document' block in a user message",),
+    ),
+    Http(
+        "messages",
+        _messages(
+            messages=[
+                {"role": "user", "content": [{"type": "image", "source": {"type": "url", "url": "https://x/cat.png"}}]}
+            ]
+        ),
+        400,
+        ("fetches no images",),
+    ),
+    Http(
+        "messages",
+        _messages(
+            messages=[
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}
+                    ],
+                }
+            ]
+        ),
+        400,
+        ("cannot be decoded",),
+    ),
+    Http(
+        "messages",
+        _messages(
+            messages=[{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "4"}]}]
+        ),
+        400,
+        ("tool_use_id 't1' answers no tool_use block",),
+    ),
     Http("messages", _messages(messages=[*TEXT, {"role": "assistant", "content": "The answer is"}]), 400, ("prefill",)),
-    Http("messages", _messages(tools=[{"type": "web_search_20250305", "name": "web_search"}]), 400, ("is a server tool",)),
+    Http(
+        "messages", _messages(tools=[{"type": "web_search_20250305", "name": "web_search"}]), 400, ("is a server tool",)
+    ),
     Http("messages", _messages(tools=[{"name": "calc"}]), 400, ("tools[0].input_schema",)),
-    Http("messages", _messages(tool_choice={"type": "any"}), 400, ("is not served", "{\"type\": \"auto\"}")),
-    Http("messages", _messages(tool_choice={"type": "auto", "disable_parallel_tool_use": True}), 400, ("'disable_parallel_tool_use' is not served",)),
-    Http("messages", _messages(stop_sequences=["Hello world"]), 400, ("stop_sequences entry 'Hello world' is 2 tokens",)),
+    Http("messages", _messages(tool_choice={"type": "any"}), 400, ("is not served", '{"type": "auto"}')),
+    Http(
+        "messages",
+        _messages(tool_choice={"type": "auto", "disable_parallel_tool_use": True}),
+        400,
+        ("'disable_parallel_tool_use' is not served",),
+    ),
+    Http(
+        "messages", _messages(stop_sequences=["Hello world"]), 400, ("stop_sequences entry 'Hello world' is 2 tokens",)
+    ),
     Http("messages", _messages(stop_sequences="."), 400, ("'stop_sequences' must be a list of non-empty strings",)),
     Http("messages", _messages(mcp_servers=[{"url": "https://x"}]), 400, ("MCP servers are run by the client",)),
-    Http("messages", _messages(thinking={"type": "enabled", "budget_tokens": 1024}), 400, ("'thinking.budget_tokens' must be an integer from 1 to max_tokens - 1",)),
+    Http(
+        "messages",
+        _messages(thinking={"type": "enabled", "budget_tokens": 1024}),
+        400,
+        ("'thinking.budget_tokens' must be an integer from 1 to max_tokens - 1",),
+    ),
     Http("messages", _messages(thinking={"type": "disabled"}), 400, ("asks for no reasoning", "--template-kwargs")),
-    Http("messages", _messages(thinking={"type": "disabled", "budget_tokens": 0}), 400, ("'thinking.budget_tokens' is not a key",)),
-    Http("messages", _messages(thinking={"type": "enabled", "budget_tokens": 2, "display": "omitted"}), 400, ("'thinking.display' 'omitted' is not served",)),
-    Http("messages", _messages(thinking={"type": "between_tools"}), 400, ("'thinking.type' 'between_tools' is not served",)),
+    Http(
+        "messages",
+        _messages(thinking={"type": "disabled", "budget_tokens": 0}),
+        400,
+        ("'thinking.budget_tokens' is not a key",),
+    ),
+    Http(
+        "messages",
+        _messages(thinking={"type": "enabled", "budget_tokens": 2, "display": "omitted"}),
+        400,
+        ("'thinking.display' 'omitted' is not served",),
+    ),
+    Http(
+        "messages",
+        _messages(thinking={"type": "between_tools"}),
+        400,
+        ("'thinking.type' 'between_tools' is not served",),
+    ),
     Http("messages", _messages(thinking=True), 400, ("'thinking' must be an object",)),
     # sessions and paths
     Http("end", None, 404, ("unknown session 'never-opened'", "nothing was ended"), session="never-opened"),
-    Http("end", None, 200, ("session 'done' had ended already (ended by the client)", "nothing more was recorded"), session="done"),
+    Http(
+        "end",
+        None,
+        200,
+        ("session 'done' had ended already (ended by the client)", "nothing more was recorded"),
+        session="done",
+    ),
     Http("chat", _chat(), 409, ("session 'done' has ended", "open a new session"), session="done"),
     Http("messages", _messages(), 409, ("session 'done' has ended",), session="done"),
     Http("responses", _responses(), 409, ("session 'done' has ended",), session="done"),
     Http("models", None, 409, ("session 'done' has ended",), session="done", method="GET"),
     Http("open", None, 409, ("session 'done' has ended",), session="done"),
     Http("/sessions/s/v1/completions", _chat(), 404, ("no endpoint '/sessions/s/v1/completions'", "chat/completions")),
-    Http("/v1/chat/completions", _chat(), 404, ("no endpoint '/v1/chat/completions'", "/sessions/{id}/v1/chat/completions")),
+    Http(
+        "/v1/chat/completions",
+        _chat(),
+        404,
+        ("no endpoint '/v1/chat/completions'", "/sessions/{id}/v1/chat/completions"),
+    ),
     Http("/sessions//v1/chat/completions", _chat(), 404, ("no endpoint",)),
     Http("chat", None, 405, ("GET is not served on",), method="GET"),
     Http("/sessions/s/v1/messages", None, 405, ("GET is not served on",), method="GET"),

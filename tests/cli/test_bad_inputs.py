@@ -97,5 +97,7 @@ def test_the_corpus_covers_every_surface() -> None:
     assert len(CLI) + len(OPTIONS) + len(HTTP) >= 153
     commands = {shlex.split(c.args)[0] for c in CLI if c.args}
     assert commands == {"check-template", "chek-template", "gateway", "report", "replay", "demo"}
-    sections = {(c.override or c.yaml or "").replace("+", "").split("=")[0].split(".")[1:2][0] for c in OPTIONS if c.override}
+    sections = {
+        (c.override or c.yaml or "").replace("+", "").split("=")[0].split(".")[1:2][0] for c in OPTIONS if c.override
+    }
     assert {"check", "records", "harness", "numerics", "extra_stop_tokens", "tool_timeout_s"} <= sections

@@ -30,7 +30,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _closest(parser: argparse.ArgumentParser, message: str) -> str:
-    """", did you mean '--json'?" for an unrecognised option or an invalid command close to a known one."""
+    """ ", did you mean '--json'?" for an unrecognised option or an invalid command close to a known one."""
     import difflib
 
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)

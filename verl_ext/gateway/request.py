@@ -401,7 +401,8 @@ def _tool_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(call.get("id"), str) or not call["id"]:
         raise bad_request(
             f"{where}.id",
-            f"{where}: a tool call needs its 'id' (tool messages answer it by that id); send the id the gateway gave it",
+            f"{where}: a tool call needs its 'id' (tool messages answer it by that id); send the id the gateway "
+            "gave it",
         )
     function = call["function"]
     arguments = function.get("arguments")

@@ -129,7 +129,7 @@ def _check_options(body: Mapping[str, Any]) -> None:
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, Mapping):
         raise bad_request(
-            "reasoning", f"'reasoning' must be an object such as {{\"effort\": \"high\"}}, got {json_type(reasoning)}"
+            "reasoning", f'\'reasoning\' must be an object such as {{"effort": "high"}}, got {json_type(reasoning)}'
         )
     if reasoning is not None:
         refuse_unknown_fields(reasoning, _REASONING_KEYS, "Responses reasoning", "reasoning.")

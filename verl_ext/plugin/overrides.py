@@ -107,7 +107,8 @@ def explain_hydra_errors(_hydra: ModuleType | None = None) -> None:
 
 def verl_ext_section(overrides: Sequence[str]) -> dict[str, Any]:
     """The ``verl_ext`` options the overrides set (``verl_ext.check.mode=strict``, ``+verl_ext.records.dir=...``), as
-    the nested mapping Hydra would build, each value as Hydra's grammar reads it. Other keys are not looked at."""
+    the nested mapping Hydra would build, each value as Hydra's grammar reads it. Other keys are not looked at, nor
+    is ``+verl_ext=NAME``: that selects a preset of verl_ext's Hydra config group (``strict``, ``gateway``)."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
     section: dict[str, Any] = {}
@@ -115,18 +116,14 @@ def verl_ext_section(overrides: Sequence[str]) -> dict[str, Any]:
     for override in overrides:
         match = _KEY.match(override)
         key = match["key"].lstrip("+~") if match else ""
-        if not (key == "verl_ext" or key.startswith("verl_ext.")) or override.startswith("~"):
+        if not key.startswith("verl_ext.") or override.startswith("~"):
             continue
         (parsed,) = parser.parse_overrides([override])
-        *path, last = key.split(".")[1:] or [""]
+        *path, last = key.split(".")[1:]
         into = section
         for part in path:
             into = into.setdefault(part, {}) if isinstance(into.get(part, {}), dict) else {}
-        value = parsed.value()
-        if last:
-            into[last] = value
-        else:  # `verl_ext=...`: a whole section (a preset name is refused by LoopOptions, naming the fix)
-            return value if isinstance(value, dict) else {"": value}
+        into[last] = parsed.value()
     return section
 
 
@@ -137,7 +134,5 @@ def check_verl_ext_overrides(overrides: Sequence[str]) -> None:
     from verl_ext.plugin.options import LoopOptions
 
     section = verl_ext_section(overrides)
-    if "" in section:
-        LoopOptions.from_sources(section[""])
-    elif section:
+    if section:
         LoopOptions.from_sources(section)

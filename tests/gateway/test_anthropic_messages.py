@@ -195,7 +195,7 @@ def test_errors_are_anthropic_shaped(serve: Any) -> None:
         ({"messages": [{"role": "user", "content": [image]}]}, "content[0].source: the bytes cannot be decoded"),
         ({"tool_choice": {"type": "any"}, "tools": [CALC]}, "tool_choice"),
         ({"extra_body": {"top_k": 0.5}}, "'top_k' must be an integer"),  # top_k is honoured (the SDK dropped it)
-        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking'"),
+        ({"thinking": {"type": "enabled", "budget_tokens": 1024}}, "'thinking.budget_tokens' must be an integer"),
         ({"stop_sequences": ["Hello world"]}, "stop_sequences entry 'Hello world' is 2 tokens"),
         ({"tools": [{"type": "web_search_20250305", "name": "web_search"}]}, "tools[0] is a server tool"),
         (

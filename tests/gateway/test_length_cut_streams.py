@@ -52,3 +52,36 @@ def test_the_stream_helper_raises_on_a_cut_turn_and_the_documented_pattern_reads
     finally:
         server.stop()
     gateway.end("s")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_the_demo_harness_reads_a_turn_cut_at_the_budget(
+    make_gateway: Any, stream: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's harness on a real length cut: the gateway's branch budget (``response_length``) cuts the first turn
+    at 4 tokens. Through the stream helper with the strict calculator (which raises ``LengthFinishReasonError``, the
+    first test) and through ``create()``, the harness ends the row with the partial answer and ``finish: length``,
+    and the session's record keeps the cut turn."""
+    import asyncio
+
+    from verl_ext.demo import harness
+
+    gateway = make_gateway([LONG], response_length=4)
+    server = ServerThread(create_app(gateway, "tiny-qwen3")).start()
+    row = {"raw_prompt": [{"role": "user", "content": "Count."}]}
+
+    def run(session: str) -> dict[str, Any]:
+        url = f"{server.url}/sessions/{session}/v1"
+        return asyncio.run(harness.run(url, "k", row, stream=stream, tools=[harness.STRICT_CALCULATOR]))
+
+    try:
+        result = run("h")
+        if stream:  # the harness without its except clause: the helper's error reaches the caller
+            monkeypatch.setattr(harness, "LengthFinishReasonError", type("NeverRaised", (Exception,), {}))
+            with pytest.raises(openai.LengthFinishReasonError):
+                run("mutant")
+    finally:
+        server.stop()
+    assert result == {"answer": "One two three four", "turns": 1, "tool_calls": 0, "finish": "length"}
+    (branch,) = gateway.end("h")
+    assert branch.result.engine_ok and branch.result.num_sampled == 4

@@ -157,10 +157,10 @@ def test_the_worker_engine_says_the_rows_sampling_settings() -> None:
     assert engine.decided_sampling("validation") == {"temperature": 0.0, "top_p": 1.0, "top_k": None}
 
 
-def _messages_request(thinking: Any) -> Any:
+def _messages_request(thinking: Any, max_tokens: int = 16) -> Any:
     from verl_ext.gateway.anthropic_request import parse_messages_request
 
-    body = {"max_tokens": 16, "messages": [{"role": "user", "content": "Hi"}], "thinking": thinking}
+    body = {"max_tokens": max_tokens, "messages": [{"role": "user", "content": "Hi"}], "thinking": thinking}
     return parse_messages_request(body)
 
 
@@ -205,3 +205,95 @@ def test_anthropic_thinking_disabled_on_a_thinking_gateway_is_refused_naming_the
     off = gateway_parts["renderer"].with_template_kwargs({"enable_thinking": False})
     done = asyncio.run(make_gateway(["The answer.<|im_end|>"], renderer=off).complete("s", request))
     assert done.message["content"] == "The answer."
+
+
+def test_anthropic_thinking_enabled_is_served_exactly_where_thinking_on_renders_the_gateways_prompt() -> None:
+    """``thinking: {"type": "enabled"}`` (and ``adaptive``) is reasoning at the template's level: over every fixture
+    template, served exactly where the template with its switch on (a level template: any level) renders what the
+    gateway renders; refused naming ``thinking`` and the fix elsewhere."""
+    served_somewhere = refused_somewhere = 0
+    for kind in ({"type": "enabled", "budget_tokens": 1024}, {"type": "adaptive"}):
+        request = _messages_request(kind, max_tokens=2048)
+        for name, renderer in _renderers():
+            variable = _switch(renderer)
+            try:
+                check_effort(
+                    renderer, request.reasoning_effort, request.reasoning_effort_field, request.reasoning_effort_sent
+                )
+                served = True
+            except GatewayError as exc:
+                served = False
+                assert exc.status == 400 and exc.param == "thinking", (name, exc.message)
+                assert exc.message.startswith("'thinking' ") and "leave" in exc.message, exc.message
+            if variable == LEVEL_SWITCH:
+                expected = True  # a level template always reasons: at the level it renders
+            else:
+                expected = variable is not None and _render(renderer, **{variable: True}) == _render(renderer)
+            assert served == expected, (name, variable, kind)
+            served_somewhere += served
+            refused_somewhere += not served
+    assert served_somewhere > 10 and refused_somewhere > 20, (served_somewhere, refused_somewhere)
+
+
+@pytest.mark.parametrize(
+    ("thinking", "param", "words"),
+    [
+        ({"type": "enabled", "budget_tokens": 1024, "budget": 5}, "thinking.budget", "not a key of a 'enabled'"),
+        ({"type": "disabled", "budget_tokens": 1024}, "thinking.budget_tokens", "its keys: 'type'"),
+        ({"type": "adaptive", "effort": "high"}, "thinking.effort", "its keys: 'type', 'display'"),
+        ({"type": "enabled"}, "thinking.budget_tokens", "got null"),
+        ({"type": "enabled", "budget_tokens": 4096}, "thinking.budget_tokens", "max_tokens - 1 (2047)"),
+        ({"type": "enabled", "budget_tokens": "1024"}, "thinking.budget_tokens", 'got "1024"'),
+        ({"type": "enabled", "budget_tokens": 1024, "display": "omitted"}, "thinking.display", "nothing is redacted"),
+        ({"type": "between_tools"}, "thinking.type", "'between_tools' is not served"),
+        ({"type": "on"}, "thinking.type", "send 'enabled'"),
+        ({"budget_tokens": 1024}, "thinking.type", "None is not served"),
+        ("enabled", "thinking", "must be an object"),
+    ],
+)
+def test_anthropic_thinking_keys_are_checked(thinking: Any, param: str, words: str) -> None:
+    with pytest.raises(GatewayError) as refused:
+        _messages_request(thinking, max_tokens=2048)
+    assert refused.value.status == 400 and refused.value.param == param, refused.value.message
+    assert words in refused.value.message, refused.value.message
+
+
+def test_anthropic_thinking_enabled_through_the_sdk(make_gateway: Any, gateway_parts: dict[str, Any]) -> None:
+    """The real anthropic SDK: ``enabled`` on a gateway rendering thinking on is served, its ``budget_tokens`` said
+    as not honoured (``verl_ext.sampling_overridden``, the header, in a body and in a stream); on a gateway rendering
+    thinking off it is refused in Anthropic's error shape, naming the --template-kwargs that serves it."""
+    import anthropic
+
+    from verl_ext.gateway.server import ServerThread, create_app
+    from verl_ext.gateway.service import SAMPLING_OVERRIDDEN_HEADER
+
+    answer = "<think>\nSum.\n</think>\n\nTwo.<|im_end|>"
+    on = ServerThread(create_app(make_gateway([answer] * 4), "m")).start()
+    off_renderer = gateway_parts["renderer"].with_template_kwargs({"enable_thinking": False})
+    off = ServerThread(create_app(make_gateway([answer] * 4, renderer=off_renderer), "m")).start()
+    thinking = {"type": "enabled", "budget_tokens": 1024}
+    kwargs = {"model": "m", "max_tokens": 1100, "messages": [{"role": "user", "content": "1+1?"}], "thinking": thinking}
+    try:
+        sdk = anthropic.Anthropic(base_url=f"{on.url}/sessions/a", api_key="k", max_retries=0)
+        raw = sdk.messages.with_raw_response.create(**kwargs)
+        reply = raw.parse()
+        assert [b.type for b in reply.content] == ["thinking", "text"] and reply.content[0].thinking == "Sum."
+        said = {"thinking.budget_tokens": {"requested": 1024, "used": None}}
+        assert reply.model_extra["verl_ext"]["sampling_overridden"] == said
+        assert raw.headers[SAMPLING_OVERRIDDEN_HEADER] == "thinking.budget_tokens=1024->None"
+        stream = anthropic.Anthropic(base_url=f"{on.url}/sessions/b", api_key="k", max_retries=0)
+        with stream.messages.stream(**kwargs) as events:
+            final = events.get_final_message()
+        assert [(b.type, getattr(b, "text", None)) for b in final.content] == [("thinking", None), ("text", "Two.")]
+        refused = anthropic.Anthropic(base_url=f"{off.url}/sessions/c", api_key="k", max_retries=0)
+        with pytest.raises(anthropic.BadRequestError) as bad:
+            refused.messages.create(**kwargs)
+        body = bad.value.body
+        assert body["type"] == "error" and body["error"]["type"] == "invalid_request_error", body
+        assert body["verl_ext"] == {"code": "unsupported", "param": "thinking"}
+        message = body["error"]["message"]
+        assert message.startswith("""'thinking' {"type": "enabled", "budget_tokens": 1024} asks for reasoning""")
+        assert """--template-kwargs '{"enable_thinking": true}'""" in message and "enable_thinking=false" in message
+    finally:
+        on.stop()
+        off.stop()

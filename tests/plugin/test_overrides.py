@@ -83,3 +83,19 @@ def test_overrides_hydra_reads_or_quoting_cannot_fix_are_left_to_hydra() -> None
         assert explain(override) is None, override
     assert quoted_fix("no equals sign <|im_end|>") is None
     check_overrides(["+verl_ext=warn", "verl_ext.check.allowed_causes=[bpe_remerge,eos_alias]"])
+
+
+def test_the_verl_ext_options_of_overrides_are_read_as_hydra_reads_them() -> None:
+    """``verl-ext demo`` checks the ``verl_ext.*`` options its overrides set before the trainer starts (the bad ones
+    are in tests/bad_inputs.py); good ones pass, a preset selection (``+verl_ext=strict``) and other keys are left to
+    Hydra."""
+    from verl_ext.plugin.overrides import check_verl_ext_overrides, verl_ext_section
+
+    overrides = ["+verl_ext=gateway", "verl_ext.check.mode=strict", "+verl_ext.records.dir=/tmp/r", "trainer.x=1"]
+    overrides.append("""verl_ext.extra_stop_tokens=["</tool_call>"]""")
+    assert verl_ext_section(overrides) == {
+        "check": {"mode": "strict"},
+        "records": {"dir": "/tmp/r"},
+        "extra_stop_tokens": ["</tool_call>"],
+    }
+    check_verl_ext_overrides(overrides)  # nothing refused

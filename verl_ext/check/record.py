@@ -657,7 +657,7 @@ class RolloutRecord:
         if "check" not in obj or not isinstance(obj["check"], dict):
             raise RecordError(
                 f"{where}: the rollout record has no 'check' object ({json_type(obj.get('check'))}); "
-                "was it written by the check? Records come from verl_ext.records.dir"
+                "was it written by the check? Pass the record files the check writes (verl_ext.records.dir)"
             )
         messages = f.list("messages", default=[])
         for k, m in enumerate(messages):

@@ -8,7 +8,7 @@ from pathlib import Path
 from verl_ext.cli.options import check_output_folder
 from verl_ext.core.errors import OptionsError
 from verl_ext.demo.run import LOOPS, MODELS, check_choices, counted, run_demo, shown
-from verl_ext.plugin.overrides import check_overrides
+from verl_ext.plugin.overrides import check_overrides, check_verl_ext_overrides
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -18,6 +18,7 @@ def run_demo_command(args: argparse.Namespace) -> int:
     loop, model = args.loop, args.model
     check_choices(loop, model)  # before the output folder is made: a refused choice leaves nothing behind
     check_overrides(args.overrides)  # Hydra's lexer error for an unquoted special token, with the quoted fix
+    check_verl_ext_overrides(args.overrides)  # verl_ext's options, as the agent loop would refuse them minutes later
     check_output_folder(args.out, "--out")  # before the model, the data and the trainer: a wrong path costs nothing
     harness = " running the demo's harness (verl_ext/demo/harness.py) through the gateway" if loop == "gateway" else ""
     trainer = f"{counted(args.steps, 'GRPO step')} of verl's {args.trainer} trainer on CPU"

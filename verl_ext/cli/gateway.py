@@ -94,6 +94,7 @@ def build_gateway(args: argparse.Namespace) -> tuple[Gateway, socket.socket]:
     for flag, value in (("--response-length", args.response_length), ("--max-branches", args.max_branches)):
         if value < 1:
             raise OptionsError(f"{flag} must be at least 1, got {value}")
+    _check_tool_parser(args.tool_parser)
     sock = _listening_socket(args.host, args.port)
     try:
         if args.records:
@@ -142,6 +143,20 @@ def shutdown_summary(gateway: Gateway) -> str:
         f"forks {c['forks']}, context refusals {c['context_length_exceeded']}, "
         f"expired idle {c['sessions_expired']}, engine-view failures {c['engine_view_failures']}"
     )
+
+
+def _check_tool_parser(name: str) -> None:
+    """``--tool-parser``: one of verl's tool-call formats, checked before the model loads."""
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    from verl_ext.core.errors import OptionsError
+
+    known = sorted(ToolParser._registry)
+    if name not in known:
+        raise OptionsError(
+            f"--tool-parser {name!r} is not one of verl's tool-call formats; pass one of {', '.join(known)} (hermes: "
+            "Qwen's <tool_call> blocks, the default)"
+        )
 
 
 # What transformers' save_pretrained writes: one weights file, or an index of shards.

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
+from typing import NoReturn
 
 from verl_ext import __version__
 
@@ -15,9 +17,48 @@ from verl_ext import __version__
 # imports what it needs once the arguments are parsed).
 
 
+class UsageError(Exception):
+    """A command line argparse cannot read: ``main`` prints it as one line (argparse's usage block is ``--help``'s)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser, whose errors are one line naming the problem, the closest option or command where one is
+    close, and ``--help`` (argparse itself prints its usage block and exits)."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: error: {message}{_closest(self, message)} (see `{self.prog} --help`)")
+
+
+def _closest(parser: argparse.ArgumentParser, message: str) -> str:
+    """ ", did you mean '--json'?" for an unrecognised option or an invalid command close to a known one."""
+    import difflib
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        word, known = choice[1], re.findall(r"'([^']*)'", choice[2])
+    else:
+        unknown = re.search(r"unrecognized arguments: (\S+)", message)
+        if not unknown or not unknown[1].startswith("-"):
+            return ""
+        word, known = unknown[1].split("=", 1)[0], _option_strings(parser)
+    close = difflib.get_close_matches(word, known, n=1)
+    return f"; did you mean {close[0]!r}?" if close else ""
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option of ``parser`` and of its subcommands (argparse names an unknown option at the top level)."""
+    out: list[str] = []
+    for action in parser._actions:
+        out += action.option_strings
+        for sub in getattr(action, "choices", None) or {}:
+            if isinstance(action.choices, dict) and isinstance(action.choices[sub], argparse.ArgumentParser):
+                out += _option_strings(action.choices[sub])
+    return sorted(set(out))
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The ``verl-ext`` argument parser: check-template, replay, report, demo."""
-    parser = argparse.ArgumentParser(prog="verl-ext", description=__doc__)
+    parser = _Parser(prog="verl-ext", description=__doc__)
     parser.add_argument("--version", action="version", version=f"verl-ext {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -143,7 +184,11 @@ def _stdout_closed() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``verl-ext`` with ``argv``; returns the exit code (2 with one line on stderr for a user error)."""
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except UsageError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     from verl_ext.core.errors import VerlExtError
 
     try:

@@ -41,7 +41,7 @@ def check_template_kwargs(renderer: ChatRenderer, kwargs: dict[str, Any]) -> Non
         return
     key = unread[0]
     close = difflib.get_close_matches(key, sorted(readable), n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
+    hint = f"did you mean {close[0]!r}? " if close else "leave it out; "
     known = ", ".join(repr(v) for v in sorted(readable)) or "none"
     raise OptionsError(
         f"--template-kwargs: the chat template never reads {key!r}, so it would change nothing; {hint}the variables "

@@ -37,5 +37,5 @@ def reject_unknown(where: str, section: Mapping[str, Any], known: set[str]) -> N
     unknown = sorted(str(k) for k in set(section) - known)
     if unknown:
         close = difflib.get_close_matches(unknown[0], sorted(known), n=1)
-        hint = f"; did you mean {where}.{close[0]}?" if close else ""
+        hint = f"; did you mean {where}.{close[0]}?" if close else "; use one of them or leave it out"
         raise OptionsError(f"unknown option {where}.{unknown[0]}; known keys under {where}: {sorted(known)}{hint}")

@@ -87,6 +87,7 @@ def check_version(where: str, version: Any) -> int:
     return version
 
 
+_ONE_OBJECT_A_LINE = "; write one JSON object per line (docs/replay-format.md)"
 # One line is one record held in memory at once; a longer line is refused rather than read whole.
 MAX_LINE_BYTES = 256 * 1024 * 1024
 
@@ -101,7 +102,7 @@ def read_json_lines(
     if file.is_dir():
         raise IsAFolderError(f"{what} {str(path)!r} is a folder; pass the JSONL file inside it")
     if not file.is_file():
-        raise MissingFileError(f"{what} {str(path)!r} does not exist")
+        raise MissingFileError(f"{what} {str(path)!r} does not exist; check the path (pass an existing JSONL file)")
     with file.open("rb") as fh:
         line_no = 0
         while True:
@@ -134,7 +135,10 @@ def read_json_lines(
                         f"{path}:{line_no}: the last line is cut off mid-record ({exc.msg}); the file was truncated "
                         "or is still being written: remove the partial line or wait for the writer to finish"
                     ) from None
-                raise RecordError(f"{path}:{line_no}: not valid JSON ({exc.msg} at column {exc.colno}){hint}") from None
+                why = exc.msg.removesuffix(" at")  # json's "Invalid control character at" names no place itself
+                raise RecordError(
+                    f"{path}:{line_no}: not valid JSON ({why} at column {exc.colno}){hint or _ONE_OBJECT_A_LINE}"
+                ) from None
             except RecursionError:
                 raise RecordError(f"{path}:{line_no}: JSON nested too deeply to read{hint}") from None
             yield line_no, obj
@@ -211,7 +215,10 @@ class ReplayRecord:
                     raise RecordError(f"{where}: '{name}' key {key!r} is not a message index (write it as \"1\")")
                 index = int(key)
                 if index >= len(messages) or messages[index].get("role") != "assistant":
-                    raise RecordError(f"{where}: '{name}' key {key!r} does not point at an assistant message")
+                    raise RecordError(
+                        f"{where}: '{name}' key {key!r} does not point at an assistant message; use the index of the "
+                        "assistant message whose engine output it holds (0 is the first message)"
+                    )
                 try:
                     out[index] = convert(value)
                 except (TypeError, ValueError) as exc:

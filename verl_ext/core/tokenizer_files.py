@@ -506,7 +506,7 @@ def read_template_file(file: str | os.PathLike[str]) -> str:
     if path.is_dir():
         raise IsAFolderError(f"chat template {str(path)!r} is a folder; pass the .jinja file")
     if not path.is_file():
-        raise MissingFileError(f"chat template file {str(path)!r} does not exist")
+        raise MissingFileError(f"chat template file {str(path)!r} does not exist; pass the path of a .jinja file")
     text = _read_text(path, _SAVE_AS_UTF8, "the chat template file is empty; pass a Jinja chat template")
     _refuse_json(text, path)
     refuse_unparsable(text, str(path))

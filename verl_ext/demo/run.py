@@ -252,7 +252,8 @@ def check_choices(loop: str, model: str) -> None:
         raise OptionsError(f"the demo's model must be one of {sorted(MODELS)}, got {model!r}")
     if model != "qwen3" and loop != "tool":
         raise OptionsError(
-            f"--model {model} runs with --loop tool only: the demo's harness for the gateway is the calculator agent"
+            f"--model {model} runs with --loop tool only: the demo's harness for the gateway is the calculator agent; "
+            "pass --loop tool, or leave --model out (qwen3)"
         )
 
 

@@ -9,26 +9,52 @@ function's parameters. Prompt-caching hints (``cache_control``) change no token 
 a tool result is accepted too (the chat template renders a tool result as its text). An ``image`` block (a base64
 ``source``) in a user message or a tool result is an image part of that message, in block order
 (``verl_ext.gateway.images``; a ``url`` or ``file`` source is refused: the gateway fetches nothing). Anything the
-engine cannot honour (documents, server tools, a forced ``tool_choice``, ``top_k``, extended-thinking budgets,
-prefill) is a 400 naming the field and the fix; nothing is dropped silently.
+engine cannot honour (documents, server tools, a forced ``tool_choice``, prefill, ``thinking`` other than the
+template renders: ``read_thinking``) is a 400 naming the field and the fix; nothing is dropped silently, and what is
+served otherwise than asked (an extended-thinking budget) is said in the answer.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import GatewayError, bad_request
 from verl_ext.gateway.images import decode_image, image_part, joined
-from verl_ext.gateway.request import ChatRequest, number_in, top_k
+from verl_ext.gateway.request import ChatRequest, number_in, refuse_unknown_fields, top_k
+from verl_ext.gateway.thinking import REASONING_ON
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
 # Fields whose presence asks for something the engine cannot do (value None or absent is fine).
 _REFUSED = {
     "mcp_servers": "MCP servers are run by the client here: the gateway serves the model only; leave it out",
     "container": "containers (server-side code execution) are not served; leave 'container' out",
+    "output_config": "structured output and effort settings are not served (the engine samples freely, and the chat "
+    "template decides the reasoning: see 'thinking'); leave 'output_config' out",
+}
+# The Messages API's request fields: those not read here change no token (metadata, service_tier, cache_control,
+# inference_geo, speed, workspace_id, user_profile_id, diagnostics); any other key is refused, so a misspelt one is
+# never ignored (the same rule as chat completions').
+KNOWN_FIELDS = frozenset(
+    {
+        *("model", "messages", "system", "max_tokens", "temperature", "top_p", "top_k", "stop_sequences", "stream"),
+        *("tools", "tool_choice", "thinking", "output_config", "metadata", "service_tier", "cache_control"),
+        *("inference_geo", "speed", "workspace_id", "user_profile_id", "diagnostics"),
+        *_REFUSED,
+    }
+)
+# The OpenAI APIs' names for Messages API fields (a harness moved from chat completions or Responses)
+_OTHER_APIS_NAMES = {
+    "stop": "stop_sequences",
+    "max_completion_tokens": "max_tokens",
+    "max_output_tokens": "max_tokens",
+    "reasoning_effort": "thinking",
+    "reasoning": "thinking",
+    "input": "messages",
+    "instructions": "system",
 }
 _TEXT_ONLY = "only text, tool_use, tool_result and thinking blocks are served"
 _USER_BLOCKS = "only text, image and tool_result blocks are served"
@@ -38,15 +64,16 @@ def parse_messages_request(body: Any) -> ChatRequest:
     """The checked request as the gateway's ``ChatRequest``. Raises ``GatewayError`` (400) naming the field."""
     if not isinstance(body, Mapping):
         raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
+    refuse_unknown_fields(body, KNOWN_FIELDS, "Messages API", aliases=_OTHER_APIS_NAMES)
     for key, why in _REFUSED.items():
-        if body.get(key) is not None:
+        if body.get(key) not in (None, {}):
             raise bad_request(key, why, "unsupported")
-    effort = _thinking_effort(body.get("thinking"))
     if "max_tokens" not in body:  # required by Anthropic's API: the SDK's own error says so too
         raise bad_request("max_tokens", "'max_tokens' is required (the Messages API has no default): send e.g. 1024")
     max_tokens = body.get("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens < 2**31:
         raise bad_request("max_tokens", f"'max_tokens' must be an integer from 1 to 2**31-1, got {max_tokens!r}")
+    thinking = read_thinking(body.get("thinking"), max_tokens)
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise bad_request("messages", "'messages' must be a non-empty list of user and assistant messages")
@@ -74,26 +101,86 @@ def parse_messages_request(body: Any) -> ChatRequest:
         model=body.get("model") if isinstance(body.get("model"), str) else None,
         tool_choice=_tool_choice(body.get("tool_choice")),
         top_k=top_k(body),
-        reasoning_effort=effort,
+        reasoning_effort=thinking.effort,
         reasoning_effort_field="thinking",
-        reasoning_effort_sent=None if effort is None else {"type": "disabled"},
+        reasoning_effort_sent=thinking.sent,
+        overridden=thinking.overridden,
     )
 
 
-def _thinking_effort(thinking: Any) -> str | None:
-    """``thinking`` as the effort the gateway checks against the template's thinking switch (``disabled``: "none",
-    refused where the gateway renders thinking on; verl_ext.gateway.thinking); None where not given."""
+# Anthropic's thinking configurations and the keys each takes (``type`` included).
+_THINKING_KEYS = {
+    "enabled": ("type", "budget_tokens", "display"),
+    "adaptive": ("type", "display"),
+    "disabled": ("type",),
+}
+
+
+@dataclass(frozen=True)
+class Thinking:
+    """A request's ``thinking``, read: the effort checked against the template's thinking switch (``REASONING_ON``
+    for ``enabled`` / ``adaptive``, "none" for ``disabled``), what was sent (named in a refusal) and what the gateway
+    serves otherwise than asked (said in the answer's ``verl_ext.sampling_overridden``)."""
+
+    effort: str | None = None
+    sent: Mapping[str, Any] | None = None
+    overridden: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+
+def read_thinking(thinking: Any, max_tokens: int) -> Thinking:
+    """``thinking`` checked key by key (verl_ext.gateway.thinking maps its effort onto the template's switch).
+
+    ``enabled`` and ``adaptive`` ask for reasoning, served where the gateway renders thinking on; ``disabled`` asks
+    for none. ``budget_tokens`` is checked as Anthropic checks it (an integer below ``max_tokens``) but cannot be
+    honoured: the engine samples the reasoning as the template opens it, bounded by ``max_tokens`` only, so it is
+    served and said (``thinking.budget_tokens`` requested N, used null). ``display: "omitted"`` is refused: the
+    sampled reasoning comes back as a thinking block, unredacted. Any other key or type is refused."""
     if thinking is None:
-        return None
-    if isinstance(thinking, Mapping) and thinking.get("type") == "disabled":
-        return "none"
-    raise bad_request(
-        "thinking",
-        "'thinking' (extended thinking with a token budget) is not served: whether the policy reasons is set by its "
-        "chat template (the gateway's --template-kwargs, e.g. enable_thinking), and reasoning it samples comes back "
-        "as a thinking block; leave 'thinking' out",
-        "unsupported",
-    )
+        return Thinking()
+    if not isinstance(thinking, Mapping):
+        raise bad_request(
+            "thinking",
+            f'\'thinking\' must be an object such as {{"type": "enabled", "budget_tokens": 1024}}, got '
+            f"{json_type(thinking)}",
+        )
+    kind = thinking.get("type")
+    if kind not in _THINKING_KEYS:
+        raise bad_request(
+            "thinking.type",
+            f"'thinking.type' {kind!r} is not served: send 'enabled' (with 'budget_tokens'), 'adaptive' or "
+            "'disabled' (whether the policy reasons is its chat template's switch), or leave 'thinking' out",
+            "unsupported" if isinstance(kind, str) else "invalid_value",
+        )
+    known = _THINKING_KEYS[kind]
+    extra = sorted(str(k) for k in thinking if k not in known)
+    if extra:
+        raise bad_request(
+            f"thinking.{extra[0]}",
+            f"'thinking.{extra[0]}' is not a key of a {kind!r} thinking configuration, so it would change nothing; "
+            f"its keys: {', '.join(map(repr, known))} (leave it out)",
+            "unknown_parameter",
+        )
+    display = thinking.get("display")
+    if display not in (None, "summarized"):
+        raise bad_request(
+            "thinking.display",
+            f"'thinking.display' {display!r} is not served: the sampled reasoning comes back as a thinking block, as "
+            "sampled (nothing is redacted or signed); send 'summarized' or leave it out",
+            "unsupported",
+        )
+    if kind == "disabled":
+        return Thinking("none", dict(thinking))
+    overridden: dict[str, dict[str, Any]] = {}
+    if kind == "enabled":
+        budget = thinking.get("budget_tokens")
+        if isinstance(budget, bool) or not isinstance(budget, int) or not 1 <= budget < max_tokens:
+            raise bad_request(
+                "thinking.budget_tokens",
+                f"'thinking.budget_tokens' must be an integer from 1 to max_tokens - 1 ({max_tokens - 1}), got "
+                f"{json.dumps(budget)}: thinking tokens count toward 'max_tokens', as on Anthropic's API",
+            )
+        overridden["thinking.budget_tokens"] = {"requested": budget, "used": None}  # bounded by max_tokens only
+    return Thinking(REASONING_ON, dict(thinking), overridden)
 
 
 def _system(system: Any) -> list[dict[str, Any]]:
@@ -163,7 +250,7 @@ def _user(blocks: list[Mapping[str, Any]], where: str) -> list[dict[str, Any]]:
         elif kind == "image":
             parts.append(_image(block, at))
         else:
-            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_USER_BLOCKS}")
+            raise bad_request(at, f"{at} is a {kind!r} block in a user message; {_USER_BLOCKS}: send those")
     if parts or not out:
         out.append({"role": "user", "content": joined(parts)})
     return out
@@ -261,7 +348,8 @@ def _check_tool_results(messages: list[Any]) -> None:
                 raise bad_request(
                     f"messages[{i}].content[{k}].tool_use_id",
                     f"messages[{i}].content[{k}]: tool_use_id {block['tool_use_id']!r} answers no tool_use block of "
-                    f"an earlier assistant message (tool_use ids so far: {sorted(known)})",
+                    f"an earlier assistant message (tool_use ids so far: {sorted(known)}); use the id of the tool_use "
+                    "block it answers",
                 )
 
 

@@ -44,7 +44,7 @@ def unknown_session(session_id: str, ended_kept: int | None = None) -> GatewayEr
     else:
         why = (
             "no session of this id was opened, or it ended before the last "
-            f"{ended_kept:,} ended sessions the gateway remembers; nothing was ended"
+            f"{ended_kept:,} ended sessions the gateway remembers; nothing was ended (check the session id)"
         )
     return GatewayError(404, f"unknown session {session_id!r}: {why}", type="not_found_error", code="session_not_found")
 

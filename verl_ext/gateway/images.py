@@ -89,7 +89,9 @@ def decode_image(media_type: Any, data: Any, where: str) -> Any:
     try:
         raw = base64.b64decode(data, validate=True)
     except (binascii.Error, ValueError) as exc:
-        raise bad_request(where, f"{where}: the image data is not valid base64 ({exc})") from None
+        raise bad_request(
+            where, f"{where}: the image data is not valid base64 ({exc}); send the image file's bytes base64-encoded"
+        ) from None
     try:
         image, found = decode_image_bytes(raw)
     except ImageTooLarge as exc:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 from verl_ext.core.messages import json_type, message_problem
@@ -61,6 +61,14 @@ KNOWN_FIELDS = frozenset(
         *("metadata", "store", "user", "service_tier", "safety_identifier", "prompt_cache_key"),
     }
 )
+# Other APIs' names for chat-completions fields (a harness moved from the Responses or Messages API)
+_OTHER_APIS_NAMES = {
+    "input": "messages",
+    "max_output_tokens": "max_tokens",
+    "stop_sequences": "stop",
+    "reasoning": "reasoning_effort",
+    "thinking": "reasoning_effort",
+}
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as the API's seed is (torch's generator takes it)
 
 
@@ -138,7 +146,11 @@ class MessageList(Sequence[dict[str, Any]]):
                         "name": raw.get("name"),
                     }
             where = f"messages[{i}]"
-            raise bad_request(where, f"{where}: a 'function' message answers no earlier assistant function_call")
+            raise bad_request(
+                where,
+                f"{where}: a 'function' message answers no earlier assistant function_call; send the assistant "
+                "message with its function_call before it",
+            )
         return raw
 
     def _check_reply(self, index: int, call_id: str) -> None:
@@ -153,7 +165,7 @@ class MessageList(Sequence[dict[str, Any]]):
         raise bad_request(
             f"messages[{index}].tool_call_id",
             f"messages[{index}]: tool_call_id {call_id!r} answers no tool call of an earlier assistant message "
-            f"(calls so far: {known})",
+            f"(calls so far: {known}); use the id of the call it answers",
         )
 
 
@@ -182,6 +194,9 @@ class ChatRequest:
     reasoning_effort: object = None
     reasoning_effort_field: str = "reasoning_effort"  # the field that asked it, named in a refusal
     reasoning_effort_sent: object = None  # what that field said, where not the effort itself (Anthropic's thinking)
+    # what the request asked that the gateway serves otherwise (Anthropic's thinking.budget_tokens), as
+    # ``Completion.sampling_overridden`` says it: setting -> {"requested", "used"}
+    overridden: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 def parse_chat_request(body: Any) -> ChatRequest:
@@ -200,7 +215,8 @@ def parse_chat_request(body: Any) -> ChatRequest:
             "the last message is an assistant message: the gateway generates the next assistant turn, so end the "
             "list with the user, tool or system message it answers",
         )
-    stream_options = body.get("stream_options") or {}
+    stream_options = body.get("stream_options")
+    stream_options = {} if stream_options is None else stream_options
     if not isinstance(stream_options, Mapping):
         raise bad_request("stream_options", f"'stream_options' must be an object, got {json_type(stream_options)}")
     tools, tool_choice, legacy = _tools_of(body)
@@ -259,17 +275,32 @@ def top_k(body: Mapping[str, Any]) -> int | None:
     return None if value is None or value <= 0 else value
 
 
-def _refuse_unsupported(body: Mapping[str, Any]) -> None:
-    unknown = sorted(str(k) for k in body if k not in KNOWN_FIELDS)
+def refuse_unknown_fields(
+    body: Mapping[str, Any],
+    known: frozenset[str],
+    api: str,
+    where: str = "",
+    aliases: Mapping[str, str] | None = None,
+) -> None:
+    """400 ``unknown_parameter`` for the first (sorted) key of ``body`` not in ``known``, with the closest known
+    one (``aliases``: another API's name for a field -> this API's, e.g. chat's ``stop`` for the Messages API's
+    ``stop_sequences``): a misspelt option would change nothing, and nothing a request says is ignored. ``where``:
+    the object's path (``reasoning.``), "" for the body."""
+    unknown = sorted(str(k) for k in body if k not in known)
     if unknown:
-        close = difflib.get_close_matches(unknown[0], sorted(KNOWN_FIELDS), n=1)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
+        close = [aliases[unknown[0]]] if aliases and unknown[0] in aliases else []
+        close = close or difflib.get_close_matches(unknown[0], sorted(known), n=1)
+        hint = f"; did you mean '{where}{close[0]}'?" if close else ""
         raise bad_request(
-            unknown[0],
-            f"'{unknown[0]}' is not a chat-completions field the gateway knows, so it would change nothing{hint} "
+            f"{where}{unknown[0]}",
+            f"'{where}{unknown[0]}' is not a {api} field the gateway knows, so it would change nothing{hint} "
             "(leave it out)",
             "unknown_parameter",
         )
+
+
+def _refuse_unsupported(body: Mapping[str, Any]) -> None:
+    refuse_unknown_fields(body, KNOWN_FIELDS, "chat-completions", aliases=_OTHER_APIS_NAMES)
     for key, why in _REFUSED_FIELDS.items():
         if body.get(key) is not None:
             raise bad_request(key, f"'{key}' is not served: {why}", "unsupported")
@@ -324,7 +355,10 @@ def _message(message: Any, index: int) -> dict[str, Any]:
             out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{k}]") for k, c in enumerate(message["tool_calls"])]
     if role == "tool":
         if not isinstance(message.get("tool_call_id"), str):
-            raise bad_request(f"{where}.tool_call_id", f"{where}: a tool message needs the 'tool_call_id' it answers")
+            raise bad_request(
+                f"{where}.tool_call_id",
+                f"{where}: a tool message needs the 'tool_call_id' it answers; add the id of the assistant's tool call",
+            )
         out["tool_call_id"] = message["tool_call_id"]
     if isinstance(message.get("name"), str) and role in ("tool", "user", "system"):
         out["name"] = message["name"]
@@ -347,16 +381,17 @@ def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
             if url is None:
                 raise bad_request(
                     f"{where}.content[{k}]",
-                    f"{where}: content part {k} is an image_url part without 'image_url': {{'url': <a data URL>}}",
+                    f"{where}: content part {k} is an image_url part without 'image_url'; send "
+                    '{"type": "image_url", "image_url": {"url": "data:image/png;base64,..."}}',
                 )
             parts.append(image_part(image_from_url(url, f"{where}.content[{k}].image_url.url")))
         elif is_decoded_image_part(part) and role != "assistant":  # read by the Responses or Anthropic reader
             parts.append(dict(part))
         else:
-            served = "text parts" if role == "assistant" else "text and image_url parts"
+            served = "text parts" if role == "assistant" else "text and image_url parts (images as data URLs)"
             raise bad_request(
                 f"{where}.content[{k}]",
-                f"{where}: content part {k} is {kind!r}; in a {role!r} message only {served} are served",
+                f"{where}: content part {k} is {kind!r}; in a {role!r} message only {served} are served: send those",
                 "unsupported" if kind in ("image_url", "image", "input_audio", "file") else "invalid_value",
             )
     return joined(parts)
@@ -364,7 +399,11 @@ def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:
 
 def _tool_call(call: Mapping[str, Any], where: str) -> dict[str, Any]:
     if not isinstance(call.get("id"), str) or not call["id"]:
-        raise bad_request(f"{where}.id", f"{where}: a tool call needs its 'id' (tool messages answer it by that id)")
+        raise bad_request(
+            f"{where}.id",
+            f"{where}: a tool call needs its 'id' (tool messages answer it by that id); send the id the gateway "
+            "gave it",
+        )
     function = call["function"]
     arguments = function.get("arguments")
     return {"id": call["id"], "type": "function", "function": {"name": function["name"], "arguments": arguments}}
@@ -469,4 +508,6 @@ def _tool_choice(choice: Any) -> str:
 
 def error_for_bad_json(detail: str) -> GatewayError:
     """400 for a body that is not UTF-8 JSON."""
-    return bad_request(None, f"the request body is not UTF-8 JSON: {detail}", "invalid_json")
+    return bad_request(
+        None, f"the request body is not UTF-8 JSON: {detail}; send one JSON object, UTF-8 encoded", "invalid_json"
+    )

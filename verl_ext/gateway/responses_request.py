@@ -22,7 +22,15 @@ from typing import Any
 from verl_ext.core.messages import json_type
 from verl_ext.gateway.errors import bad_request
 from verl_ext.gateway.images import image_from_url, image_part, joined
-from verl_ext.gateway.request import SEED_RANGE, ChatRequest, MessageList, integer_in, number_in, top_k
+from verl_ext.gateway.request import (
+    SEED_RANGE,
+    ChatRequest,
+    MessageList,
+    integer_in,
+    number_in,
+    refuse_unknown_fields,
+    top_k,
+)
 from verl_ext.gateway.tool_schema import check_description, check_parameters
 
 # Fields whose non-empty value asks for something the gateway does not serve, and why.
@@ -34,6 +42,30 @@ _REFUSED = {
     "max_tool_calls": "the engine samples freely and cannot be held to a number of tool calls: leave it out",
     "top_logprobs": "'top_logprobs' is not served by the gateway's engine: leave it out",
 }
+# The Responses API's request fields (and the top_k / repetition_penalty / seed extensions engines take): those not
+# read here change nothing the engine generates (metadata, store, user, service_tier, safety_identifier,
+# prompt_cache_key, prompt_cache_retention, stream_options); any other key is refused, so a misspelt one is never
+# ignored (the same rule as chat completions').
+KNOWN_FIELDS = frozenset(
+    {
+        *("input", "instructions", "model", "tools", "tool_choice", "parallel_tool_calls", "max_output_tokens"),
+        *("temperature", "top_p", "top_k", "seed", "repetition_penalty", "stream", "stream_options", "reasoning"),
+        *("text", "truncation", "include", "store", "metadata", "user", "service_tier", "safety_identifier"),
+        *("prompt_cache_key", "prompt_cache_retention"),
+        *_REFUSED,
+    }
+)
+# Chat completions' and the Messages API's names for Responses fields (a harness moved from either)
+_OTHER_APIS_NAMES = {
+    "messages": "input",
+    "max_tokens": "max_output_tokens",
+    "max_completion_tokens": "max_output_tokens",
+    "reasoning_effort": "reasoning",
+    "thinking": "reasoning",
+    "response_format": "text",
+    "system": "instructions",
+}
+_REASONING_KEYS = frozenset({"effort", "summary", "generate_summary"})  # a summary asks for nothing the engine does
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -42,6 +74,7 @@ def parse_responses_request(body: Any) -> ChatRequest:
     """The checked request as the gateway's ``ChatRequest``. Raises ``GatewayError`` (400) naming the field."""
     if not isinstance(body, Mapping):
         raise bad_request(None, f"the request body must be a JSON object, got {json_type(body)}")
+    refuse_unknown_fields(body, KNOWN_FIELDS, "Responses", aliases=_OTHER_APIS_NAMES)
     for key, why in _REFUSED.items():
         if body.get(key) not in (None, False, 0):
             raise bad_request(key, f"'{key}' is not served: {why}", "unsupported")
@@ -95,7 +128,11 @@ def _check_options(body: Mapping[str, Any]) -> None:
             )
     reasoning = body.get("reasoning")
     if reasoning is not None and not isinstance(reasoning, Mapping):
-        raise bad_request("reasoning", f"'reasoning' must be an object, got {json_type(reasoning)}")
+        raise bad_request(
+            "reasoning", f'\'reasoning\' must be an object such as {{"effort": "high"}}, got {json_type(reasoning)}'
+        )
+    if reasoning is not None:
+        refuse_unknown_fields(reasoning, _REASONING_KEYS, "Responses reasoning", "reasoning.")
     truncation = body.get("truncation")
     if truncation not in (None, "disabled"):
         raise bad_request(
@@ -170,13 +207,13 @@ def _input(items: Any) -> list[dict[str, Any]]:
                 raise bad_request(
                     f"{where}.call_id",
                     f"{where}: call_id {out[-1]['tool_call_id']!r} answers no earlier function_call item (call ids so "
-                    f"far: {sorted(called)})",
+                    f"far: {sorted(called)}); use the call_id of the function_call it answers",
                 )
         else:
             raise bad_request(
                 f"{where}.type",
                 f"{where} is a {kind!r} item; served: message, reasoning, function_call and function_call_output "
-                "(hosted tools, item references and images are not)",
+                "(hosted tools and item references are not): send the items themselves",
                 "unsupported",
             )
     return out
@@ -200,7 +237,9 @@ def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
         elif kind == "input_image" and role != "assistant":
             parts.append(_input_image(part, at))
         elif kind not in _TEXT_PARTS:
-            raise bad_request(at, f"{at} is a {kind!r} part; only text and input_image parts are served", "unsupported")
+            raise bad_request(
+                at, f"{at} is a {kind!r} part; only text and input_image parts are served: send those", "unsupported"
+            )
         elif not isinstance(part.get("text"), str):
             raise bad_request(f"{at}.text", f"{at}.text must be a string, got {json_type(part.get('text'))}")
         else:
@@ -284,7 +323,7 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
             raise bad_request(
                 f"{where}.type",
                 f"{where} is a {tool.get('type')!r} tool; only function tools are served (the client runs them): "
-                '{"type": "function", "name": ..., "parameters": ...}',
+                'declare it as {"type": "function", "name": ..., "parameters": ...} and run it yourself',
                 "unsupported",
             )
         if not isinstance(tool.get("name"), str) or not tool["name"]:

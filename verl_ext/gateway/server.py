@@ -98,9 +98,16 @@ def create_app(gateway: Gateway, model_name: str) -> FastAPI:
     async def end_session(session_id: str) -> dict[str, Any]:
         session = gateway.sessions.get(session_id)
         lock = session.lock if session is not None else asyncio.Lock()
+        ended_before = gateway.ended.get(session_id) if session is None else None
         async with lock:  # a turn in flight finishes first
             results = gateway.end(session_id)
-        return {"session": session_id, "branches": [branch_summary(r) for r in results]}
+        answer: dict[str, Any] = {"session": session_id, "branches": [branch_summary(r) for r in results]}
+        if ended_before is not None:  # ending twice is harmless, and said: its branches were recorded the first time
+            answer["note"] = (
+                f"session {session_id!r} had ended already ({ended_before}); nothing more was recorded (its branches "
+                "were recorded when it ended): open a new session for a new rollout"
+            )
+        return answer
 
     return app
 
@@ -136,8 +143,12 @@ def http_error_of(request: Request, exc: HTTPException) -> GatewayError:
         )
         return GatewayError(404, message, type="not_found_error", code="unknown_url")
     if exc.status_code == 405:
+        allowed = (exc.headers or {}).get("allow") or (exc.headers or {}).get("Allow") or "POST"
         return GatewayError(
-            405, f"{method} is not served on {path!r}", type="invalid_request_error", code="method_not_allowed"
+            405,
+            f"{method} is not served on {path!r}; use {allowed}",
+            type="invalid_request_error",
+            code="method_not_allowed",
         )
     return GatewayError(exc.status_code, str(exc.detail), type="invalid_request_error")
 

@@ -224,7 +224,7 @@ class Gateway:
                 raise
             try:
                 done = await self._prepared_turn(session, request, prepared, stop_ids)
-                overridden = self._overridden(session_id, request)
+                overridden = {**request.overridden, **self._overridden(session_id, request)}
                 return dataclasses.replace(done, sampling_overridden=overridden) if overridden else done
             except BaseException:  # a cancelled request too (the client went away): the branch stays consistent
                 if not session.ended:  # a client's error found late, or the server's fault: the session as it was

@@ -1,5 +1,5 @@
-"""A request's reasoning effort (chat completions' ``reasoning_effort``, Responses' ``reasoning.effort``) read as the
-chat template's thinking switch.
+"""A request's reasoning effort (chat completions' ``reasoning_effort``, Responses' ``reasoning.effort``, Anthropic's
+``thinking`` type) read as the chat template's thinking switch.
 
 A template that lets the caller choose whether the policy reasons reads a variable for it: Qwen3's and GLM's
 ``enable_thinking``, DeepSeek V3.1's and Granite's ``thinking`` (booleans), gpt-oss's ``reasoning_effort`` (a level).
@@ -22,6 +22,8 @@ from verl_ext.core.tokenizer_files import template_variables
 from verl_ext.gateway.errors import GatewayError, bad_request
 
 EFFORTS = ("none", "minimal", "low", "medium", "high")  # the API's values; "none": no reasoning
+# Reasoning at whatever level the template renders: Anthropic's ``thinking`` ``enabled`` / ``adaptive`` (no level)
+REASONING_ON = "on"
 BOOLEAN_SWITCHES = ("enable_thinking", "thinking")
 LEVEL_SWITCH = "reasoning_effort"
 _PROBE = [{"role": "user", "content": "Hi"}]
@@ -39,7 +41,7 @@ class ThinkingSwitch:
     def serves(self, effort: str) -> bool:
         """Whether a request's ``effort`` asks for what the gateway renders."""
         if self.level is not None:
-            return effort == self.level
+            return effort in (self.level, REASONING_ON)  # a level template always reasons, at its level
         return (effort != "none") == self.thinks
 
     def setting(self) -> str:
@@ -85,10 +87,11 @@ def _probed_switch(renderer: ChatRenderer) -> ThinkingSwitch | None:
 def check_effort(renderer: ChatRenderer, effort: object, param: str, sent: object = None) -> None:
     """Raises a 400 naming ``param`` for an effort the gateway does not render (the module docstring); None (not
     given) passes. ``sent``: what ``param`` said, named in a refusal, where it is not the effort itself (Anthropic's
-    ``thinking: {"type": "disabled"}`` is the effort "none")."""
+    ``thinking: {"type": "disabled"}`` is the effort "none", ``enabled`` and ``adaptive`` are ``REASONING_ON``:
+    reasoning at the level the template renders)."""
     if effort is None:
         return
-    if effort not in EFFORTS:
+    if effort not in EFFORTS and not (effort == REASONING_ON and sent is not None):
         raise bad_request(param, f"'{param}' must be one of {', '.join(map(repr, EFFORTS))}, got {effort!r}")
     switch = thinking_switch(renderer)
     if switch is None:
@@ -104,7 +107,7 @@ def check_effort(renderer: ChatRenderer, effort: object, param: str, sent: objec
         wanted = f'{{"{switch.variable}": "{effort}"}}' if effort in ("low", "medium", "high") else None
     else:
         wanted = f'{{"{switch.variable}": {"false" if effort == "none" else "true"}}}'
-    asked = "no reasoning" if effort == "none" else f"reasoning effort {effort!r}"
+    asked = {"none": "no reasoning", REASONING_ON: "reasoning"}.get(str(effort), f"reasoning effort {effort!r}")
     shown = repr(effort) if sent is None else json.dumps(sent)
     fix = (
         f"start the gateway with --template-kwargs '{wanted}' (in training: data.apply_chat_template_kwargs), or "

@@ -103,3 +103,36 @@ def explain_hydra_errors(_hydra: ModuleType | None = None) -> None:
 
     parse_overrides.verl_ext_explained = True  # type: ignore[attr-defined]
     OverridesParser.parse_overrides = parse_overrides  # type: ignore[method-assign]
+
+
+def verl_ext_section(overrides: Sequence[str]) -> dict[str, Any]:
+    """The ``verl_ext`` options the overrides set (``verl_ext.check.mode=strict``, ``+verl_ext.records.dir=...``), as
+    the nested mapping Hydra would build, each value as Hydra's grammar reads it. Other keys are not looked at, nor
+    is ``+verl_ext=NAME``: that selects a preset of verl_ext's Hydra config group (``strict``, ``gateway``)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    section: dict[str, Any] = {}
+    parser = OverridesParser.create()
+    for override in overrides:
+        match = _KEY.match(override)
+        key = match["key"].lstrip("+~") if match else ""
+        if not key.startswith("verl_ext.") or override.startswith("~"):
+            continue
+        (parsed,) = parser.parse_overrides([override])
+        *path, last = key.split(".")[1:]
+        into = section
+        for part in path:
+            into = into.setdefault(part, {}) if isinstance(into.get(part, {}), dict) else {}
+        into[last] = parsed.value()
+    return section
+
+
+def check_verl_ext_overrides(overrides: Sequence[str]) -> None:
+    """Raises OptionsError for the first ``verl_ext`` option the overrides set that ``LoopOptions`` refuses (an
+    unknown key, a bad value), before anything slow starts: verl's trainer would refuse it only once its workers
+    build the agent loop, minutes later."""
+    from verl_ext.plugin.options import LoopOptions
+
+    section = verl_ext_section(overrides)
+    if section:
+        LoopOptions.from_sources(section)

@@ -132,13 +132,29 @@ class RecordFiles:
     numerics: list[NumericsRecord]
 
 
+_RECORDS_HINT = "; is this a records file? Pass the JSONL files the check writes (verl_ext.records.dir)"
+
+
+def _not_a_record(obj: object) -> str:
+    """Why a JSON line is not a record line, and what to pass instead."""
+    if isinstance(obj, dict) and "messages" in obj and "type" not in obj:
+        return (
+            "a replay record (`verl-ext replay` reads it), not a check's record; pass the JSONL files the check "
+            "writes (verl_ext.records.dir, or the gateway's --records)"
+        )
+    return (
+        'not a verl_ext record (no "type": "rollout", "numerics" or "header"); pass the JSONL files the check writes '
+        "(verl_ext.records.dir, or the gateway's --records)"
+    )
+
+
 def read_record_files(paths: Sequence[str | os.PathLike[str]]) -> RecordFiles:
     """Every line of the record files, typed and checked field by field. Raises RecordError (a ValueError) with one
     line naming file:line (and the key) for a malformed line, a line that is not a record, a wrong type, or a
     schema version newer than this verl_ext reads."""
     out = RecordFiles([], [], [])
     for path in paths:
-        for n, obj in read_json_lines(path, "records file", hint="; is this a records file?"):
+        for n, obj in read_json_lines(path, "records file", hint=_RECORDS_HINT):
             kind = obj.get("type") if isinstance(obj, dict) else None
             if kind == "header":
                 out.headers.append(RecordHeader.from_json(obj, f"{path}:{n}"))
@@ -147,7 +163,7 @@ def read_record_files(paths: Sequence[str | os.PathLike[str]]) -> RecordFiles:
             elif kind == "numerics":
                 out.numerics.append(NumericsRecord.from_json(obj, f"{path}:{n}"))
             else:
-                raise RecordError(f'{path}:{n}: not a verl_ext record (no "type": "rollout", "numerics" or "header")')
+                raise RecordError(f"{path}:{n}: {_not_a_record(obj)}")
     return out
 
 

@@ -3,6 +3,8 @@
 Run it before switching loops: it records every engine call of the stock loop, runs the consistency check on each
 rollout in audit-only mode (never raises; ``check.mode=off`` still turns it off) and reports the same ``tito/``
 metrics, extra fields and records as ``verl_ext_tool_agent``. The tokens the trainer gets are the stock loop's.
+Under verl's async trainers its server manager is verl_ext's resume client (resume_client.py): a turn resumed after
+a weight update reaches the stock loop whole, as verl's client hands it over, and its attempts are recorded.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from verl_ext.check.policy import CheckMode
 from verl_ext.plugin.agent_loop import plain_index, runtime_for, training_step
 from verl_ext.plugin.loop_names import AUDIT_LOOP_NAME
 from verl_ext.plugin.options import LoopOptions
+from verl_ext.plugin.resume_client import SEGMENTS_FIELD, keep_attempts
 from verl_ext.runtime import LiveRollout
 
 
@@ -34,9 +37,13 @@ class _RecordingServer:
         self.rollout = rollout
         self.made = 0  # generate calls answered
         self.last_output: Any = None
+        self.resumed: list[dict[str, Any]] = []  # calls verl_ext's resume client resumed: their segments
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
         output = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+        segments = (output.extra_fields or {}).pop(SEGMENTS_FIELD, None)  # recorded here, not handed to verl
+        if segments and len(segments) > 1:
+            self.resumed.append({"turn": self.made, "segments": segments})
         if self.rollout is not None:
             max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
             stops = sampling_params.get("stop_token_ids") or ()
@@ -55,6 +62,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
 
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.server_manager = keep_attempts(self.server_manager)  # verl's resume client: each attempt kept
         options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
         audit = CheckMode.OFF if options.check.mode is CheckMode.OFF else CheckMode.WARN
         self.options = dataclasses.replace(options, check=dataclasses.replace(options.check, mode=audit))
@@ -98,6 +106,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
                 "loop": AUDIT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
                 "index": plain_index(kwargs.get("index")),
+                **({"resumed_turns": recorder.resumed} if recorder.resumed else {}),
             },
             sample=sample,
             messages=messages,

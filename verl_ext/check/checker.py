@@ -21,6 +21,7 @@ from verl_ext.check.policy import CheckPolicy
 from verl_ext.check.record import Rollout
 from verl_ext.check.template_view import template_findings
 from verl_ext.check.turn_boundaries import turn_end_findings
+from verl_ext.check.version_view import version_findings
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
@@ -121,6 +122,8 @@ class ConsistencyChecker:
             if template_view:
                 findings, skipped = self._with_template_view(loc, renderer, messages, tools, findings)
                 ran_template = not skipped
+        versions, _counts = version_findings(calls, rollout.versions, self.policy.allows)
+        findings += versions
         return CheckResult(
             engine_failures=ev.failures,
             findings=tuple(sorted(findings, key=lambda f: (f.stream.start, f.cause.value))),

@@ -224,6 +224,53 @@ class Cause(StrEnum):
         "The loop's user, tool or system message (named in the detail) is not the text the engine saw: it was "
         "changed after the prompt was built. Keep the messages the loop appended as they were.",
     )
+    # The version view (check/version_view.py): one turn's engine calls across aborts and weight updates.
+    IDS_CUT_ON_ABORT = (
+        "ids_cut_on_abort",
+        _ALLOWED,
+        "#5fa2ce",
+        "ids an engine returned without logprobs were cut before a resume and regenerated (counted)",
+        _NOTHING + "verl_ext's SGLang server keeps the ids its logprobs cover; the resume regenerates the rest.",
+    )
+    RESUME_RETOKENIZED = (
+        "resume_retokenized",
+        _DEFECT,
+        "#c51b7d",
+        "a resumed engine call was sent other ids than the turn's prompt + the ids sampled before the abort",
+        "A resume re-tokenized the partial output (a text round trip): resume with the ids as sampled, as "
+        "verl_ext_tool_agent's engine_turn does, not through a client that decodes and re-encodes them.",
+    )
+    SEGMENT_DISCARDED = (
+        "segment_discarded",
+        _DEFECT,
+        "#8c2d04",
+        "a turn's output does not hold each engine call's ids where that call returned them (one dropped)",
+        "A resume joined the attempts of a turn without one of them (verl's resume client rebuilds the output): "
+        "join every attempt's ids in order, as verl_ext_tool_agent's engine_turn does.",
+    )
+    SEGMENT_LOGPROBS_MISPLACED = (
+        "segment_logprobs_misplaced",
+        _DEFECT,
+        "#e7298a",
+        "a turn's logprobs over one engine call's ids are not the logprobs that call returned",
+        "Keep each attempt's own logprobs with its ids when joining a resumed turn (none recomputed, none shifted).",
+    )
+    VERSION_STAMPED_ON_RETURN = (
+        "version_stamped_on_return",
+        _DEFECT,
+        "#fb9a99",
+        "an engine call's version is later than the weights that stopped it: stamped on return, not at dispatch",
+        "Stamp weight_version_at_dispatch when the engine accepts the request (the CPU engine and verl_ext's SGLang "
+        "server do); verl's server reads global_steps when the output returns, after the update that aborted it.",
+    )
+    VERSION_WENT_BACK = (
+        "version_went_back",
+        _DEFECT,
+        "#a6761d",
+        "a later engine call of the rollout was sent on an older policy version than an earlier one",
+        "Versions only grow along a rollout: check the engine's weight_version_at_dispatch (a replica serving old "
+        "weights after an update, or a version read from another replica).",
+    )
     UNKNOWN = (
         "unknown",
         _DEFECT,

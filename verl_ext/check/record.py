@@ -43,9 +43,14 @@ Schema versions (``"version"`` in every line; ``docs/check.md`` lists the keys):
 - 5: ``rollout_id``, a stable id of the rollout, which verl's batch carries too (the loops' ``extra_fields``
   ``verl_ext_rollout_id``): what arrives later about the rollout (the trainer's numbers) joins by it, as its own
   line, so records stay append-only. Lines of versions 1 to 4 lack it and load with ``rollout_id`` None.
-- 6 (current): ``"type": "numerics"`` lines (``check/numerics_record.py``): the trainer's numbers of a rollout, per
+- 6: ``"type": "numerics"`` lines (``check/numerics_record.py``): the trainer's numbers of a rollout, per
   turn and depth, joined to its rollout line by ``rollout_id``. Rollout lines are unchanged; files of versions 1 to
   5 have no numerics lines, and the report says the view is absent and why.
+- 7 (current): ``versions`` (``core/version_spans.py``): each engine call's attempts (an abort and its resumes), a
+  row ``[version, start, end, version_at_stop, ids_cut, prompt_crc, ids_crc, logprobs_crc]`` each (the first three
+  its version span), and ``trained_step``. ``step`` stays what it was: the step the loop was given (verl's
+  ``global_steps``; the served version + 1 where it was given none). Lines of versions 1 to 6 lack ``versions`` and
+  load with it None (the version view then has nothing to compare).
 - A version above ``SCHEMA_VERSION`` is refused with a message to upgrade verl_ext.
 
 The header line's types are in ``check/record_header.py``; the typed JSON reads both use, in ``check/record_json.py``.
@@ -77,6 +82,7 @@ from verl_ext.core.replay import (
     Unparsed,
     parse_finish,
 )
+from verl_ext.core.version_spans import RolloutVersions
 
 _REPLAYABLE_FINISH = ("stop", "length", NAN_HAPPENED)  # what the replay format's "finish" accepts as a string
 
@@ -109,6 +115,9 @@ class Rollout:
     pixels: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)
     # A stable id of this rollout (``Rollout.of`` draws one): in its record line and in verl's batch (``batch_fields``)
     rollout_id: str = ""
+    # Each engine call's attempts with their policy versions, and the step that trains the rollout (None: a loop
+    # that records no versions)
+    versions: RolloutVersions | None = None
 
     @classmethod
     def of(
@@ -129,6 +138,7 @@ class Rollout:
         template_clock: str | None = None,
         pixels: Mapping[str, Any] | None = None,
         rollout_id: str | None = None,
+        versions: RolloutVersions | None = None,
     ) -> Rollout:
         """Raises TrajectoryError when ``kinds`` is shorter than the trainer's stream (one kind per token is
         needed), and for an ``extra`` key that is not one of ``EXTRA_KEYS`` (the reader refuses unknown keys)."""
@@ -158,6 +168,7 @@ class Rollout:
             template_clock,
             dict(pixels or {}),
             rollout_id or uuid.uuid4().hex,
+            versions,
         )
 
     def batch_fields(self, result: CheckResult) -> dict[str, Any]:
@@ -233,6 +244,7 @@ class Rollout:
             template_clock=self.template_clock,
             response_length=self.response_length,
             rollout_id=self.rollout_id or None,
+            versions=self.versions,
         )
 
 
@@ -516,6 +528,7 @@ _KEYS = frozenset(
         "engine_calls",
         "check",
         "template_clock",
+        "versions",
     }
 )
 
@@ -550,6 +563,7 @@ class RolloutRecord:
     # records from before version 3, and where the loop had no cap.
     response_length: int | None = None
     rollout_id: str | None = None  # the rollout's stable id; None in records from before version 5
+    versions: RolloutVersions | None = None  # None in records from before version 7 and from loops without them
 
     @property
     def sampled_logprobs(self) -> dict[int, float]:
@@ -579,6 +593,7 @@ class RolloutRecord:
             "repairs": [dict(r) for r in self.repairs],
             "engine_calls": [c.to_json() for c in self.engine_calls],
             "check": self.check.to_json(),
+            **({"versions": self.versions.to_json()} if self.versions is not None else {}),
             **dict(self.extra),
         }
 
@@ -681,7 +696,18 @@ class RolloutRecord:
             template_clock=f.str("template_clock", default=None),
             response_length=f.int("response_length", default=None),
             rollout_id=f.str("rollout_id", default=None),
+            versions=_recorded_versions(obj.get("versions"), where),
         )
+
+
+def _recorded_versions(raw: Any, where: str) -> RolloutVersions | None:
+    """The line's ``versions`` object (schema 7), type-checked; None where the line has none."""
+    if raw is None:
+        return None
+    try:
+        return RolloutVersions.from_json(raw)
+    except (ValueError, TypeError) as exc:
+        raise RecordError(f"{where}: {exc}; records are written by verl_ext.records.dir, do not edit them") from exc
 
 
 def _recorded_images(g: JsonFields, where: str, k: int, before: RecordedImages | None) -> RecordedImages | None:

@@ -45,7 +45,7 @@ NON_FINITE_JSON: dict[str, float] = {"NaN": math.nan, "Infinity": math.inf, "-In
 
 # The record schema version (``verl_ext.check.record`` documents each): the replay format is its subset, so a replay
 # line may carry the version of the record file it came from; a newer one is refused, not guessed at.
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 # The replay format's keys, in the order docs/replay-format.md documents them.
 REPLAY_KEYS = (

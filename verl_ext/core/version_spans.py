@@ -26,8 +26,9 @@ in the record) with these keys, all defined here and nowhere else:
 * ``ids_crc``, ``logprobs_crc`` (``SEG_IDS_CRC``, ``SEG_LOGPROBS_CRC``): CRC-32 of the ids and logprobs the call
   returned, taken when it returned: the turn's joined output must hold them at ``start``.
 
-An engine that serves partial rollouts fills ``DISPATCH_VERSION_FIELD`` and ``STOP_VERSION_FIELD`` in its report
-(CPU engine: ``engines/cpu.py``; SGLang: ``engines/sglang_server.py``). Versions are integers (verl's
+An engine that serves partial rollouts fills ``DISPATCH_VERSION_FIELD``, ``STOP_VERSION_FIELD`` and
+``PROMPT_CRC_FIELD`` in its report, with ``engine_stamps`` (CPU engine: ``engines/cpu.py``; SGLang:
+``engines/sglang_server.py``). Versions are integers (verl's
 ``global_steps``); a digit string is read as one, anything else (SGLang's ``"default"``) as unknown (None).
 
 The rule a stamp obeys, checkable from what is recorded: a call is sent no later than it stops
@@ -79,8 +80,23 @@ def as_version(value: Any) -> int | None:
 
 
 def ids_crc(ids: Sequence[int]) -> int:
-    """CRC-32 of token ids packed as little-endian signed 32-bit integers (what ``PROMPT_CRC_FIELD`` holds)."""
-    return zlib.crc32(array("i", ids).tobytes()) if ids else 0
+    """CRC-32 of token ids packed as signed 32-bit integers in the machine's byte order (little-endian on x86 and
+    ARM; what ``PROMPT_CRC_FIELD`` holds). An id past 32 bits (invalid output, which the engine view names) is packed
+    in 64 bits instead of failing the turn."""
+    try:
+        return zlib.crc32(array("i", ids).tobytes())
+    except OverflowError:
+        return zlib.crc32(array("q", ids).tobytes())
+
+
+def engine_stamps(dispatched: Any, stopped: Any, prompt_ids: Sequence[int]) -> dict[str, Any]:
+    """What an engine adds to its ``verl_ext_engine`` report for one request: the version it accepted the request
+    on (read before the first token), the version serving when it stopped, and the CRC of the prompt it received."""
+    return {
+        DISPATCH_VERSION_FIELD: as_version(dispatched),
+        STOP_VERSION_FIELD: as_version(stopped),
+        PROMPT_CRC_FIELD: ids_crc(prompt_ids),
+    }
 
 
 def logprobs_crc(logprobs: Sequence[float] | None) -> int | None:
@@ -118,6 +134,12 @@ def segment(
         SEG_IDS_CRC: ids_crc(new_ids),
         SEG_LOGPROBS_CRC: logprobs_crc(lps),
     }
+
+
+def resumed_fields(seg: Mapping[str, Any]) -> dict[str, Any]:
+    """A segment as the record's ``resumed_turns`` keeps it: without its logprobs and CRCs (the call's logprobs and
+    the ``versions`` rows hold them once)."""
+    return {k: v for k, v in seg.items() if k not in (SEG_LOGPROBS, SEG_PROMPT_CRC, SEG_IDS_CRC, SEG_LOGPROBS_CRC)}
 
 
 @dataclass(frozen=True)
@@ -238,3 +260,147 @@ def older_than(call_spans: Iterable[VersionSpan], trained_step: int, max_lag: in
         for s in call_spans
         if s.version is not None and s.tokens and lag_of(s.version, trained_step) > max_lag
     ]
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One engine call of a turn as the record keeps it (a row of 8 numbers, JSON ``[version, start, end,
+    version_at_stop, ids_cut, prompt_crc, ids_crc, logprobs_crc]``): its first three are its version span."""
+
+    version: int | None
+    start: int
+    end: int
+    version_at_stop: int | None = None
+    ids_cut: int = 0
+    prompt_crc: int | None = None
+    ids_crc: int | None = None
+    logprobs_crc: int | None = None
+
+    @classmethod
+    def of(cls, seg: Mapping[str, Any]) -> Attempt:
+        """The row of a segment dict (the keys above)."""
+        start = int(seg.get(SEG_START, 0))
+        prompt_crc = seg.get(SEG_PROMPT_CRC)
+        return cls(
+            segment_version(seg),
+            start,
+            start + int(seg.get(SEG_IDS, 0)),
+            as_version(seg.get(SEG_STOP_VERSION)),
+            int(seg.get(SEG_IDS_CUT) or 0),
+            None if prompt_crc is None else int(prompt_crc),
+            seg.get(SEG_IDS_CRC),
+            seg.get(SEG_LOGPROBS_CRC),
+        )
+
+    def to_list(self) -> list[int | None]:
+        return [
+            self.version,
+            self.start,
+            self.end,
+            self.version_at_stop,
+            self.ids_cut,
+            self.prompt_crc,
+            self.ids_crc,
+            self.logprobs_crc,
+        ]
+
+    @classmethod
+    def from_list(cls, row: Sequence[Any]) -> Attempt:
+        """A row as the record holds it; ValueError naming the row for one of the wrong shape."""
+        if not 3 <= len(row) <= 8 or not all(
+            x is None or (isinstance(x, int) and not isinstance(x, bool)) for x in row
+        ):
+            raise ValueError(
+                f"an engine call's attempt is [version, start, end, version_at_stop, ids_cut, prompt_crc, ids_crc, "
+                f"logprobs_crc] (integers or null), got {list(row)!r}"
+            )
+        values = list(row) + [None] * (8 - len(row))
+        return cls(values[0], int(values[1]), int(values[2]), values[3], int(values[4] or 0), *values[5:8])
+
+    @property
+    def span(self) -> VersionSpan:
+        return VersionSpan(self.version, self.start, self.end)
+
+
+def attempt_spans(attempts: Sequence[Attempt]) -> list[VersionSpan]:
+    """The version spans of one engine call's attempts, adjacent ones of one version merged."""
+    out: list[VersionSpan] = []
+    for a in attempts:
+        if out and out[-1].version == a.version and out[-1].end == a.start:
+            out[-1] = VersionSpan(a.version, out[-1].start, a.end)
+        elif a.end > a.start or not out:
+            out.append(a.span)
+    return out
+
+
+@dataclass(frozen=True)
+class RolloutVersions:
+    """What a rollout's record says about policy versions: each engine call's attempts (in call order), and the step
+    that trains the rollout (None: not known when the rollout was recorded; the trainer's line says it). The version
+    that served a turn is its last attempt's (``served``)."""
+
+    calls: tuple[tuple[Attempt, ...], ...]
+    trained_step: int | None = None
+
+    @classmethod
+    def of(cls, segments_per_call: Sequence[Sequence[Mapping[str, Any]]], trained_step: int | None) -> RolloutVersions:
+        return cls(tuple(tuple(Attempt.of(s) for s in segs) for segs in segments_per_call), trained_step)
+
+    @property
+    def served(self) -> list[int | None]:
+        """Per engine call, the version its last attempt was sent on (the weights that finished the turn)."""
+        return [call[-1].version if call else None for call in self.calls]
+
+    def spans(self) -> list[list[VersionSpan]]:
+        return [attempt_spans(call) for call in self.calls]
+
+    def staleness(self, trained_step: int | None = None) -> Staleness:
+        """Token-weighted staleness of every output token against ``trained_step`` (default: the recorded one)."""
+        step = self.trained_step if trained_step is None else trained_step
+        total = Staleness()
+        if step is None:
+            return Staleness(unknown=sum(a.end - a.start for call in self.calls for a in call))
+        for call in self.calls:
+            total = total + staleness(attempt_spans(call), step)
+        return total
+
+    def to_json(self) -> dict[str, Any]:
+        return {"trained_step": self.trained_step, "calls": [[a.to_list() for a in call] for call in self.calls]}
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> RolloutVersions:
+        """Raises ValueError (the record reader names the line) for a malformed object."""
+        if not isinstance(obj, Mapping) or set(obj) - {"trained_step", "calls"}:
+            raise ValueError("'versions' is an object with 'trained_step' and 'calls'")
+        step = obj.get("trained_step")
+        if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
+            raise ValueError(f"'versions.trained_step' is an integer or null, got {step!r}")
+        calls = obj.get("calls") or []
+        if not isinstance(calls, list) or not all(isinstance(c, list) for c in calls):
+            raise ValueError("'versions.calls' is a list (one per engine call) of lists of attempt rows")
+        return cls(tuple(tuple(Attempt.from_list(r) for r in call) for call in calls), step)
+
+
+def stale_mask(
+    versions: RolloutVersions | None,
+    output_starts: Sequence[int],
+    mask: Sequence[int],
+    response_start: int,
+    max_lag: int | None,
+) -> tuple[list[int] | None, int]:
+    """``mask`` (the trainer's response mask) with 0 on every sampled token whose version lags the trained step by
+    more than ``max_lag``, and how many tokens that turned from 1 to 0; ``(None, 0)`` where nothing is masked (off,
+    no versions, no trained step, or no stale token). ``output_starts``: each engine call's first output token in the
+    stream; ``response_start``: the stream position of the response's first token."""
+    if max_lag is None or versions is None or versions.trained_step is None:
+        return None, 0
+    out: list[int] | None = None
+    masked = 0
+    for start, call in zip(output_starts, versions.calls, strict=False):
+        for a, b in older_than(attempt_spans(call), versions.trained_step, max_lag):
+            for p in range(start + a - response_start, min(start + b - response_start, len(mask))):
+                if p >= 0 and mask[p]:
+                    out = list(mask) if out is None else out
+                    out[p] = 0
+                    masked += 1
+    return out, masked

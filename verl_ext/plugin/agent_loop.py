@@ -34,6 +34,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields, stale_mask
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
@@ -54,6 +55,7 @@ from verl_ext.plugin.tool_calls import (
 )
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
+from verl_ext.telemetry.async_metrics import version_counters
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -128,9 +130,11 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             metrics_sink.count(ro.live.counters)  # the rollout is dropped, but what happened to it is counted
             raise
         # step 4: finish the rollout; check it, write its record, report its metrics, apply the policy
+        step = training_step(kwargs, ro.extra_fields.get("global_steps"))
         finished = ro.live.finish(
             response_length=self.response_length,
-            step=training_step(kwargs, ro.extra_fields.get("global_steps")),
+            step=step,
+            versions=RolloutVersions(tuple(ro.attempts), trained_step=step),
             extra={
                 "loop": AGENT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
@@ -139,6 +143,8 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             },
         )
         refeed = await self._refeed(ro, finished)
+        mask, masked = self._stale_mask(finished)
+        ro.live.counters.update(version_counters(finished.rollout.versions, masked))
         result = ro.live.conclude(finished)
         if refeed is not None and refeed.numerics is not None:
             write_refeed_line(self.rt, refeed, self.options.numerics)
@@ -148,7 +154,18 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             result,
             engine_fields=ro.extra_fields,
             loop_fields={"turn_scores": [], "tool_rewards": ro.rewards},
+            mask=mask,
             metrics=ro.metrics,
+        )
+
+    def _stale_mask(self, finished: Any) -> tuple[list[int] | None, int]:
+        """The response mask with tokens older than ``verl_ext.max_token_lag`` versions masked out (None: nothing
+        masked), after the check: the record and the engine view keep the sampled mask."""
+        rollout = finished.rollout
+        starts = [c.output_start for c in rollout.calls]
+        sample = rollout.sample
+        return stale_mask(
+            rollout.versions, starts, sample.response_mask, len(sample.prompt_ids), self.options.max_token_lag
         )
 
     # -- the rollout's steps, in order ------------------------------------------------------------
@@ -210,8 +227,10 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             # was sent. The rollout ends before the turn, as when its budget runs out: its earlier turns are exact.
             log.warning("verl_ext: the rollout ends before turn %d: %s", ro.turn, exc)
             return False
+        # the record's versions: every turn's attempts as rows (the segments' logprobs are the call's, not kept twice)
+        ro.attempts.append(tuple(Attempt.of(s) for s in turn.output.segments))
         if len(turn.output.segments) > 1:
-            ro.resumed.append({"turn": ro.turn, "segments": turn.output.segments})
+            ro.resumed.append({"turn": ro.turn, "segments": [resumed_fields(s) for s in turn.output.segments]})
         merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
         ro.live.keep(turn.call, turn.message)
         if not turn.valid:
@@ -365,11 +384,14 @@ class _RolloutState:
     extra_fields: dict[str, Any] = field(default_factory=dict)
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
+    attempts: list[tuple[Attempt, ...]] = field(default_factory=list)  # each turn's engine calls (engine_turn)
     turn: int = 0  # assistant turns kept
 
 
 def training_step(kwargs: Mapping[str, Any], served_weight_version: Any) -> int:
-    """v1 passes the trainer step; v0 does not, so it is the weight version the engine served + 1 (on-policy)."""
+    """The step that trains the rollout (the record's ``step`` and ``versions.trained_step``): v1 passes the trainer
+    step whose batch the sample is in; v0 does not, so it is the weight version the engine served + 1 (v0 trains
+    on-policy). The versions that served each turn are the record's ``versions`` (``core.version_spans``)."""
     if kwargs.get("global_steps") is not None:
         return int(kwargs["global_steps"])
     return int(served_weight_version or 0) + 1

@@ -16,6 +16,7 @@ from typing import Any
 
 from verl_ext.check.findings import CheckResult
 from verl_ext.plugin.collectors import named_collector
+from verl_ext.telemetry.async_metrics import async_ratios
 from verl_ext.telemetry.metrics import PREFIX, aggregate
 
 log = logging.getLogger("verl_ext.plugin")
@@ -52,6 +53,7 @@ def _metrics(results: list[CheckResult], counters: Counter[str]) -> dict[str, fl
     # counters alone (every rollout bypassed verl_ext's loops) still show, without check metrics
     metrics = aggregate(results) if results else {}
     metrics.update({f"{PREFIX}{k}": float(v) for k, v in counters.items()})
+    async_ratios(metrics, PREFIX)  # the step's staleness and shares from the summed tito/async/ counters
     return metrics
 
 

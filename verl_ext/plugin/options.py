@@ -59,6 +59,10 @@ class LoopOptions:
     harness: HarnessOptions = field(default_factory=HarnessOptions)
     # The numerics view's thresholds and depth buckets (verl_ext.core.numerics; docs/numerics.md justifies them)
     numerics: NumericsOptions = field(default_factory=NumericsOptions)
+    # Async trainers: sampled tokens whose version lags the trained step by more than this many versions get loss
+    # mask 0, counted (tito/async/masked_stale_tokens); None: off. verl's own staleness_threshold drops whole
+    # samples and rollout_correction reweights tokens: docs/async.md says how not to correct twice.
+    max_token_lag: int | None = None
 
     @classmethod
     def from_sources(cls, *sources: Mapping[str, Any] | None) -> LoopOptions:
@@ -117,6 +121,7 @@ class LoopOptions:
             ),
             harness=HarnessOptions.from_mapping(options.get("harness")),  # its keys and rules live in HarnessOptions
             numerics=_numerics(options.get("numerics")),
+            max_token_lag=_lag("verl_ext.max_token_lag", options.get("max_token_lag", d.max_token_lag)),
         )
 
 
@@ -218,6 +223,17 @@ def _bool(key: str, value: Any) -> bool:
 def _positive_int(key: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise OptionsError(f"{key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _lag(key: str, value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionsError(
+            f"{key} must be a whole number of versions (0 or more) or null (off), got {value!r}; e.g. {key}=2 masks "
+            "tokens more than 2 weight updates older than the step that trains them"
+        )
     return value
 
 

@@ -24,6 +24,7 @@ from verl_ext.report.summary import Summary, summarize
 from verl_ext.report.thumbnails import ThumbnailCounts, ThumbnailShelf, thumbnail_counts
 from verl_ext.report.tokens import Decode
 from verl_ext.report.verdict import verdict, with_numerics
+from verl_ext.report.versions import versions_section
 
 
 @dataclass(frozen=True)
@@ -142,6 +143,7 @@ def build_report(
         audits=[audit_view(p, decode) for p in records.profiles],
         warnings=warnings,
         images=images,
+        versions=versions_section(records.rollouts),
     )
     return Report(html, summary, tuple(warnings), images)
 

@@ -201,3 +201,47 @@ def numerics_plot(section: NumericsSeries) -> Markup:
         if floored_any:
             fig.text(0.01, 0.005, f"a mean |Δ| of 0 (identical numbers) is drawn at {NUMERICS_FLOOR:g}", fontsize=9)
         return _svg(fig)
+
+
+class StalenessSeries(Protocol):
+    """What the staleness plot draws (``report.versions.StalenessByStep`` is one): the plot knows no record."""
+
+    @property
+    def steps(self) -> Sequence[int]: ...
+    def mean_lag(self, step: int) -> float: ...
+    def max_lag(self, step: int) -> int: ...
+    def mixed_share(self, step: int) -> float: ...
+    def resumes_per_turn(self, step: int) -> float: ...
+
+
+def staleness_plot(series: StalenessSeries) -> Markup:
+    """Two panels over the trained steps: token-weighted mean and max staleness (versions behind the trained step),
+    and the share of turns mixing versions with the resumes per turn."""
+    steps = list(series.steps)
+    marker = "s" if len(steps) <= 40 else None
+    with plt.rc_context(_STYLE):
+        fig, (top, bottom) = plt.subplots(2, 1, figsize=(10, 4.6), sharex=True, gridspec_kw={"hspace": 0.3})
+        top.plot(steps, [series.mean_lag(s) for s in steps], marker=marker, color="#1f5fbf", label="mean (per token)")
+        top.plot(steps, [series.max_lag(s) for s in steps], marker=marker, color="#c44e52", linestyle="--", label="max")
+        top.set_title("staleness: versions between a token's policy and the trained step", loc="left", fontsize=11)
+        top.set_ylabel("versions")
+        top.set_ylim(bottom=0)
+        bottom.plot(
+            steps, [series.mixed_share(s) for s in steps], marker=marker, color="#55a868", label="turns mixing versions"
+        )
+        bottom.plot(
+            steps,
+            [series.resumes_per_turn(s) for s in steps],
+            marker=marker,
+            color="#8172b3",
+            linestyle="--",
+            label="resumes per turn",
+        )
+        bottom.set_title("turns across weight updates", loc="left", fontsize=11)
+        bottom.set_ylim(bottom=0)
+        bottom.set_xlabel("trained step")
+        for ax in (top, bottom):
+            ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=9)
+        if 0 < len(steps) <= 40:
+            bottom.set_xticks(steps)
+        return _svg(fig)

@@ -32,6 +32,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.core.version_spans import RolloutVersions
 from verl_ext.runtime.images import image_sample
 from verl_ext.runtime.turn import G, Turn, keep_sampled, turn_budget
 
@@ -205,15 +206,17 @@ class LiveRollout:
         extra: Mapping[str, Any] | None = None,
         sample: TrainerSample | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
+        versions: RolloutVersions | None = None,
     ) -> FinishedRollout:
         """Finish the trajectory and assemble the rollout: the trainer sample cut at ``response_length`` (before an
         image the cut would split), the messages (images as digests), the stream's kinds and repairs, the clock,
-        ``step`` and the caller's ``extra`` record keys (the image view's evidence added). A watched loop passes its
-        own ``sample`` and ``messages`` (its tokens are not the runtime's: no kinds, no repairs)."""
+        ``step``, the engine calls' ``versions`` and the caller's ``extra`` record keys (the image view's evidence
+        added). A watched loop passes its own ``sample`` and ``messages`` (its tokens are not the runtime's: no kinds,
+        no repairs)."""
         if self.trajectory is None:
             if sample is None or messages is None:
                 raise TrajectoryError("finish() of a watched rollout needs the loop's sample and messages")
-            rollout = self._rollout(sample, messages, step, extra, response_length)
+            rollout = self._rollout(sample, messages, step, extra, response_length, versions=versions)
             return FinishedRollout(rollout, None, self.num_turns)
         t = self.trajectory
         t.finish()
@@ -236,6 +239,7 @@ class LiveRollout:
             repairs=Counter(e.kind.value for e in t.edits),
             repair_log=t.repair_log(),
             pixels=pixels,
+            versions=versions,
         )
         return FinishedRollout(rollout, multi_modal_data, self.num_turns)
 

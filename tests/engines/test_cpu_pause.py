@@ -77,9 +77,7 @@ def test_requests_wait_out_the_pause_and_are_generated_on_the_new_weights(tiny_q
         other = await srv.generate(prompt, {**PARAMS, "max_tokens": 5}, "b")  # not parked: one per version
         await srv.abort_all_requests()
         first = await parked
-        resumed = asyncio.create_task(
-            srv.generate([*prompt, *first.token_ids], {**PARAMS, "max_tokens": 17}, "a2")
-        )
+        resumed = asyncio.create_task(srv.generate([*prompt, *first.token_ids], {**PARAMS, "max_tokens": 17}, "a2"))
         await asyncio.sleep(0.2)
         assert not resumed.done()  # parked behind the closed gate
         await srv.set_global_steps(1)  # the weight update
@@ -125,3 +123,23 @@ def test_a_rejecting_gate_answers_aborted_with_no_ids(tiny_qwen3_dir, prompt):
 def test_bad_abort_after_faults_are_refused_with_the_fix(raw: Any, message: str) -> None:
     with pytest.raises(OptionsError, match=message.replace("[", r"\[").replace("]", r"\]")):
         parse_faults(raw)
+
+
+def test_a_parked_request_wakes_on_an_abort_even_when_the_resume_follows_at_once(tiny_qwen3_dir, prompt):
+    """verl's abort and resume can both come before the parked request is scheduled again: it still returns, at
+    once, rather than waiting out ``wait_s`` (it did, with an event the resume cleared)."""
+    srv = server(tiny_qwen3_dir, faults=[{"kind": "abort_after", "tokens": 2, "wait_s": 60}])
+
+    async def scenario() -> tuple[Any, float]:
+        await srv.set_global_steps(0)
+        parked = asyncio.create_task(srv.generate(prompt, {**PARAMS, "max_tokens": 8}, "a"))
+        await until(lambda: srv.fault_hits.get("abort_after"))
+        srv.gate.abort()
+        srv.gate.resume()  # no await in between: the parked request has not run since it parked
+        started = asyncio.get_running_loop().time()
+        out = await parked
+        return out, asyncio.get_running_loop().time() - started
+
+    out, waited = asyncio.run(scenario())
+    assert out.stop_reason == "aborted" and len(out.token_ids) == 2
+    assert "abort_after_timeout" not in srv.fault_hits and waited < 30

@@ -47,7 +47,7 @@ from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 
 from verl_ext.core.errors import EngineRequestError, OptionsError
-from verl_ext.core.version_spans import DISPATCH_VERSION_FIELD, PROMPT_CRC_FIELD, STOP_VERSION_FIELD, ids_crc
+from verl_ext.core.version_spans import engine_stamps
 from verl_ext.engines.cpu_faults import CallNumbers, Fault, parse_faults, perturbed
 from verl_ext.engines.cpu_images import VisionInputs, ban, vision_of
 from verl_ext.engines.cpu_pause import ABORTED, GenerationGate, ParkPlan, TruthLog
@@ -439,7 +439,9 @@ class CPUGenerationServer:
         if force_text or any(f.rows_containing for f in self.faults):
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.faults:
-            logger.warning("verl_ext_cpu: TEST ONLY faults set, reported numbers are wrong on purpose: %s", self.faults)
+            logger.warning(
+                "verl_ext_cpu: TEST ONLY faults set (numbers, weights or stops wrong on purpose): %s", self.faults
+            )
         if force_text:
             tokenizer = self.tokenizer
             self.force_ids = tokenizer.encode(force_text, add_special_tokens=False)
@@ -529,11 +531,12 @@ class CPUGenerationServer:
                     prefix_cache=self.cache,
                     should_stop=should_stop,
                 )
+                aborts = self.gate.aborts  # a parked request waits for the next abort after this one
             break
         if result.finish_reason == ABORTED:
             if park is not None and not self.gate.stop_requested():  # parked: the model is free, wait for verl
                 self.fault_hits["abort_after"] = self.fault_hits.get("abort_after", 0) + 1
-                if not await self.gate.wait_for_abort(self._park.wait_s):
+                if not await self.gate.wait_for_abort(aborts, self._park.wait_s):
                     self.fault_hits["abort_after_timeout"] = self.fault_hits.get("abort_after_timeout", 0) + 1
             self._park.aborted(prompt_ids, result.token_ids)
         return result, version
@@ -542,13 +545,8 @@ class CPUGenerationServer:
         """verl's ``global_steps`` (the weights served as the output returns) and verl_ext's engine report: the
         version the request was generated on (at dispatch and at its stop: the same on this engine, whose weights
         change only between requests), the CRC of the prompt ids received and whether the output is whole."""
-        report = {
-            PROMPT_CRC_FIELD: ids_crc(prompt_ids),
-            DISPATCH_VERSION_FIELD: version,
-            STOP_VERSION_FIELD: version,
-            "weight_version": self.global_steps,
-            "complete": complete,
-        }
+        report = {**engine_stamps(version, version, prompt_ids), "weight_version": self.global_steps}
+        report["complete"] = complete
         return {"global_steps": self.global_steps, ENGINE_FIELD: report}
 
     def _reported_logprobs(self, prompt_ids: list[int], result: Generation) -> list[float]:

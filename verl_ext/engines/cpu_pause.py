@@ -44,7 +44,7 @@ class GenerationGate:
     def __init__(self) -> None:
         self._open = asyncio.Event()
         self._open.set()
-        self._aborted = asyncio.Event()  # set from an abort to the next resume: what a parked request waits for
+        self._abort_waiters: list[asyncio.Future[None]] = []  # parked requests, woken by the next abort
         self._stop = threading.Event()  # read by the generation thread after every id
         self.rejecting = False
         self.aborts = 0
@@ -71,22 +71,33 @@ class GenerationGate:
         self.rejecting = bool(reject_request)
         self._open.clear()
         self._stop.set()
-        self._aborted.set()
+        waiters, self._abort_waiters = self._abort_waiters, []
+        for woken in waiters:
+            if not woken.done():
+                woken.set_result(None)
 
     def resume(self) -> None:
         """verl's ``resume_generation``: open the gate; parked requests go on, on the weights served now."""
         self.rejecting = False
         self._stop.clear()
-        self._aborted.clear()
         self._open.set()
 
-    async def wait_for_abort(self, timeout_s: float) -> bool:
-        """Wait for verl's next abort (a parked request's); False when none came within ``timeout_s``."""
-        try:
-            await asyncio.wait_for(self._aborted.wait(), timeout_s)
+    async def wait_for_abort(self, since: int, timeout_s: float) -> bool:
+        """Wait for an abort after the ``since``-th (``since`` is ``aborts`` when the request parked); False when none
+        came within ``timeout_s``. The waiter is registered before this yields, so an abort and a resume that both
+        come before it is first scheduled still wake it (an event cleared by the resume would not)."""
+        if self.aborts > since:
             return True
+        woken = asyncio.get_running_loop().create_future()
+        self._abort_waiters.append(woken)
+        try:
+            await asyncio.wait_for(woken, timeout_s)
         except asyncio.TimeoutError:
-            return False
+            pass
+        finally:
+            if woken in self._abort_waiters:
+                self._abort_waiters.remove(woken)
+        return self.aborts > since
 
 
 class ParkPlan:

@@ -14,8 +14,8 @@ mechanism verl_ext's loops continue aborted turns with), so every attempt is kep
   retry while it has no server kept). ``generate_turn`` calls it, so verl_ext's loops see every abort themselves;
 * ``generate``: the whole request, resumed as verl's client resumes it, for a loop that knows nothing of resumes
   (verl's stock ``tool_agent`` under ``verl_ext_audited_tool_agent``): one ``TokenOutput`` of the joined ids and
-  logprobs whose ``extra_fields`` carry the first attempt's fields, verl's ``min/max_global_steps`` of the first and
-  last attempts and the segments under ``SEGMENTS_FIELD``.
+  logprobs whose ``extra_fields`` carry the first attempt's fields, verl's ``min/max_global_steps`` from the versions
+  the first and last attempts were sent on (where the engine stamps them) and the segments under ``SEGMENTS_FIELD``.
 
 How it is plugged in: verl gives each agent loop its server manager (v1: the trainer's ``get_llm_client()``);
 verl_ext's loops pass it through ``keep_attempts``, which swaps verl's ``FullyAsyncLLMServerClient`` (that exact
@@ -34,6 +34,7 @@ from typing import Any
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_ext.core.version_spans import SEG_RETURN_VERSION, SEG_VERSION
 from verl_ext.plugin.engine_turn import generate_turn
 
 log = logging.getLogger("verl_ext.plugin")
@@ -77,11 +78,11 @@ class AttemptKeepingClient(FullyAsyncLLMServerClient):
         bound = _Bound(self, kwargs)
         turn = await generate_turn(bound, request_id, list(prompt_ids), params, budget, Counter(), image_data)
         extra = dict(turn.extra_fields)
-        versions = [s.get("weight_version") for s in turn.segments]
+        # verl's staleness fields from the versions the attempts were sent on, where the engine stamps them (verl's
+        # own client reads each attempt's version on return); global_steps stays the last attempt's, as verl's
+        sent = [s[SEG_VERSION] if s[SEG_VERSION] is not None else s[SEG_RETURN_VERSION] for s in turn.segments]
         extra.update(
-            global_steps=versions[-1],
-            min_global_steps=extra.get("min_global_steps", versions[0]),
-            max_global_steps=versions[-1],
+            global_steps=turn.segments[-1][SEG_RETURN_VERSION], min_global_steps=sent[0], max_global_steps=sent[-1]
         )
         extra[SEGMENTS_FIELD] = turn.segments
         return TokenOutput(

@@ -27,9 +27,9 @@ SAMPLING_DEFAULTS: dict[str, object] = {"top_k": None, "repetition_penalty": 1.0
 @dataclass(frozen=True)
 class Sampled:
     """What the engine returned: the ids as sampled (a stop id kept), one logprob per id; ``images``: the images it
-        passed on with the call, as it passed them (None: it does not say, and the gateway records the list it handed
-        the engine). The engine call's record keeps their digests. ``segments``: the engine calls (attempts) the turn took,
-    for the record's versions."""
+    passed on with the call, as it passed them (None: it does not say, and the gateway records the list it handed
+    the engine). The engine call's record keeps their digests. ``segments``: the engine calls (attempts) the turn
+    took, for the record's versions."""
 
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...] | None

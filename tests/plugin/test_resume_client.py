@@ -157,3 +157,48 @@ def test_loops_record_the_resumed_turn(config, tiny_qwen3_dir, tmp_path, prompt_
     calls = record["versions"]["calls"]  # every engine call's attempts: [version, start, end, ...]
     assert len(calls) == len(record["engine_calls"]) == 2 and [row[:2] for row in calls[1]] == [[0, 0], [1, 3]]
     assert SEGMENTS_FIELD not in out.extra_fields  # recorded, not handed to verl's batch
+
+
+def test_a_harness_request_across_a_weight_update_is_one_engine_call_with_two_attempts(
+    config, tiny_qwen3_dir, tmp_path, monkeypatch
+) -> None:
+    """verl_ext_gateway_agent under verl's resume client: the harness's second request (after the tool result) is
+    held after 3 ids, the weights are updated, the request resumes on them; the harness (the openai SDK, over HTTP)
+    gets one answer, and the branch's record has that turn as one engine call of two attempts, on versions 0 and 1."""
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "gateway"))  # the harness module
+    srv = engine(tiny_qwen3_dir, tmp_path, force_text=CALL)
+    loop = VerlExtGatewayAgentLoop(
+        trainer_config=DictConfigWrap(config),
+        server_manager=verl_async_client(config, srv),
+        tokenizer=AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)),
+        processor=None,
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(config.data),
+        tools=ToolListWrap(load_tools(DEMO_TOOLS)),
+        hf_model_type="qwen3",
+        verl_ext={"records": {"dir": str(tmp_path / "records")}},
+        harness={"function": "sdk_harness:loop_react"},
+    )
+    assert isinstance(loop.server_manager, AttemptKeepingClient)
+    params = {k: v for k, v in PARAMS.items() if k not in ("max_tokens", "ignore_eos")}
+
+    async def both() -> Any:
+        out, _ = await asyncio.gather(loop.run(params, raw_prompt=PROMPT), weight_update_when_parked(srv, 1))
+        return out
+
+    out = loop.loop.run_until_complete(both())
+    assert out.extra_fields["harness_result"]["turns"] == 2  # two answers: the abort never reached the harness
+    (record,) = _records(tmp_path / "records")
+    assert record["check"]["engine_ok"] and record["loop"] == "verl_ext_gateway_agent"
+    calls = record["versions"]["calls"]
+    assert len(calls) == len(record["engine_calls"]) == 2
+    assert [row[:3] for row in calls[1]] == [[0, 0, 3], [1, 3, len(record["engine_calls"][1]["output_ids"])]]
+    truth = read_truth(tmp_path / "truth.jsonl")
+    prompt = record["input_ids"][: record["engine_calls"][1]["prompt_length"]]
+    assert truth[ids_digest([*prompt, *record["engine_calls"][1]["output_ids"][:3]])]["version"] == 0

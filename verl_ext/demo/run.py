@@ -57,10 +57,11 @@ LOOPS = {  # --loop -> the agent loops that run
     "all": "verl_ext_tool_agent, verl_ext_audited_tool_agent and verl_ext_gateway_agent (rows name them: agent_name)",
 }
 ALL_LOOPS = ("verl_ext_tool_agent", "verl_ext_audited_tool_agent", "verl_ext_gateway_agent")  # --loop all, by row
-TRAINERS = {  # --trainer -> verl's trainer (v1's trainer.v1.trainer_mode where it is one)
-    "v1": "verl's v1 trainer (TransferQueue), trainer.v1.trainer_mode=sync",
-    "v0": "verl's legacy v0 trainer",
-    "colocate-async": "verl's v1 trainer, trainer.v1.trainer_mode=colocate_async (partial rollouts)",
+TRAINERS = {  # --trainer -> verl's trainer, as the demo names it (v1's default mode is trainer.v1.trainer_mode=sync)
+    "v1": "verl's v1 trainer",
+    "v0": "verl's v0 trainer",
+    "colocate-async": "verl's v1 trainer in colocate_async mode (trainer.v1.trainer_mode=colocate_async: partial "
+    "rollouts)",
 }
 PARK_TOKENS = 4  # colocate-async: one request per weight version is parked after this many sampled ids
 TRUTH_LOG = "engine-truth.jsonl"  # colocate-async: the CPU engine's log of which version generated which ids

@@ -249,6 +249,8 @@ def trainer_command(
         f"verl_ext.records.dir={out / 'records'}",
         f"hydra.run.dir={out / 'hydra'}",
         *(GATEWAY_OVERRIDES if loop in ("gateway", "all") else ()),
+        # rows in file order: the first batches (the ones trained in the first steps) name every loop
+        *(("data.shuffle=false",) if loop == "all" else ()),
         *(async_overrides(out) if trainer == "colocate-async" else ()),
         *(VL_OVERRIDES if model == "qwen2.5-vl" else ()),
         *(BYPASS_OVERRIDES if bypass else ()),

@@ -70,6 +70,7 @@ def test_a_resumed_turns_version_spans_are_the_truth_and_it_checks_clean(make_lo
     assert m["tito/async/versioned_tokens"] == len(truth)
     assert m["tito/async/staleness_mean"] == pytest.approx(sum(8 - 1 - v for v in truth) / len(truth))
     assert m["tito/async/masked_stale_tokens"] == 0 and m["tito/findings/version_stamped_on_return"] == 0
+    assert m["tito/async/unstamped_tokens"] == 0 and m["tito/async/unverified_resumes"] == 0
 
 
 def test_the_stale_token_mask_masks_exactly_the_tokens_older_than_the_option(make_loop, tmp_path) -> None:

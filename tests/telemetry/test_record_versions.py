@@ -59,6 +59,9 @@ def test_the_versions_round_trip_and_a_clean_resumed_rollout_checks_with_no_defe
     assert record.version == SCHEMA_VERSION == 7
     assert record.versions == rollout.versions
     assert record.versions.served == [4, 5]
+    from verl_ext.check.revalidate import revalidated
+
+    assert revalidated(record, None) is record  # re-checked from the record alone: nothing the verdict missed
     assert record.versions.spans()[1] == [VersionSpan(4, 0, 2), VersionSpan(5, 2, len(rollout.calls[1].output_ids))]
     line = json.loads(writer.path.read_text().splitlines()[1])
     assert line["versions"]["trained_step"] == 6 and len(line["versions"]["calls"]) == 2
@@ -115,3 +118,23 @@ def test_the_report_draws_the_version_strips_and_the_staleness_plot(written, ren
     html = build_report([writer.path], r.decode, vocab_size=r.vocab_size).html
     assert 'id="versions"' in html and html.count('class="version-strip"') == 1
     assert "abort, resumed at token 2" in html and "staleness: versions between" in html
+
+
+def test_the_report_rechecks_the_stored_versions_and_names_what_the_stored_verdict_missed(written, tmp_path):
+    """A record whose rows were edited after its check (a version stamped late) reads clean on its stored verdict;
+    re-validated, the version view's finding is added."""
+    from verl_ext.check.revalidate import revalidated
+
+    writer, _, _ = written
+    header, line = writer.path.read_text().splitlines()
+    obj = json.loads(line)
+    obj["versions"]["calls"][1][0][0] = 9  # sent on 9, stopped on 4
+    path = tmp_path / "edited.jsonl"
+    path.write_text(header + "\n" + json.dumps(obj) + "\n")
+    _, (record,) = read_records([path])
+    assert record.check.ok
+    again = revalidated(record, None)
+    assert not again.check.ok
+    (found,) = [f for f in again.check.findings if f.cause == "version_stamped_on_return"]
+    assert found.turn == 1 and found.detail.startswith("found re-validating")
+    assert revalidated(again, None) == again  # named now: nothing more is added

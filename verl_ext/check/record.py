@@ -69,7 +69,7 @@ from functools import cached_property
 from typing import Any
 
 from verl_ext.check.engine_view import turn_at
-from verl_ext.check.findings import CheckResult, Span
+from verl_ext.check.findings import CheckResult, Finding, Span
 from verl_ext.check.inputs import EngineCall, TrainerSample, engine_call_images, rollout_assistants
 from verl_ext.check.record_json import JsonFields, json_objects, read_version
 from verl_ext.core.engine_output import NAN_HAPPENED
@@ -375,6 +375,11 @@ class RecordedFinding:
     context_before: str
     context_after: str
     detail: str = ""
+
+    @classmethod
+    def of(cls, finding: Finding) -> RecordedFinding:
+        """``finding`` as the record holds it."""
+        return cls(**_recorded_fields(finding))
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,16 @@ import math
 from collections.abc import Collection
 
 from verl_ext.check.engine_view import check_engine_view
-from verl_ext.check.findings import EngineFailure, FailureKind
+from verl_ext.check.findings import CauseKind, EngineFailure, FailureKind
 from verl_ext.check.image_view import rollout_image_view
 from verl_ext.check.inputs import EngineCall, TrainerSample
-from verl_ext.check.record import RecordedFailure, RolloutRecord, recorded_call_images
+from verl_ext.check.record import (
+    RecordedFailure,
+    RecordedFinding,
+    RolloutRecord,
+    recorded_call_images,
+)
+from verl_ext.check.version_view import version_findings
 from verl_ext.core.engine_output import validate_engine_output
 
 REVALIDATED = "found re-validating the stored engine calls (the stored verdict did not report it): "
@@ -46,14 +52,39 @@ def stored_failures_missed(
 
 def revalidated(record: RolloutRecord, vocab_size: int | None, stop_ids: Collection[int] = ()) -> RolloutRecord:
     """``record`` with its check's ``engine_failures`` extended by ``stored_failures_missed`` (and ``ok`` and
-    ``engine_ok`` false when there are any); the record itself when the stored verdict named everything."""
+    ``engine_ok`` false when there are any) and its findings by ``version_findings_missed`` (``ok`` false for a
+    defect among them); the record itself when the stored verdict named everything."""
     missed = stored_failures_missed(record, vocab_size, stop_ids)
-    if not missed:
+    found = version_findings_missed(record)
+    if not missed and not found:
         return record
-    check = dataclasses.replace(
-        record.check, ok=False, engine_ok=False, engine_failures=record.check.engine_failures + missed
-    )
+    check = record.check
+    if missed:
+        check = dataclasses.replace(check, ok=False, engine_ok=False, engine_failures=check.engine_failures + missed)
+    if found:
+        ok = check.ok and all(f.allowed for f in found)
+        check = dataclasses.replace(check, ok=ok, findings=check.findings + found)
     return dataclasses.replace(record, check=check)
+
+
+def version_findings_missed(record: RolloutRecord) -> tuple[RecordedFinding, ...]:
+    """The version view (``check.version_view``) run again on the record's engine calls and ``versions``: its
+    findings the stored verdict does not name (by cause and turn). Nothing where the record has no versions, or
+    holds not every call's prompt (the trainer cut the response: a resume's prompt cannot be rebuilt)."""
+    stream = record.input_ids
+    if record.versions is None or any(c.prompt_length > len(stream) for c in record.engine_calls):
+        return ()
+    calls = [
+        EngineCall(tuple(stream[: c.prompt_length]), c.output_ids, c.logprobs, c.finish_reason)
+        for c in record.engine_calls
+    ]
+    findings, _counts = version_findings(calls, record.versions, lambda c: c.kind is CauseKind.ALLOWED)
+    named = {(f.cause, f.turn) for f in record.check.findings}
+    return tuple(
+        dataclasses.replace(RecordedFinding.of(f), detail=REVALIDATED + f.detail)
+        for f in findings
+        if (f.cause.value, f.turn) not in named
+    )
 
 
 def engine_view_failures(

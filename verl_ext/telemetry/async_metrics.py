@@ -8,7 +8,8 @@ step's figures that are ratios of sums are derived once per step (``async_ratios
 - ``tito/async/versioned_tokens`` (output tokens with a known version), ``tito/async/lag_token_sum`` and
   ``tito/async/staleness_mean`` (token-weighted: versions between a token's policy and the trained step's, 0 for
   an on-policy token), ``tito/async/tokens_lag_0`` ... ``tito/async/tokens_lag_3plus``
-- ``tito/async/unstamped_tokens``: output tokens whose engine stamped no dispatch version
+- ``tito/async/unstamped_tokens``: output tokens whose engine stamped no dispatch version;
+  ``tito/async/unverified_resumes``: resumes whose engine reported no prompt CRC (their prompt is not checked)
 - ``tito/async/ids_cut``: ids the id check cut before a resume (regenerated)
 - ``tito/async/masked_stale_tokens``: tokens the opt-in ``verl_ext.max_token_lag`` masked out (loss mask 0)
 """
@@ -22,6 +23,19 @@ from verl_ext.core.version_spans import RolloutVersions, lag_of, mixes_versions
 
 ASYNC = "async/"
 LAG_BUCKETS = 3  # tokens_lag_0 .. tokens_lag_2, then tokens_lag_3plus
+_ALWAYS = (
+    "turns",
+    "mixed_turns",
+    "resumes",
+    "unverified_resumes",
+    "ids_cut",
+    "versioned_tokens",
+    "lag_token_sum",
+    "unstamped_tokens",
+    "masked_stale_tokens",
+    *(f"tokens_lag_{k}" for k in range(LAG_BUCKETS)),
+    f"tokens_lag_{LAG_BUCKETS}plus",
+)
 
 
 def version_counters(versions: RolloutVersions | None, masked: int = 0) -> Counter[str]:
@@ -29,11 +43,14 @@ def version_counters(versions: RolloutVersions | None, masked: int = 0) -> Count
     c: Counter[str] = Counter()
     if versions is None:
         return c
+    for key in _ALWAYS:  # present at 0 too: a tracker draws continuous lines
+        c[f"{ASYNC}{key}"] = 0
     step = versions.trained_step
     for call, call_spans in zip(versions.calls, versions.spans(), strict=True):
         c[f"{ASYNC}turns"] += 1
         c[f"{ASYNC}mixed_turns"] += mixes_versions(call_spans)
         c[f"{ASYNC}resumes"] += max(0, len(call) - 1)
+        c[f"{ASYNC}unverified_resumes"] += sum(a.prompt_crc is None for a in call[1:])
         c[f"{ASYNC}ids_cut"] += sum(a.ids_cut for a in call)
         for s in call_spans:
             if s.version is None or step is None:

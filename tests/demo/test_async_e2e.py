@@ -49,7 +49,12 @@ def rollouts(result: DemoResult) -> list[dict[str, Any]]:
 def test_the_trainer_ran_under_colocate_async_with_every_loop(run: DemoResult) -> None:
     assert sorted(run.steps) == [1, 2]
     assert "trainer.v1.trainer_mode=colocate_async" in run.log.read_text().splitlines()[0]  # the command line
-    assert {r["loop"] for r in rollouts(run)} == set(ALL_LOOPS)
+    records = rollouts(run)
+    assert {r["loop"] for r in records} >= set(ALL_LOOPS)
+    # a gateway rollout still running when the trainer finishes is cancelled, and its session is recorded as the
+    # standalone gateway's (no training plan): the only other name a record may carry here
+    others = [r for r in records if r["loop"] not in ALL_LOOPS]
+    assert all(r["loop"] == "verl-ext gateway" and "cancelled" in r["gateway"]["ended"] for r in others), others
 
 
 def test_the_engine_view_passes_on_every_rollout(run: DemoResult) -> None:

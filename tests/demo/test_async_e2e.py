@@ -6,8 +6,8 @@ verl_ext_gateway_agent (the demo's openai-SDK harness through the gateway). The 
 one request per weight version after 4 sampled ids until verl's abort, so a turn resumes across each update whatever
 the timing, and its truth log says which version generated which ids.
 
-One trainer start, 2 steps (about 7 minutes on a 2-core CI-class VM under shared load; the suite's other starts are
-listed in tests/demo/conftest.py and test_demo_faults.py)."""
+One trainer start, 2 steps (162 s on a 2-core CI-class VM at load average 4-8, 7 minutes at 10-20; the suite's
+other starts are in tests/demo/conftest.py, test_demo_faults.py, test_gateway_demo.py and test_vl_demo.py)."""
 
 from __future__ import annotations
 

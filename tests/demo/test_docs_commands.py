@@ -35,6 +35,8 @@ NOT_RUN: dict[str, str] = {
     "verl-ext demo '+actor_rollout_ref.rollout.engine_kwargs.verl_ext_cpu={faults:[{kind:past_depth,depth:300,"
     "shift:-0.5}]}'": "a demo run with a test-only fault (minutes on 2 cores): tests/demo/test_demo_faults.py runs "
     "the demo's trainer with this override (built by verl_ext.demo.faults) and asserts where the view finds it",
+    "verl-ext demo --trainer colocate-async --loop all --out build/demo-async": "the async demo run (minutes on 2 "
+    "cores): tests/demo/test_async_e2e.py runs it (2 steps, every loop) and checks its records against the engine",
     "verl-ext demo --loop gateway --steps 1": "a demo run through the gateway (minutes on 2 cores): "
     "tests/demo/test_gateway_demo.py runs it (one row x 2 samples)",
     "verl-ext demo --model qwen2.5-vl --steps 1 --out build/demo-vl": "the VL demo run (minutes on 2 cores): "
@@ -68,6 +70,11 @@ NOT_RUN_KINDS: tuple[tuple[str, str], ...] = (
         "`ray job submit` of a GRPO run to a Ray cluster: tests/recipes/test_agent_harness_recipe.py checks what it "
         "submits, tests/recipes/test_ray_cluster_recipe.py submits it (a harness the driver refuses), and "
         "tests/demo/test_gateway_demo.py runs the same job without the cluster",
+    ),
+    (
+        r"recipes/async/submit(_cpu)?\.sh",
+        "`ray job submit` of an async GRPO run to a Ray cluster: tests/recipes/test_async_recipe.py checks what each "
+        "script submits, tests/demo/test_async_e2e.py runs the CPU job's command without the cluster",
     ),
     (
         r"scripts/gpu/|tests/gpu/|^export PYTHONPATH=\$PWD/build/verl_ext_env",

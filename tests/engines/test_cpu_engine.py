@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from verl_ext.core.errors import EngineRequestError
+from verl_ext.core.version_spans import ids_crc
 from verl_ext.engines.cpu import (
     CPUGenerationServer,
     SamplingConfig,
@@ -195,7 +196,10 @@ def test_server_returns_verl_token_output_and_forces_the_first_turn_only(
     first, second = asyncio.run(run())
     assert tokenizer.decode(first.token_ids) == TOOL_CALL
     assert first.stop_reason == "stop" and len(first.log_probs) == len(first.token_ids)
-    assert first.extra_fields == {"global_steps": None}
+    assert first.extra_fields["global_steps"] is None  # no weight sync yet
+    report = first.extra_fields["verl_ext_engine"]  # the version it was generated on, stamped when it took the model
+    assert report["weight_version_at_dispatch"] is None and report["complete"] is True
+    assert report["prompt_crc32"] == ids_crc(prompt_ids)
     assert second.token_ids[: len(first.token_ids)] != first.token_ids  # sampled, not forced again
     assert second.stop_reason in ("stop", "length") and len(second.log_probs) == len(second.token_ids)
     assert len(second.token_ids) <= 48

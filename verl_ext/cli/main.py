@@ -117,13 +117,21 @@ def _add_demo_parser(sub: argparse._SubParsersAction) -> None:
     )
     demo.add_argument("--out", default="build/demo", metavar="DIR", help="where the model, data, log and report go")
     demo.add_argument("--steps", type=int, default=2, help="GRPO steps (default 2)")
-    demo.add_argument("--trainer", choices=("v1", "v0"), default="v1", help="verl's v1 (TransferQueue) or v0 trainer")
+    demo.add_argument(
+        "--trainer",
+        choices=("v1", "v0", "colocate-async"),
+        default="v1",
+        help="verl's v1 trainer (TransferQueue, trainer.v1.trainer_mode=sync), its v0 trainer, or the v1 trainer's "
+        "colocate_async mode (trainer.v1.trainer_mode=colocate_async: partial rollouts, each request in flight at a "
+        "weight update resumed on the new weights; docs/async.md)",
+    )
     demo.add_argument(
         "--loop",
-        choices=("tool", "gateway"),
+        choices=("tool", "gateway", "all"),
         default="tool",
         help="tool: verl_ext_tool_agent (default); gateway: verl_ext_gateway_agent running the demo's harness (a ReAct "
-        "agent on the openai SDK, verl_ext/demo/harness.py) through the gateway",
+        "agent on the openai SDK, verl_ext/demo/harness.py) through the gateway; all: rows name verl_ext_tool_agent, "
+        "verl_ext_audited_tool_agent and verl_ext_gateway_agent in turn (agent_name; v1 trainers)",
     )
     demo.add_argument(
         "--model",

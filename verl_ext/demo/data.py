@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import random
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -85,6 +86,19 @@ def make_screen_rows(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def rows_naming(rows: Any, loops: Sequence[str]) -> Any:
+    """``rows`` (a row maker, as ``write_dataset`` takes it) with each row naming one of ``loops`` in turn in verl's
+    ``agent_name`` column (row i: ``loops[i % len(loops)]``)."""
+
+    def make(n: int, split: str, seed: int = 0) -> list[dict[str, Any]]:
+        made = rows(n, split, seed)
+        for index, row in enumerate(made):
+            row["agent_name"] = loops[index % len(loops)]
+        return made
+
+    return make
 
 
 def write_dataset(

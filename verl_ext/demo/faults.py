@@ -58,8 +58,17 @@ def on_row(fault: Mapping[str, Any], index: int, split: str = "train") -> dict[s
 
 def fault_override(faults: Sequence[Mapping[str, Any]]) -> str:
     """The Hydra override setting the CPU engine's faults (checked here as the engine will check them)."""
+    return engine_override(faults)
+
+
+def engine_override(faults: Sequence[Mapping[str, Any]], truth_log: str | None = None) -> str:
+    """The Hydra override setting the CPU engine's options: its faults (checked here as the engine will check them)
+    and, TEST ONLY, the file of its truth log (which version generated which ids, engines/cpu_pause.py)."""
     parse_faults(list(faults))  # a bad fault fails now, not when the engine starts
-    return f"+actor_rollout_ref.rollout.engine_kwargs.{ENGINE_KWARGS_KEY}={{faults:{_hydra(list(faults))}}}"
+    options: dict[str, Any] = {"faults": list(faults)}
+    if truth_log is not None:
+        options["truth_log"] = truth_log
+    return f"+actor_rollout_ref.rollout.engine_kwargs.{ENGINE_KWARGS_KEY}={_hydra(options)}"
 
 
 def _hydra(value: Any) -> str:

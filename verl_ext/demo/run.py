@@ -51,7 +51,20 @@ JOB_CONFIGS = REPO / "configs"  # the user-facing job configs (the verl_ext opti
 DEMO_HARNESS = "verl_ext.demo.harness:run"
 # the demo job with the gateway preset and the demo's harness: verl_ext_gateway_agent instead of verl_ext_tool_agent
 GATEWAY_OVERRIDES = ("verl_ext=gateway", f"verl_ext.harness.function={DEMO_HARNESS}")
-LOOPS = {"tool": "verl_ext_tool_agent", "gateway": "verl_ext_gateway_agent"}  # --loop -> the agent loop that runs
+LOOPS = {  # --loop -> the agent loops that run
+    "tool": "verl_ext_tool_agent",
+    "gateway": "verl_ext_gateway_agent",
+    "all": "verl_ext_tool_agent, verl_ext_audited_tool_agent and verl_ext_gateway_agent (rows name them: agent_name)",
+}
+ALL_LOOPS = ("verl_ext_tool_agent", "verl_ext_audited_tool_agent", "verl_ext_gateway_agent")  # --loop all, by row
+TRAINERS = {  # --trainer -> verl's trainer, as the demo names it (v1's default mode is trainer.v1.trainer_mode=sync)
+    "v1": "verl's v1 trainer",
+    "v0": "verl's v0 trainer",
+    "colocate-async": "verl's v1 trainer in colocate_async mode (trainer.v1.trainer_mode=colocate_async: partial "
+    "rollouts)",
+}
+PARK_TOKENS = 4  # colocate-async: one request per weight version is parked after this many sampled ids
+TRUTH_LOG = "engine-truth.jsonl"  # colocate-async: the CPU engine's log of which version generated which ids
 # --model -> what a person is told it is
 MODELS = {
     "qwen3": "a tiny random Qwen3 model with the calculator tool",
@@ -164,9 +177,10 @@ def shown(path: Path) -> Path:
         return path
 
 
-def prepare(out: Path, say: Callable[[str], None], model: str = "qwen3") -> dict[str, Path]:
-    """The demo's model folder and dataset in ``out`` (built once; kept between runs)."""
-    from verl_ext.demo.data import make_screen_rows, write_dataset
+def prepare(out: Path, say: Callable[[str], None], model: str = "qwen3", loop: str = "tool") -> dict[str, Path]:
+    """The demo's model folder and dataset in ``out`` (built once; kept between runs); ``loop="all"``: each row names
+    one of ``ALL_LOOPS`` in turn (``agent_name``)."""
+    from verl_ext.demo.data import make_rows, make_screen_rows, rows_naming, write_dataset
 
     out.mkdir(parents=True, exist_ok=True)
     if model == "qwen2.5-vl":
@@ -187,7 +201,10 @@ def prepare(out: Path, say: Callable[[str], None], model: str = "qwen3") -> dict
         from verl_ext.demo.model import build_tiny_qwen3  # torch and transformers: only when the model is missing
 
         build_tiny_qwen3(folder, tokenizer, seed=0)
-    data = write_dataset(out / "data")
+    if loop == "all":
+        data = write_dataset(out / "data-all", rows=rows_naming(make_rows, ALL_LOOPS))
+    else:
+        data = write_dataset(out / "data")
     say(
         f"prepared a tiny random Qwen3 model ({shown(folder)}) with the real Qwen3 tokenizer, and the calculator "
         "dataset"
@@ -227,15 +244,28 @@ def trainer_command(
         f"actor_rollout_ref.rollout.multi_turn.function_tool_path={REPO / 'verl_ext' / 'demo' / tools}",
         f"reward.custom_reward_function.path={REPO / 'verl_ext' / 'demo' / 'reward.py'}",
         f"trainer.total_training_steps={steps}",
-        f"trainer.use_v1={'true' if trainer == 'v1' else 'false'}",
+        f"trainer.use_v1={'false' if trainer == 'v0' else 'true'}",
         f"trainer.default_local_dir={out / 'checkpoints'}",
         f"verl_ext.records.dir={out / 'records'}",
         f"hydra.run.dir={out / 'hydra'}",
-        *(GATEWAY_OVERRIDES if loop == "gateway" else ()),
+        *(GATEWAY_OVERRIDES if loop in ("gateway", "all") else ()),
+        # rows in file order: the first batches (the ones trained in the first steps) name every loop
+        *(("data.shuffle=false",) if loop == "all" else ()),
+        *(async_overrides(out) if trainer == "colocate-async" else ()),
         *(VL_OVERRIDES if model == "qwen2.5-vl" else ()),
         *(BYPASS_OVERRIDES if bypass else ()),
         *extra,
     ]
+
+
+def async_overrides(out: Path) -> tuple[str, ...]:
+    """verl's ``colocate_async`` trainer mode (abort at each sample's end, weight update, resume at the step's end),
+    with the CPU engine's ``abort_after`` hook (one request per weight version parked after ``PARK_TOKENS`` sampled ids
+    until verl's abort, so every step resumes a turn across a weight update) and its truth log (``TRUTH_LOG``)."""
+    from verl_ext.demo.faults import engine_override
+
+    faults = [{"kind": "abort_after", "tokens": PARK_TOKENS}]
+    return ("trainer.v1.trainer_mode=colocate_async", engine_override(faults, truth_log=str(out / TRUTH_LOG)))
 
 
 def counted(n: int, thing: str) -> str:
@@ -243,9 +273,14 @@ def counted(n: int, thing: str) -> str:
     return f"{n} {thing}{'' if n == 1 else 's'}"
 
 
-def check_choices(loop: str, model: str) -> None:
-    """Raise ``OptionsError`` for a ``loop`` or ``model`` the demo does not have, or the VL model with the gateway
-    (the demo's harness is the calculator agent)."""
+def check_choices(loop: str, model: str, trainer: str = "v1") -> None:
+    """Raise ``OptionsError`` for a ``loop``, ``model`` or ``trainer`` the demo does not have, the VL model with the
+    gateway (the demo's harness is the calculator agent), or every loop under v0 (the gateway's rows need v1's
+    per-row loop column as the demo writes it)."""
+    if trainer not in TRAINERS:
+        raise OptionsError(f"the demo's trainer must be one of {sorted(TRAINERS)}, got {trainer!r}")
+    if loop == "all" and trainer == "v0":
+        raise OptionsError("--loop all runs under verl's v1 trainer: use --trainer v1 or --trainer colocate-async")
     if loop not in LOOPS:
         raise OptionsError(f"the demo's loop must be one of {sorted(LOOPS)}, got {loop!r}")
     if model not in MODELS:
@@ -271,7 +306,7 @@ def run_demo(
     (verl_ext_gateway_agent with the demo's harness); ``model`` one of ``MODELS``; ``bypass``: verl's bypass mode
     (no old-logprob pass; the numbers come from inside the policy loss). Raises ``OptionsError`` for
     another ``loop`` or ``model`` (``check_choices``)."""
-    check_choices(loop, model)
+    check_choices(loop, model, trainer)
     started = time.monotonic()
 
     def stamp(message: str) -> None:
@@ -282,7 +317,7 @@ def run_demo(
     if records.is_dir():  # a fresh report per run: old records would mix two runs
         for old in records.glob("*.jsonl"):
             old.unlink()
-    paths = prepare(out, stamp, model)
+    paths = prepare(out, stamp, model, loop)
     log = out / "train.log"
     env = {
         **os.environ,

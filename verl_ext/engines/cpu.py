@@ -12,8 +12,9 @@ without an accelerator (tests, demos; not for production speed). Three parts, as
 Output contract, matching vLLM's server in verl: ``token_ids`` are the sampled ids *with* the stop token kept,
 ``log_probs`` (when ``sampling_params["logprobs"]`` is true) are the log-probabilities of those ids under the
 sampling distribution (logits / temperature, in fp32; greedy uses temperature 1), ``extra_fields`` carries
-``global_steps``. ``stop_reason`` is the finish reason, ``"stop"`` or ``"length"`` (verl treats anything but
-``"aborted"`` as finished; vLLM folds both into ``"completed"``, which loses the truncation signal).
+``global_steps`` and verl_ext's engine report. ``stop_reason`` is the finish reason, ``"stop"``, ``"length"`` or
+``"aborted"`` (verl treats anything but ``"aborted"`` as finished; vLLM folds the first two into ``"completed"``,
+which loses the truncation signal).
 
 TEST/DEMO ONLY: ``VERL_EXT_CPU_FORCE_FIRST_TURN`` (see ``FORCE_ENV``) holds a text, e.g. a tool call ending in
 ``<|im_end|>``. It is tokenized and teacher-forced as the first assistant turn of every trajectory (any request whose
@@ -21,7 +22,12 @@ prompt does not already contain it), because a random model never calls a tool. 
 are still the model's. Never set it in a real run: the "sampled" tokens of that turn are then not the policy's.
 
 TEST ONLY: ``rollout.engine_kwargs.verl_ext_cpu.faults`` injects faults in the reported logprobs or the weights
-served (cpu_faults.py), to prove the numerics view localizes them.
+served (cpu_faults.py), to prove the numerics view localizes them, or parks a request until verl's abort
+(``abort_after``: a partial rollout on cue); ``truth_log`` writes the version that generated each request's ids.
+
+Partial rollouts (verl's async trainers): ``abort_all_requests`` stops the request in flight between two ids and
+returns it ``"aborted"`` with its logprobs; requests wait out the pause until ``resume_generation``; the engine report
+(``extra_fields["verl_ext_engine"]``) stamps the version each request was generated on (cpu_pause.py).
 
 ``score`` is the engine's scoring path (a prefill of given ids, their logprobs), used by the re-feed audit.
 """
@@ -31,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -42,17 +48,20 @@ from verl.workers.rollout.replica import RolloutReplica, TokenOutput
 from verl.workers.rollout.utils import ensure_async_iterator
 
 from verl_ext.core.errors import EngineRequestError, OptionsError
+from verl_ext.core.version_spans import engine_stamps
 from verl_ext.engines.cpu_faults import CallNumbers, Fault, parse_faults, perturbed
 from verl_ext.engines.cpu_images import VisionInputs, ban, vision_of
+from verl_ext.engines.cpu_pause import ABORTED, GenerationGate, ParkPlan, TruthLog
 from verl_ext.engines.forced_turn import contains_subsequence, forced_prefix  # noqa: F401 - the hook lives there
 from verl_ext.engines.prefix_cache import PrefixCache
+from verl_ext.engines.sglang_output import ENGINE_FIELD
 
 logger = logging.getLogger(__name__)
 
 FORCE_ENV = "VERL_EXT_CPU_FORCE_FIRST_TURN"
 SERVER_NAME_PREFIX = "verl_ext_cpu_server_"
 ENGINE_KWARGS_KEY = "verl_ext_cpu"  # rollout.engine_kwargs.<this>: the CPU engine's own options
-_ENGINE_OPTIONS = frozenset({"faults"})
+_ENGINE_OPTIONS = frozenset({"faults", "truth_log"})
 
 # sampling_params keys verl's agent loops send (agent_loop.py, tool_agent_loop.py); anything else is refused loudly.
 _KNOWN_PARAMS = frozenset(
@@ -176,6 +185,7 @@ def generate_tokens(
     vision: VisionInputs | None = None,
     banned_ids: Sequence[int] = (),
     prefix_cache: PrefixCache | None = None,
+    should_stop: Callable[[int], bool] | None = None,
 ) -> Generation:
     """Generate from ``prompt_ids`` one token at a time with a KV cache.
 
@@ -186,6 +196,8 @@ def generate_tokens(
     each. A stop id is kept in the output. Logprobs are in fp32 whatever the model dtype.
     ``prefix_cache``: the previous request's keys and values, reused for the prefix this prompt shares with it and
     left holding this request's (text only: a request with images prefills everything and empties it).
+    ``should_stop(ids so far)`` is asked before each sampled id: True stops there, finish reason ``"aborted"`` (verl's
+    abort, cpu_pause.py), the ids and logprobs so far returned.
     """
     if not prompt_ids:
         raise EngineRequestError("verl_ext_cpu: empty prompt")
@@ -193,8 +205,6 @@ def generate_tokens(
     past, shared = None, 0
     if prefix_cache is not None and vision is None:
         past, shared = prefix_cache.take(prompt_ids)
-    elif prefix_cache is not None:  # pixels are read at prefill: no cached prefix, and none kept
-        prefix_cache.clear()
     forced = forced_run(forced_ids, cfg)
     folded = forced if vision is None else []  # forced ids read in the prefill
     images = {} if vision is None else dict(vars(vision))  # a VL model's pixels, grids and token types
@@ -216,6 +226,9 @@ def generate_tokens(
         if len(token_ids) < len(forced) or more:
             logits = step(token)
     while finish_reason == "length" and len(token_ids) < cfg.max_tokens:
+        if should_stop is not None and should_stop(len(token_ids)):
+            finish_reason = "aborted"
+            break
         token = choose_token(logits, cfg, generator)
         token_ids.append(token)
         if cfg.logprobs:
@@ -224,7 +237,9 @@ def generate_tokens(
             finish_reason = "stop"
         elif len(token_ids) < cfg.max_tokens:
             logits = step(token)
-    if prefix_cache is not None and vision is None:  # the model has read the prompt and every output id but the last
+    if prefix_cache is not None and (vision is not None or finish_reason == "aborted"):
+        prefix_cache.clear()  # an aborted request's cache has read every output id: not the layout keep() takes
+    elif prefix_cache is not None:  # the model has read the prompt and every output id but the last
         prefix_cache.keep([*prompt_ids, *token_ids[:-1]], step.past)
     return Generation(token_ids=token_ids, log_probs=log_probs, finish_reason=finish_reason, num_forced=len(forced))
 
@@ -387,11 +402,13 @@ class CPUGenerationServer:
         force_every_turn: bool = False,
         prefix_cache: bool = False,
         faults: Sequence[Mapping[str, Any]] | None = None,
+        truth_log: str | None = None,
     ) -> None:
         """``force_text``: the TEST/DEMO hook (see the module docstring), forced on a trajectory's first turn, or on
         every turn with ``force_every_turn`` (a long-rollout benchmark: every turn a tool call). ``prefix_cache``:
         keep the last request's keys and values for the next request that extends it (``PrefixCache``).
-        ``faults``: TEST ONLY (cpu_faults.py), ``engine_kwargs.verl_ext_cpu.faults`` as configured."""
+        ``faults``: TEST ONLY (cpu_faults.py), ``engine_kwargs.verl_ext_cpu.faults`` as configured; ``truth_log``:
+        TEST ONLY, a JSONL file of the version that generated each request's ids (cpu_pause.py)."""
         from transformers import AutoTokenizer
 
         self.model = load_model(model_path)
@@ -413,12 +430,19 @@ class CPUGenerationServer:
         self._score_shift = sum(f.shift for f in self.faults if f.kind == "score_shift")
         self._calls = CallNumbers() if any(f.kind == "turn" for f in self.faults) else None
         self._received: list[tuple[str, torch.Tensor]] | None = None  # the last sync's weights (stale_weights)
+        self.gate = GenerationGate()  # verl's abort / resume (partial rollouts), between two ids
+        parking = next((f for f in self.faults if f.kind == "abort_after"), None)
+        self._park = ParkPlan(parking.tokens if parking else None, parking.wait_s if parking else 0.0)
+        self.truth = TruthLog(truth_log)
+        self._in_flight: set[str] = set()
         self.fault_hits: dict[str, int] = {}
         self.tokenizer: Any = None
         if force_text or any(f.rows_containing for f in self.faults):
             self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.faults:
-            logger.warning("verl_ext_cpu: TEST ONLY faults set, reported numbers are wrong on purpose: %s", self.faults)
+            logger.warning(
+                "verl_ext_cpu: TEST ONLY faults set (numbers, weights or stops wrong on purpose): %s", self.faults
+            )
         if force_text:
             tokenizer = self.tokenizer
             self.force_ids = tokenizer.encode(force_text, add_special_tokens=False)
@@ -453,27 +477,78 @@ class CPUGenerationServer:
         )
         generator = torch.Generator().manual_seed(cfg.seed) if cfg.seed is not None else self.generator
         forced = list(self.force_ids) if self.force_every_turn else forced_prefix(prompt_ids, self.force_ids)
-        async with self.lock:
-            # generation blocks; a thread keeps the actor answering update_weights/sleep/... meanwhile
-            result = await asyncio.to_thread(
-                generate_tokens,
-                self.model,
-                prompt_ids,
-                cfg,
-                forced_ids=forced,
-                generator=generator,
-                vision=vision,
-                banned_ids=self.vision.banned_ids if self.vision is not None else (),
-                prefix_cache=self.cache,
+        self._in_flight.add(request_id)
+        try:
+            run = await self._run(prompt_ids, cfg, forced, generator, vision)
+        finally:
+            self._in_flight.discard(request_id)
+        if run is None:  # the gate rejects requests (abort with reject_request): aborted, nothing generated
+            return TokenOutput(
+                token_ids=[],
+                log_probs=[] if cfg.logprobs else None,
+                stop_reason=ABORTED,
+                num_preempted=0,
+                extra_fields=self._extra(prompt_ids, None, False),
             )
+        result, version = run
         log_probs = self._reported_logprobs(prompt_ids, result) if cfg.logprobs else None
+        self.truth.write(prompt_ids, result.token_ids, version, result.finish_reason)
         return TokenOutput(
             token_ids=result.token_ids,
             log_probs=log_probs,
             stop_reason=result.finish_reason,
             num_preempted=0,
-            extra_fields={"global_steps": self.global_steps},
+            extra_fields=self._extra(prompt_ids, version, result.finish_reason != ABORTED),
         )
+
+    async def _run(
+        self, prompt_ids: list[int], cfg: SamplingConfig, forced: list[int], generator: Any, vision: Any
+    ) -> tuple[Generation, int | None] | None:
+        """Generate once the gate admits the request, on the weights served when it takes the model (the version
+        returned); an abort stops it between two ids. None: the gate rejects requests. A request the TEST ONLY
+        ``abort_after`` fault parks returns, aborted, when verl's abort comes (cpu_pause.py)."""
+        while True:
+            if not await self.gate.admit():
+                return None
+            async with self.lock:
+                if self.gate.paused:  # closed while this request waited for the model: park it again
+                    continue
+                version = self.global_steps  # stamped at dispatch: the weights cannot change while it runs
+                park = self._park.park_at(prompt_ids, len(forced), version)
+
+                def should_stop(done: int, park: int | None = park) -> bool:
+                    return self.gate.stop_requested() or (park is not None and done >= park)
+
+                # generation blocks; a thread keeps the actor answering abort/update_weights/sleep/... meanwhile
+                result = await asyncio.to_thread(
+                    generate_tokens,
+                    self.model,
+                    prompt_ids,
+                    cfg,
+                    forced_ids=forced,
+                    generator=generator,
+                    vision=vision,
+                    banned_ids=self.vision.banned_ids if self.vision is not None else (),
+                    prefix_cache=self.cache,
+                    should_stop=should_stop,
+                )
+                aborts = self.gate.aborts  # a parked request waits for the next abort after this one
+            break
+        if result.finish_reason == ABORTED:
+            if park is not None and not self.gate.stop_requested():  # parked: the model is free, wait for verl
+                self.fault_hits["abort_after"] = self.fault_hits.get("abort_after", 0) + 1
+                if not await self.gate.wait_for_abort(aborts, self._park.wait_s):
+                    self.fault_hits["abort_after_timeout"] = self.fault_hits.get("abort_after_timeout", 0) + 1
+            self._park.aborted(prompt_ids, result.token_ids)
+        return result, version
+
+    def _extra(self, prompt_ids: Sequence[int], version: int | None, complete: bool) -> dict[str, Any]:
+        """verl's ``global_steps`` (the weights served as the output returns) and verl_ext's engine report: the
+        version the request was generated on (at dispatch and at its stop: the same on this engine, whose weights
+        change only between requests), the CRC of the prompt ids received and whether the output is whole."""
+        report = {**engine_stamps(version, version, prompt_ids), "weight_version": self.global_steps}
+        report["complete"] = complete
+        return {"global_steps": self.global_steps, ENGINE_FIELD: report}
 
     def _reported_logprobs(self, prompt_ids: list[int], result: Generation) -> list[float]:
         """The logprobs this request reports: the generation's own, or with the TEST ONLY faults that select it
@@ -481,7 +556,7 @@ class CPUGenerationServer:
         number = 0
         if self._calls is not None:  # every call is numbered, selected or not, so later calls count right
             number = self._calls.number(prompt_ids)
-            self._calls.remember(prompt_ids, result.token_ids, number)
+            self._calls.remember(prompt_ids, result.token_ids, number, aborted=result.finish_reason == ABORTED)
         if not self._reported:
             return result.log_probs
         text: list[str] = []
@@ -559,8 +634,8 @@ class CPUGenerationServer:
         }
 
     # Lifecycle calls verl's replica/checkpoint manager forward to every server. Nothing to free on CPU: the model
-    # stays resident, no KV cache is kept between requests but the optional prefix cache, and a request cannot be
-    # interrupted mid-way.
+    # stays resident and no KV cache is kept between requests but the optional prefix cache; an abort stops the
+    # request in flight between two ids (cpu_pause.py).
     async def wake_up(self, tags: list[str] | None = None) -> None:
         """Nothing to wake: the model stays resident on CPU."""
         return None
@@ -584,12 +659,17 @@ class CPUGenerationServer:
         return None
 
     async def abort_all_requests(self, reject_request: bool = False, **kwargs: Any) -> dict[str, Any]:
-        """Nothing to abort: a CPU request cannot be interrupted mid-way (reports none aborted)."""
-        return {"aborted_count": 0, "request_ids": []}
+        """verl's abort before a weight update: the request being generated stops between two ids and returns
+        aborted with what it has; new requests are parked until ``resume_generation`` (answered aborted at once with
+        ``reject_request``). Returns the requests in flight that were aborted."""
+        aborted = sorted(self._in_flight)
+        self.gate.abort(reject_request)
+        logger.info("verl_ext_cpu: abort %d (%d requests in flight)", self.gate.aborts, len(aborted))
+        return {"aborted_count": len(aborted), "request_ids": aborted}
 
     async def resume_generation(self) -> None:
-        """Nothing was paused."""
-        return None
+        """verl's resume after the weight update: parked requests go on, on the weights served now."""
+        self.gate.resume()
 
     async def start_profile(self, **kwargs: Any) -> None:
         """No engine profiler on CPU."""
@@ -621,6 +701,7 @@ class CPURolloutReplica(RolloutReplica):
                 node_id=node_id, soft=False
             )
         force_text = os.environ.get(FORCE_ENV) or None
+        own = engine_options(getattr(self.config, "engine_kwargs", None))
         server = (
             ray.remote(CPUGenerationServer)
             .options(**options)
@@ -631,7 +712,8 @@ class CPURolloutReplica(RolloutReplica):
                 max_model_len=self.config.max_model_len,
                 seed=int(getattr(self.config, "seed", 0) or 0) + self.replica_rank,
                 force_text=force_text,
-                faults=engine_options(getattr(self.config, "engine_kwargs", None)).get("faults"),
+                faults=own.get("faults"),
+                truth_log=own.get("truth_log"),
             )
         )
         await server.stats.remote()  # surfaces a model-loading error here rather than at the first request

@@ -19,7 +19,12 @@ of a clean run with the same seed. Kinds:
   with ``global_steps=k`` after step ``k`` (the first sync, before step 1, carries 0): ``versions: [1]`` makes step
   2's rollouts stale;
 * ``score_shift`` (``shift``): the engine's scoring path (``score``, the re-feed audit's prefill) reports its
-  logprobs shifted: a scoring path that lies, which the audit's canary must refuse.
+  logprobs shifted: a scoring path that lies, which the audit's canary must refuse;
+* ``abort_after`` (``tokens``, optional ``wait_s``, default 300): a partial rollout on cue. The first request served
+  on each weight version that samples (no forced turn) and resumes nothing is parked after ``tokens`` sampled ids,
+  the model released, until verl's next ``abort_all_requests`` (at most ``wait_s`` seconds; then it is returned
+  aborted anyway, counted as ``abort_after_timeout``): it returns those ids aborted, and verl_ext's client resumes it
+  after the weight update (cpu_pause.py). Changes when a request stops, never what it samples.
 
 ``shift`` must be negative (a logprob stays at most 0). The reported-number faults take two optional selectors:
 ``rows_containing`` (a text; only requests whose decoded prompt contains it, e.g. one dataset row's question) and
@@ -38,14 +43,17 @@ from typing import Any
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.errors import OptionsError
 
-FAULT_KINDS = ("past_depth", "turn", "bf16", "stale_weights", "score_shift")
+FAULT_KINDS = ("past_depth", "turn", "bf16", "stale_weights", "score_shift", "abort_after")
 _KEYS = {
     "past_depth": {"depth", "shift"},
     "turn": {"turn", "shift"},
     "bf16": set(),
     "stale_weights": {"versions"},
     "score_shift": {"shift"},
+    "abort_after": {"tokens"},
 }
+_OPTIONAL = {"abort_after": {"wait_s"}}
+_NO_SELECTORS = frozenset({"stale_weights", "score_shift", "abort_after"})
 _SELECTORS = {"rows_containing", "versions"}
 _WHERE = "rollout.engine_kwargs.verl_ext_cpu.faults"
 
@@ -61,6 +69,8 @@ class Fault:
     shift: float = 0.0
     rows_containing: str | None = None
     versions: frozenset[int] | None = None
+    tokens: int = 0  # abort_after: sampled ids before the request is parked
+    wait_s: float = 300.0  # abort_after: how long a parked request waits for verl's abort
 
     def selects(self, version: int | None, prompt_text: Callable[[], str]) -> bool:
         """Whether a request served on weights ``version`` with this prompt is hit (``prompt_text`` decodes it, only
@@ -103,13 +113,13 @@ def parse_faults(raw: Any) -> tuple[Fault, ...]:
         if kind not in _KEYS:
             raise OptionsError(f"{_WHERE}[{index}].kind must be one of {list(FAULT_KINDS)}, got {kind!r}")
         needed = _KEYS[kind]
-        allowed = needed | (_SELECTORS if kind not in ("stale_weights", "score_shift") else set())
+        allowed = needed | _OPTIONAL.get(kind, set()) | (_SELECTORS if kind not in _NO_SELECTORS else set())
         unknown = sorted(set(entry) - allowed)
         missing = sorted(needed - set(entry))
         if unknown or missing:
             raise OptionsError(
                 f"{_WHERE}[{index}] (kind {kind}): unknown keys {unknown}, missing keys {missing}; a {kind} fault "
-                f"takes {sorted(needed)}" + (f" and optionally {sorted(_SELECTORS)}" if allowed - needed else "")
+                f"takes {sorted(needed)}" + (f" and optionally {sorted(allowed - needed)}" if allowed - needed else "")
             )
         versions = entry.get("versions")
         if versions is not None:
@@ -127,9 +137,18 @@ def parse_faults(raw: Any) -> tuple[Fault, ...]:
                 shift=_shift(entry, index) if "shift" in entry else 0.0,
                 rows_containing=rows,
                 versions=versions,
+                tokens=_int(entry, "tokens", index, minimum=1) if "tokens" in entry else 0,
+                wait_s=_seconds(entry, index) if "wait_s" in entry else 300.0,
             )
         )
     return tuple(faults)
+
+
+def _seconds(entry: Mapping[str, Any], index: int) -> float:
+    value = entry["wait_s"]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise OptionsError(f"{_WHERE}[{index}].wait_s must be a positive number of seconds, got {value!r}")
+    return float(value)
 
 
 def bf16_round(value: float) -> float:
@@ -173,6 +192,9 @@ class CallNumbers:
                     return found + 1
         return 0
 
-    def remember(self, prompt_ids: Sequence[int], output_ids: Sequence[int], number: int) -> None:
+    def remember(
+        self, prompt_ids: Sequence[int], output_ids: Sequence[int], number: int, aborted: bool = False
+    ) -> None:
+        """``aborted``: the call stopped early; the call that resumes it (its prompt + output) keeps its number."""
         sequence = [*prompt_ids, *output_ids]
-        self._seen[(len(sequence), _digest(sequence))] = number
+        self._seen[(len(sequence), _digest(sequence))] = number - 1 if aborted else number

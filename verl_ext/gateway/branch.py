@@ -16,6 +16,7 @@ from typing import Any
 from verl_ext.check.inputs import EngineCall, EngineCalls
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.trajectory import TokenTrajectory
+from verl_ext.core.version_spans import Attempt, RolloutVersions
 from verl_ext.gateway.history import ROOT, Divergence, chain, message_key, tools_key
 from verl_ext.runtime import LiveRollout
 
@@ -41,6 +42,7 @@ class _Turn:
     message: Mapping[str, Any] | None  # for the template: content as sampled, reasoning included
     visible: Mapping[str, Any]  # as the client got it
     end: int  # the number of client messages once this turn's message is added
+    attempts: tuple[Attempt, ...] | None = None  # the engine's attempts at the call (None: the engine says none)
 
 
 class Branch:
@@ -89,12 +91,25 @@ class Branch:
         self._add_messages(messages)
         return prompt
 
-    def add_turn(self, call: EngineCall, message: Mapping[str, Any] | None, visible: Mapping[str, Any]) -> None:
+    def add_turn(
+        self,
+        call: EngineCall,
+        message: Mapping[str, Any] | None,
+        visible: Mapping[str, Any],
+        attempts: tuple[Attempt, ...] | None = None,
+    ) -> None:
         """Keep an engine call's output as sampled, with the message it parses to (and the client's view of it);
-        ``message`` None for an output that is not a message (invalid engine output: the trajectory cuts it)."""
+        ``message`` None for an output that is not a message (invalid engine output: the trajectory cuts it).
+        ``attempts``: the engine calls it took (a turn resumed after a weight update takes two or more)."""
         self.rollout.keep(call, message)  # as every loop keeps a turn (verl_ext.runtime)
         self._add_messages([visible])
-        self.turns.append(_Turn(call, message, visible, len(self.messages)))
+        self.turns.append(_Turn(call, message, visible, len(self.messages), attempts))
+
+    def versions(self, trained_step: int | None) -> RolloutVersions | None:
+        """The record's versions: every turn's attempts, in call order; None where a turn's engine says none."""
+        if not self.turns or any(t.attempts is None for t in self.turns):
+            return None
+        return RolloutVersions(tuple(t.attempts or () for t in self.turns), trained_step=trained_step)
 
     @property
     def response_tokens(self) -> int:
@@ -124,6 +139,6 @@ class Branch:
             first = turn.end - 1  # the turn's own message
             if first > previous:
                 child.append(self.messages[previous:first])
-            child.add_turn(turn.call, turn.message, turn.visible)
+            child.add_turn(turn.call, turn.message, turn.visible, turn.attempts)
             previous = turn.end
         return previous

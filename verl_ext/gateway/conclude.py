@@ -90,7 +90,8 @@ def branch_rollout(
     # the loop that wrote the record, by the name a user knows it by (the report picks its fix texts by it)
     loop = "verl_ext_gateway_agent" if training is not None else "verl-ext gateway"
     extra = {"loop": loop, "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
-    finished = live.finish(response_length=response_length, step=row["step"], extra=extra)
+    versions = branch.versions(row["step"])  # each turn's attempts, where the engine says them
+    finished = live.finish(response_length=response_length, step=row["step"], extra=extra, versions=versions)
     if training is None:
         return finished
     trains = training.to_json(sum(trained_mask(branch.trajectory, finished.sample, training.turns)))

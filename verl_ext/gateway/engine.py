@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -28,11 +28,15 @@ SAMPLING_DEFAULTS: dict[str, object] = {"top_k": None, "repetition_penalty": 1.0
 class Sampled:
     """What the engine returned: the ids as sampled (a stop id kept), one logprob per id; ``images``: the images it
     passed on with the call, as it passed them (None: it does not say, and the gateway records the list it handed
-    the engine). The engine call's record keeps their digests."""
+    the engine). The engine call's record keeps their digests. ``segments``: the engine calls (attempts) the turn
+    took, for the record's versions."""
 
     token_ids: tuple[int, ...]
     log_probs: tuple[float, ...] | None
     images: tuple[Any, ...] | None = None
+    # the engine calls the turn took, one segment each (verl_ext.core.version_spans: the version each was sent on,
+    # its place): two or more where a weight update aborted the turn and it was resumed. None: the engine does not say
+    segments: tuple[Mapping[str, Any], ...] | None = None
 
 
 class Engine(Protocol):

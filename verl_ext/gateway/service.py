@@ -26,6 +26,7 @@ from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
+from verl_ext.core.version_spans import Attempt
 from verl_ext.gateway.branch import Fork
 from verl_ext.gateway.conclude import BranchResult, conclude_branch
 from verl_ext.gateway.engine import SAMPLING_DEFAULTS, Engine, Sampled, Sampling
@@ -296,10 +297,12 @@ class Gateway:
 
         turn = await branch.rollout.turn(max_tokens, stop_ids, generate, read)
         call = turn.call
+        segments = getattr(turn.output, "segments", None)  # the engine's attempts at the turn (for the versions)
+        attempts = tuple(Attempt.of(seg) for seg in segments) if segments else None
         if turn.parsed is None:
             # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
             # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
-            branch.add_turn(call, None, {"role": "assistant", "content": ""})
+            branch.add_turn(call, None, {"role": "assistant", "content": ""}, attempts)
             session.register(branch)
             branch.exhausted = True
             self.counters["invalid_engine_output"] += 1
@@ -307,7 +310,7 @@ class Gateway:
             return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
         parsed = turn.parsed
         visible = visible_message(parsed.message, self.markers, parsed.calls, parse)
-        branch.add_turn(call, parsed.message, visible)
+        branch.add_turn(call, parsed.message, visible, attempts)
         session.register(branch)
         self.counters["turns"] += 1
         self.counters["malformed_calls"] += parsed.malformed

@@ -43,6 +43,7 @@ from verl_ext.plugin.loop_names import AGENT_LOOP_NAME
 from verl_ext.plugin.loop_output import loop_output
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.refeed_loop import audit_rollout, write_refeed_line
+from verl_ext.plugin.resume_client import keep_attempts
 from verl_ext.plugin.tool_calls import (
     ParsedCall,
     ToolOutcome,
@@ -111,6 +112,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
 
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.server_manager = keep_attempts(self.server_manager)  # verl's resume client: each attempt kept
         self.options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
         self.rt = runtime_for(
             self.tokenizer, self.apply_chat_template_kwargs, self.options, self.tool_parser.stop_token_ids

@@ -3,6 +3,8 @@
 Run it before switching loops: it records every engine call of the stock loop, runs the consistency check on each
 rollout in audit-only mode (never raises; ``check.mode=off`` still turns it off) and reports the same ``tito/``
 metrics, extra fields and records as ``verl_ext_tool_agent``. The tokens the trainer gets are the stock loop's.
+Under verl's async trainers its server manager is verl_ext's resume client (resume_client.py): a turn resumed after
+a weight update reaches the stock loop whole, as verl's client hands it over, and its attempts are recorded.
 """
 
 from __future__ import annotations
@@ -16,9 +18,12 @@ from verl.experimental.agent_loop.tool_agent_loop import AgentData, AgentState, 
 
 from verl_ext.check.inputs import TrainerSample
 from verl_ext.check.policy import CheckMode
+from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields, segment
+from verl_ext.engines.sglang_output import ENGINE_FIELD
 from verl_ext.plugin.agent_loop import plain_index, runtime_for, training_step
 from verl_ext.plugin.loop_names import AUDIT_LOOP_NAME
 from verl_ext.plugin.options import LoopOptions
+from verl_ext.plugin.resume_client import SEGMENTS_FIELD, keep_attempts
 from verl_ext.runtime import LiveRollout
 
 
@@ -34,9 +39,22 @@ class _RecordingServer:
         self.rollout = rollout
         self.made = 0  # generate calls answered
         self.last_output: Any = None
+        self.resumed: list[dict[str, Any]] = []  # calls verl_ext's resume client resumed: their segments
+        self.attempts: list[tuple[Attempt, ...]] = []  # each recorded call's attempts (the record's versions)
 
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kw: Any):
         output = await self.inner.generate(request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kw)
+        segments = (output.extra_fields or {}).pop(SEGMENTS_FIELD, None)  # recorded here, not handed to verl
+        if not segments:  # one attempt (a client that does not resume, or verl's, which keeps no segments)
+            report = (output.extra_fields or {}).get(ENGINE_FIELD) or {}
+            segments = [
+                segment(
+                    0, output.token_ids, output.stop_reason, True, report, output.extra_fields or {}, output.log_probs
+                )
+            ]
+        self.attempts.append(tuple(Attempt.of(s) for s in segments))
+        if len(segments) > 1:
+            self.resumed.append({"turn": self.made, "segments": [resumed_fields(s) for s in segments]})
         if self.rollout is not None:
             max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
             stops = sampling_params.get("stop_token_ids") or ()
@@ -55,6 +73,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
 
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.server_manager = keep_attempts(self.server_manager)  # verl's resume client: each attempt kept
         options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
         audit = CheckMode.OFF if options.check.mode is CheckMode.OFF else CheckMode.WARN
         self.options = dataclasses.replace(options, check=dataclasses.replace(options.check, mode=audit))
@@ -90,14 +109,17 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         await self._complete_messages(messages, prompt_messages, recorder, data)
         tools = (getattr(data, "_active_tool_schemas", None) if data is not None else None) or self.tool_schemas or None
         live.watch(kwargs["raw_prompt"], tools)
+        # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
+        step = training_step(kwargs, output.extra_fields.get("global_steps"))
         finished = live.finish(
             response_length=self.response_length,
-            # the stock loop keeps the first engine call's extra fields, as verl_ext_tool_agent does
-            step=training_step(kwargs, output.extra_fields.get("global_steps")),
+            step=step,
+            versions=RolloutVersions(tuple(recorder.attempts), trained_step=step),
             extra={
                 "loop": AUDIT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
                 "index": plain_index(kwargs.get("index")),
+                **({"resumed_turns": recorder.resumed} if recorder.resumed else {}),
             },
             sample=sample,
             messages=messages,

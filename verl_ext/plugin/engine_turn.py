@@ -90,9 +90,7 @@ async def generate_turn(
         report = extra.get(ENGINE_FIELD) or {}
         _count_engine_report(report, counters)
         # one segment per call (keys: verl_ext.core.version_spans): its own start, logprobs, stamps and cut ids
-        segments.append(
-            segment(len(ids), new, out.stop_reason, not _incomplete(out), report, extra, out.log_probs)
-        )
+        segments.append(segment(len(ids), new, out.stop_reason, not _incomplete(out), report, extra, out.log_probs))
         ids += new
         if logprobs is not None and out.log_probs is not None:
             logprobs += [float(x) for x in out.log_probs]
@@ -116,6 +114,10 @@ async def generate_turn(
         )
     if len(segments) > 1:
         counters["engine/continued_turns"] += 1
+        # verl's staleness reads max_global_steps: the turn's last call's, as verl's resume client keeps it
+        last = out.extra_fields or {}
+        latest = last.get("max_global_steps", last.get("global_steps"))
+        first_extra = {**(first_extra or {}), "max_global_steps": latest}
     return TurnOutput(ids, logprobs, out.stop_reason, first_extra or {}, segments, sent)
 
 
@@ -135,9 +137,9 @@ async def _generate(
     Any other error is raised as it is."""
     try:
         images = {"image_data": image_data} if image_data else {}  # every image of the prompt, in placeholder order
-        return await server_manager.generate(
-            request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **images
-        )
+        # verl_ext's resume client (resume_client.py) answers one attempt, never resumed: this loop continues it
+        call = getattr(server_manager, "generate_attempt", None) or server_manager.generate
+        return await call(request_id=request_id, prompt_ids=prompt_ids, sampling_params=params, **images)
     except Exception as exc:
         refused = _image_prompt_refusal(exc)
         if refused is not None:  # nothing was sent: the loop ends the rollout before this turn

@@ -116,6 +116,7 @@ class ServerManagerEngine:
             tuple(int(i) for i in out.token_ids),
             None if out.log_probs is None else tuple(out.log_probs),
             None if out.images is None else tuple(out.images),  # the image_data verl's server manager was given
+            tuple(out.segments),  # one per engine call: two or more for a turn resumed after a weight update
         )
         session = _SESSION.get()
         if session is not None:

@@ -43,8 +43,8 @@ class KeyedValues:
         self.form = form
         pre = "".join(rf"(?:\s*{chunk_pattern(c)})?" for c in form.key_pre[:-1])
         last = chunk_pattern(form.key_pre[-1]) if form.key_pre else ""
-        kv = r"\s*".join(["", *map(chunk_pattern, form.key_value), ""])
-        # a parameter's head: its key between the template's chunks, up to where the value starts
+        kv = r"\s*".join(["", *map(chunk_pattern, form.key_value)])
+        # a parameter's head: its key between the template's chunks, up to the whitespace before its value
         self.head = re.compile(pre + r"\s*" + last + r"\s*(?P<key>[^\s<>=/\"']+)" + kv)
         # a value's close, with any whitespace before it (the match starts at the first of that whitespace)
         self.close = re.compile(r"\s*" + _joined(form.value_post)) if form.value_post else None
@@ -60,8 +60,7 @@ class KeyedValues:
 
     def _in_context(self, text: str, m: re.Match[str]) -> bool:
         """Whether the close ``m`` has the template's own whitespace right before its marker."""
-        marker = len(m.group()) - len(m.group().lstrip())
-        return text[m.start() : m.start() + marker].endswith(self.before)
+        return text[: _marker(m)].endswith(self.before)
 
     def value_end(self, text: str, start: int, string: bool) -> tuple[int, int] | None:
         """Where the value starting at ``start`` ends and where its close ends (``string``: a declared string, whose
@@ -86,9 +85,19 @@ class KeyedValues:
             yield h.group("key"), text[h.end() : end[0]].strip(), end[1]
             at = end[1]
 
-    def cuts(self, text: str, at: int, budget: list[int]) -> Iterator[list[tuple[str, str]]]:
+    def written(self, raw: str | None, value: Any) -> bool:
+        """Whether ``raw`` (a value's text from its key's chunks to its close's marker) is the text of ``value``: a
+        string as the template writes it (its own whitespace, the template's before and after it); another value
+        as it reads (``reads_as``: its spacing is the model's); a value cut short (None) as any."""
+        if raw is None:
+            return True
+        if isinstance(value, str):
+            return raw == self.form.value_open + value + self.before
+        return reads_as(raw, value, self.form.literals)
+
+    def cuts(self, text: str, at: int, budget: list[int]) -> Iterator[list[tuple[str, str | None]]]:
         """Every way to cut the text from ``at`` into parameters, each closed at a close the form goes on after
-        (raw values as written); a value no close follows runs to the end of the text (a turn cut short), or is
+        (raw values as written); a value no close follows (a turn cut short) is there with any value (None), or
         left out (the derived reader's reading of it)."""
         h = self.head.match(text, at)
         if h is None:
@@ -103,19 +112,19 @@ class KeyedValues:
             if budget[0] < 0:
                 return
             for rest in self.cuts(text, m.end(), budget):
-                yield [(h.group("key"), text[h.end() : m.start()]), *rest]
-        if not closed:
-            yield [(h.group("key"), text[h.end() :])]
+                yield [(h.group("key"), text[h.end() : _marker(m)]), *rest]
+        if not closed:  # cut short: both readings of the rest are its text (whole or left out)
+            yield [(h.group("key"), None)]
             yield []
 
 
 def keyed_writes(values: KeyedValues, text: str, after_name: int, arguments: Mapping[str, Any]) -> bool:
     """Whether some cut of ``text`` after a call's name (``after_name``: where its parameters start) into parameters
-    gives exactly ``arguments`` (each value read as the template's text, see ``reads_as``)."""
+    gives exactly ``arguments`` (each value written as the template writes it, ``KeyedValues.written``)."""
     for cut in values.cuts(text, after_name, [_MAX_CUTS]):
         keys = [k for k, _ in cut]
         same_keys = len(keys) == len(arguments) and set(keys) == set(arguments)
-        if same_keys and all(reads_as(raw, arguments[k], values.form.literals) for k, raw in cut):
+        if same_keys and all(values.written(raw, arguments[k]) for k, raw in cut):
             return True
     return False
 
@@ -143,6 +152,11 @@ def reads_as(raw: str, value: Any, literals: Mapping[str, Any]) -> bool:
             except (KeyError, ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
                 continue
     return False
+
+
+def _marker(m: re.Match[str]) -> int:
+    """Where a close's marker starts (after the whitespace its match starts with)."""
+    return m.start() + len(m.group()) - len(m.group().lstrip())
 
 
 def _canonical(value: Any) -> str:

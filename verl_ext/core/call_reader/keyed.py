@@ -1,17 +1,17 @@
 """Keyed parameter values (``<parameter=K>\\nVALUE\\n</parameter>``) read where the template really closes them.
 
 A keyed value is raw text: nothing in it is escaped, so a value may hold the close's own marker (an agent editing
-code about tool calls writes ``"see </parameter> here"``, or ``</function>``, ``</tool_call>``). The template writes
-the close with its own surrounding text (Qwen3-Coder: ``"\\n</parameter>\\n"``, learned as ``CallForm.value_close``),
-and after it the form goes on (the next parameter's key, the call's trail, or the turn's end). So a value ends at the
-first close the form goes on after, else at the first close: a marker the form does not go on after inside a value
-is the value's text. A string value's whitespace is its own text, kept as the model wrote it (the template's newline
-on each side), so it ends at the first such close with the template's whitespace right before it where there is one:
-a close without that context inside a string (``"a </parameter><parameter=b>"``) is text too. Other values' spacing
-is the model's (``" 0.5</parameter>"``), and their first close the form goes on after ends them.
+code about tool calls writes ``"see </parameter> here"``, or ``</function>``, ``</tool_call>``). After a close the
+form goes on (the next parameter's key, the call's trail, or the turn's end), so a value ends at the first close the
+form goes on after, else at the first close: a marker the form does not go on after is the value's text. A close
+the form does go on after is one whatever whitespace is around it: a model may drop the template's newline before
+``</parameter>`` (``"1+2</parameter>"``), and that text cannot be told by its whitespace from a string holding
+``"</parameter><parameter=b>"`` (verl's qwen3_coder parser reads it as a close too).
 
 ``keyed_writes`` is the fact ``faults.NOT_WRITTEN`` judges a reading's keyed call by: some way of cutting the text
-after the call's name into parameters (at any of the closes the form goes on after) gives exactly its arguments.
+after the call's name into parameters (at any of the closes the form goes on after) gives exactly its arguments, a
+string with the template's own whitespace around it (``CallForm.value_open``, ``value_close``: where two readings
+differ, a string value is the template's text between them).
 verl's qwen3_coder parser ends a value at the first ``</function>`` or ``</tool_call>`` even inside it, and reads
 ``"see "``: no cut of the text gives that, so that reading is not what the text writes. Where two cuts give two
 different calls (a value holding the template's own text between two parameters, context and all), both are
@@ -58,28 +58,20 @@ class KeyedValues:
     def _closes(self, text: str, start: int) -> Iterator[re.Match[str]]:
         return self.close.finditer(text, start) if self.close is not None else iter(())
 
-    def _in_context(self, text: str, m: re.Match[str]) -> bool:
-        """Whether the close ``m`` has the template's own whitespace right before its marker."""
-        return text[: _marker(m)].endswith(self.before)
-
-    def value_end(self, text: str, start: int, string: bool) -> tuple[int, int] | None:
-        """Where the value starting at ``start`` ends and where its close ends (``string``: a declared string, whose
-        whitespace is its own; see the module's doc); None where no close follows."""
-        first = going = None
+    def value_end(self, text: str, start: int) -> tuple[int, int] | None:
+        """Where the value starting at ``start`` ends and where its close ends (see the module's doc); None where
+        no close follows."""
+        first = None
         for m in self._closes(text, start):
-            on = self.goes_on.match(text, m.end()) is not None
-            if on and (not string or self._in_context(text, m)):
+            if self.goes_on.match(text, m.end()) is not None:
                 return m.start(), m.end()
             first = first or m
-            going = going or (m if on else None)
-        pick = going or first
-        return (pick.start(), pick.end()) if pick is not None else None
+        return (first.start(), first.end()) if first is not None else None
 
-    def read(self, text: str, at: int, types: Mapping[str, Any]) -> Iterator[tuple[str, str, int]]:
-        """The parameters from ``at`` on (``types``: the call's declared parameter types): (key, raw value with its
-        whitespace stripped, where its close ends)."""
+    def read(self, text: str, at: int) -> Iterator[tuple[str, str, int]]:
+        """The parameters from ``at`` on: (key, raw value with its whitespace stripped, where its close ends)."""
         while (h := self.head.match(text, at)) is not None:
-            end = self.value_end(text, h.end(), types.get(h.group("key")) == "string")
+            end = self.value_end(text, h.end())
             if end is None:
                 return
             yield h.group("key"), text[h.end() : end[0]].strip(), end[1]

@@ -298,7 +298,7 @@ class CallReader:
         args: dict[str, Any] = {}
         end = m.end()
         declared = types.get(name) or {}
-        for key, raw, stop in self.values.read(text, end, declared):
+        for key, raw, stop in self.values.read(text, end):
             args[key] = self._value(raw, declared.get(key))
             end = stop
         return ReadCall(name, json.dumps(args, ensure_ascii=False), call_id), end

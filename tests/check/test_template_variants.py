@@ -65,6 +65,9 @@ SUITE_CASES = (
     "templates/moonshotai-Kimi-K2",
 )
 NAMES = ("calculator", "web_search", "get-weather")
+# Room for every drawn turn: a rollout cut by the response length holds calls no reader can read exactly (two turns
+# of three keyed calls with marker text run past 512 tokens where the markers are plain text); cuts are tested apart.
+RESPONSE_LENGTH = 4096
 
 
 def sampled_variants(per_class: int = SAMPLE_PER_CLASS, seed: int = SEED) -> list[Variant]:
@@ -218,6 +221,7 @@ def loop_rollout(b: Built, turns: list[str], texts: list[str]) -> tuple[Any, Any
         prompt=PROMPT,
         max_parallel_calls=8,
         call_reader=b.reader,
+        response_length=RESPONSE_LENGTH,
     )
 
 

@@ -226,7 +226,8 @@ def variant_rates(variant, rollouts: int, seed: int) -> dict:
     if isinstance(b, str):
         return {"skipped": b}
     checker = ConsistencyChecker(b.renderer, b.profile, CheckPolicy(mode="warn"))
-    seen = {"n": 0, "defective": 0, "misread": 0, "inside_n": 0, "inside_defective": 0, "inside_misread": 0}
+    seen = {"n": 0, "defective": 0, "misread": 0, "ambiguous": 0}
+    seen |= {"inside_" + k: 0 for k in list(seen)}
     examples: list[str] = []
 
     def run(inside: bool, n: int) -> None:
@@ -239,9 +240,11 @@ def variant_rates(variant, rollouts: int, seed: int) -> dict:
             o = one_rollout(data, b, checker, inside)
             seen[key + "n"] += 1
             seen[key + "defective"] += bool(o.defects)
-            seen[key + "misread"] += bool(o.misread)
-            if (o.defects or o.misread) and len(examples) < 2:
-                what = o.defects[0] if o.defects else ("misread", o.misread[0])
+            misread = bool(o.misread and not o.ambiguous) or bool(o.left)  # a marker left in the content: misread
+            seen[key + "misread"] += misread
+            seen[key + "ambiguous"] += o.ambiguous
+            if (o.defects or misread) and len(examples) < 2:
+                what = o.defects[0] if o.defects else ("misread", o.misread[0] if o.misread else o.left)
                 examples.append(f"{'inside ' if inside else ''}{o.text[0][:160]!r}: {str(what)[:300]}")
 
         if n:
@@ -265,8 +268,56 @@ def _rate(row: dict, key: str, what: str = "defective") -> str:
     return f"{1000 * row[key + what] / row[key + 'n']:.0f}" if row[key + "n"] else "-"
 
 
+_COUNTS = ("n", "defective", "misread", "ambiguous")
+
+
+def _summed(rows: list[dict]) -> dict:
+    """The counts of several variants' rows added up (rollouts, defects, misreads, ambiguous renders, with and
+    without marker text in an argument; mutations; variants with a failure)."""
+    out = {**{p + k: sum(r[p + k] for r in rows) for k in _COUNTS for p in ("", "inside_")}, "variants": len(rows)}
+    out["caught"], out["mutations"] = sum(r["caught"] for r in rows), sum(r["mutations"] for r in rows)
+    out["failing"] = sum(bool(r["failing"]) for r in rows)
+    out["unclean"] = sum(not r["clean"] for r in rows)
+    return out
+
+
+def _ambiguous(row: dict) -> str:
+    """Rollouts with an ambiguous render per 1,000 among all the row's rollouts."""
+    n = row["n"] + row["inside_n"]
+    return f"{1000 * (row['ambiguous'] + row['inside_ambiguous']) / n:.0f}" if n else "-"
+
+
+def _rates(row: dict) -> str:
+    caught = f"{row['caught']}/{row['mutations']}" + (f" ({row['unclean']} unclean)" if row.get("unclean") else "")
+    return (
+        f"{_rate(row, '')} | {_rate(row, '', 'misread')} | {_rate(row, 'inside_')} | "
+        f"{_rate(row, 'inside_', 'misread')} | {_ambiguous(row)} | {caught}"
+    )
+
+
+_RATE_HEAD = (
+    "defects per 1,000 | misread per 1,000 | marker-in-string defects per 1,000 | marker-in-string misread per 1,000 "
+    "| ambiguous render per 1,000 | mutations caught"
+)
+
+
+def _summary_tables(rows: list[tuple[object, dict]]) -> None:
+    """The rows summed per template and tokenizer kind, then per edit class and tokenizer kind."""
+    for title, key in (("template", lambda v: v.template), ("edit class", lambda v: v.edit)):
+        groups: dict[tuple[str, str], list[dict]] = {}
+        for v, row in rows:
+            groups.setdefault((key(v), v.kind), []).append(row)
+        print(f"\nper {title} and tokenizer kind (rates over all their variants' rollouts)\n")
+        print(f"| {title} | tokenizer | variants | with a failure | {_RATE_HEAD} |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for (name, kind), group in sorted(groups.items()):
+            total = _summed(group)
+            print(f"| {name} | {kind} | {total['variants']} | {total['failing']} | {_rates(total)} |")
+
+
 def variant_table(rollouts: int, seed: int, only: str = "") -> None:
-    """The rates of every generated variant, one table row each, then the examples of the failing ones."""
+    """The rates of every generated variant, one table row each, then the examples of the failing ones, then the
+    rates per template and per edit class (each with its tokenizer kind)."""
     from template_variants import all_variants
 
     started = time.perf_counter()
@@ -276,28 +327,25 @@ def variant_table(rollouts: int, seed: int, only: str = "") -> None:
     kept = [v for v, why in everything if not why]
     print(
         f"\ngenerated template variants: {len(kept)} of {len(everything)} kept ({time.perf_counter() - started:.0f} s "
-        f"to generate); {rollouts} rollouts each (seed {seed}), half with call-marker text inside an argument\n"
+        f"to generate); {rollouts} rollouts each (seed {seed}), half with call-marker text inside an argument; "
+        "an ambiguous render (the template renders the calls read as it renders the calls drawn, proven by "
+        "rendering both) is counted apart, never as a misread\n"
     )
-    print(
-        "| template | edit class | tokenizer | defects per 1,000 | misread per 1,000 | marker-in-string defects "
-        "per 1,000 | marker-in-string misread per 1,000 | mutations caught |"
-    )
-    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print(f"| template | edit class | tokenizer | {_RATE_HEAD} |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     failing: list[tuple[str, list[str]]] = []
     skipped: list[str] = []
+    rows: list[tuple[object, dict]] = []
     for k, v in enumerate(kept, 1):
         row = variant_rates(v, rollouts, seed)
         if "skipped" in row:
             skipped.append(f"{v.name}: {row['skipped']}")
             continue
-
-        caught = f"{row['caught']}/{row['mutations']}" + ("" if row["clean"] else " (unclean)")
-        print(
-            f"| {v.template} | {v.edit} | {v.kind} | {_rate(row, '')} | {_rate(row, '', 'misread')} | "
-            f"{_rate(row, 'inside_')} | {_rate(row, 'inside_', 'misread')} | {caught} |",
-            flush=True,
-        )
-        if row["examples"] or row["caught"] < row["mutations"] or not row["clean"]:
+        row["failing"] = bool(row["examples"] or row["caught"] < row["mutations"] or not row["clean"])
+        row["unclean"] = int(not row["clean"])
+        rows.append((v, row))
+        print(f"| {v.template} | {v.edit} | {v.kind} | {_rates(row)} |", flush=True)
+        if row["failing"]:
             failing.append((v.name, row["examples"]))
         print(f"  [{k}/{len(kept)} variants, {time.perf_counter() - started:.0f} s]", file=sys.stderr, flush=True)
     for name, examples in failing:
@@ -305,8 +353,11 @@ def variant_table(rollouts: int, seed: int, only: str = "") -> None:
             print(f"  {name}: {example}")
     for line in skipped:
         print(f"  not built: {line}")
+    _summary_tables(rows)
+    ambiguous = sum(r["ambiguous"] + r["inside_ambiguous"] for _, r in rows)
     print(
-        f"\n{len(failing)} of {len(kept) - len(skipped)} variants with a false defect, misread call or missed mutation"
+        f"\n{len(failing)} of {len(kept) - len(skipped)} variants with a false defect, misread call or missed mutation;"
+        f" {ambiguous} rollouts with an ambiguous render ({time.perf_counter() - started:.0f} s)"
     )
 
 

@@ -61,11 +61,11 @@ def coder() -> tuple[Any, Any, Any, Any]:
     return r, profile, reader, ToolParser.get_tool_parser("qwen3_coder", r.tokenizer)
 
 
-def checked(coder: Any, text: str, verl: bool, mutate: Any = None) -> tuple[dict[str, Any], Any]:
+def checked(coder: Any, text: str, verl: bool, mutate: Any = None, derived: bool = True) -> tuple[dict[str, Any], Any]:
     """The first call's arguments as the loop read them, and the check's result (after ``mutate`` changed the
-    message's arguments, where given)."""
+    message's arguments, where given); ``derived`` False: verl's parser alone reads the turn."""
     r, profile, reader, parser = coder
-    lr, rollout = call_turn_rollout(r, profile, text, parser if verl else None, reader)
+    lr, rollout = call_turn_rollout(r, profile, text, parser if verl else None, reader if derived else None)
     messages = copy.deepcopy([dict(m) for m in rollout.messages])
     at = next(i for i, m in enumerate(messages) if m["role"] == "assistant")
     function = messages[at]["tool_calls"][0]["function"]
@@ -111,14 +111,19 @@ def test_a_changed_value_inside_a_parameter_is_reported_in_its_turn(coder, verl,
     assert any(f.turn == 0 and not f.allowed for f in result.findings), (mutation, result.findings)
 
 
-@pytest.mark.parametrize("verl", [True, False], ids=["verl-qwen3_coder", "derived"])
-def test_a_boolean_read_false_from_true_is_a_defect(coder, verl):
+@pytest.mark.parametrize(
+    ("verl", "derived"), [(True, False), (True, True), (False, True)], ids=["verl-alone", "verl-and-derived", "derived"]
+)
+def test_a_boolean_read_false_from_true_is_a_defect(coder, verl, derived):
     """verl's qwen3_coder parser compares a boolean's text with ``true`` as it is: ``\\nTrue\\n\\n`` (one newline
-    more than the template writes) reads ``False``, and the tool is called with it. The model wrote True: the message
-    does not hold what was sampled, and the check says so; the derived reader reads True, and the turn is clean."""
-    args, result = checked(coder, keyed_turn({"expression": "\n1+2\n", "exact": "\nTrue\n\n"}), verl)
-    assert args["exact"] is (not verl)
+    more than the template writes) reads ``False``. Read by verl's parser alone, the tool is called with it, the
+    message does not hold what was sampled, and the check says so; with the derived reader beside it (the loop's
+    reading), verl's ``False`` is not what the text writes (``faults.NOT_WRITTEN``), the derived reading (True) is
+    taken, and the turn is clean, as with the derived reader alone."""
+    args, result = checked(coder, keyed_turn({"expression": "\n1+2\n", "exact": "\nTrue\n\n"}), verl, derived=derived)
+    wrong = verl and not derived
+    assert args["exact"] is (not wrong)
     defects = [f for f in result.findings if not f.allowed and f.turn == 0]
-    assert bool(defects) is verl, result.findings
-    if verl:
+    assert bool(defects) is wrong, result.findings
+    if wrong:
         assert defects[0].cause.value == "message_differs", defects

@@ -28,7 +28,6 @@ import copy
 import dataclasses
 import json
 import random
-import re
 from typing import Any
 
 import pytest
@@ -51,7 +50,7 @@ from template_variants import EDITS, EXAMPLE_CALLS, Built, Variant, all_variants
 from verl_ext.check import ConsistencyChecker
 from verl_ext.check.policy import CheckPolicy
 from verl_ext.core.call_reader.form import NAME_KEYED
-from verl_ext.core.call_reader.literals import chunk_pattern
+from verl_ext.core.call_reader.leftover import call_text_left
 
 SEED = 37
 SAMPLE_PER_CLASS = 2  # variants per edit class in the suite (the bench runs them all)
@@ -66,6 +65,9 @@ SUITE_CASES = (
     "templates/moonshotai-Kimi-K2",
 )
 NAMES = ("calculator", "web_search", "get-weather")
+# Room for every drawn turn: a rollout cut by the response length holds calls no reader can read exactly (two turns
+# of three keyed calls with marker text run past 512 tokens where the markers are plain text); cuts are tested apart.
+RESPONSE_LENGTH = 4096
 
 
 def sampled_variants(per_class: int = SAMPLE_PER_CLASS, seed: int = SEED) -> list[Variant]:
@@ -110,15 +112,30 @@ def loop_parser(b: Built) -> Any:
 
 
 def marker_strings(b: Built) -> list[str]:
-    """String argument values holding the template's call-marker text (an agent editing code about tool calls)."""
+    """String argument values holding the template's call-marker text (an agent editing code about tool calls); in a
+    keyed form also its value close alone (text: the form does not go on after it), and the template's own text
+    between two parameters, whitespace and all (``ambiguous_text``: the render of another call)."""
     ms = [m for m in b.markers.call_markers if m]
-    return [f"see {m} here" for m in ms[:3]] + ["```json\n{}\n```"]
+    out = [f"see {m} here" for m in ms[:3]] + ["```json\n{}\n```"]
+    form = b.reader.form
+    if form.encoding == NAME_KEYED:
+        close = "".join(form.value_post)
+        out += [f"see {close} here", ambiguous_text(b)]
+    return out
+
+
+def ambiguous_text(b: Built) -> str:
+    """A keyed value holding the template's text between two parameters (``a``, then a parameter ``expression2``
+    holding ``5``): the template renders the call with that value as it renders the call with the two values."""
+    form = b.reader.form
+    head, key_value = "".join(form.key_pre), "".join(form.key_value)
+    return f"a{form.value_close}{head}expression2{key_value}{form.value_open}5"
 
 
 @st.composite
-def call_turn(draw: Any, b: Built, inside: bool) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
-    """One turn's text as a model writes it and the calls it holds (see the module's doc); ``inside``: a string
-    argument of the first call holds call-marker text."""
+def call_turn(draw: Any, b: Built, inside: bool) -> tuple[str, list[tuple[str, dict[str, Any]]], dict[str, Any]]:
+    """One turn's text as a model writes it, the calls it holds and the message rendered for it (see the module's
+    doc); ``inside``: a string argument of the first call holds call-marker text."""
     several = b.reader.form.several
     drawn = [
         (draw(st.sampled_from(NAMES)), draw(arguments())) for _ in range(draw(st.integers(1, 3)) if several else 1)
@@ -131,10 +148,13 @@ def call_turn(draw: Any, b: Built, inside: bool) -> tuple[str, list[tuple[str, d
     text = rendered_turn(b.renderer, b.profile, message)
     if text is not None and b.markers.start not in text:  # the template drops the calls beside content (DeepSeek
         # V3 renders a message with content as its content alone): no model trained on it writes both
-        text = rendered_turn(b.renderer, b.profile, {**message, **assistant_message(b.profile, drawn)})
+        message = {**message, **assistant_message(b.profile, drawn)}
+        text = rendered_turn(b.renderer, b.profile, message)
     assert text, f"{b.variant.name}: the variant renders no turn for {message}"
     text = before_a_stop(b, text)
-    return draw(st.one_of(st.just(text), varied_turn(b, text))), drawn
+    if inside and b.reader.form.encoding == NAME_KEYED and drawn[0][1]["expression"] == ambiguous_text(b):
+        return text, drawn, message  # as rendered: respacing inside the value would write another value
+    return draw(st.one_of(st.just(text), varied_turn(b, text))), drawn, message
 
 
 # Keyed parameters whose value's whitespace is the value's own: a string's text (Qwen3-Coder's parser, verl's
@@ -146,14 +166,22 @@ _VALUE_IS_TEXT = tuple(k for k, t in PARAMS.items() if t in ("string", "boolean"
 
 def value_spans(b: Built, text: str) -> list[tuple[int, int]]:
     """Where ``text`` holds the value of a keyed parameter in ``_VALUE_IS_TEXT`` (the template's newlines around it
-    included); none where the template writes no keyed parameters."""
-    form = b.reader.form
-    if form.encoding != NAME_KEYED:
+    included), each up to the close the derived reader ends it at (``KeyedValues``: a close marker inside the value
+    is the value's); none where the template writes no keyed parameters."""
+    if b.reader.form.encoding != NAME_KEYED:
         return []
-    keys = "|".join(map(re.escape, _VALUE_IS_TEXT))
-    head = r"\s*".join([*map(chunk_pattern, form.key_pre), f"(?:{keys})", *map(chunk_pattern, form.key_value)])
-    post = r"\s*".join(map(chunk_pattern, form.value_post))
-    return [m.span("v") for m in re.finditer(f"{head}(?P<v>.*?){post}", text, re.S)]
+    values, out, at = b.reader.values, [], 0
+    pre = "".join(b.reader.form.key_pre)  # the whole head, never a "=NAME>" of another tag
+    while (found := text.find(pre, at)) != -1:
+        h = values.head.match(text, found)
+        end = values.value_end(text, h.end()) if h is not None else None
+        if h is None or end is None:
+            break
+        if h.group("key") in _VALUE_IS_TEXT:
+            close = text[end[0] : end[1]]
+            out.append((h.end(), end[0] + len(close) - len(close.lstrip())))
+        at = end[1]
+    return out
 
 
 @st.composite
@@ -193,6 +221,7 @@ def loop_rollout(b: Built, turns: list[str], texts: list[str]) -> tuple[Any, Any
         prompt=PROMPT,
         max_parallel_calls=8,
         call_reader=b.reader,
+        response_length=RESPONSE_LENGTH,
     )
 
 
@@ -214,25 +243,52 @@ def _value(arguments: Any) -> Any:
 
 @dataclasses.dataclass
 class Outcome:
-    """One rollout's verdict: the defects (cause, turn, detail) and the calls misread (drawn vs read)."""
+    """One rollout's verdict: the defects (cause, turn, detail), the calls misread (drawn vs read), the call-marker
+    text a message's content holds (the reader left it there), and whether every misread turn is an ambiguous
+    render (the template renders the calls read exactly as it renders the calls drawn: no reader can tell them
+    apart, proven by rendering both)."""
 
     defects: list[tuple[str, int, str]]
     misread: list[tuple[Any, Any]]
     text: list[str]
+    left: list[str] = dataclasses.field(default_factory=list)
+    ambiguous: bool = False
 
 
 def one_rollout(data: Any, b: Built, checker: ConsistencyChecker, inside: bool) -> Outcome:
     """A drawn rollout of 1-2 call turns checked: its defects and misread calls."""
-    pairs = [data.draw(call_turn(b, inside)) for _ in range(data.draw(st.integers(1, 2)))]
+    drawn = [data.draw(call_turn(b, inside)) for _ in range(data.draw(st.integers(1, 2)))]
     texts = data.draw(st.lists(st.sampled_from(["3", "", "x\ny", "café"]), max_size=4))
-    lr, rollout = loop_rollout(b, [t for t, _ in pairs], texts)
+    lr, rollout = loop_rollout(b, [t for t, _, _ in drawn], texts)
     result = checker.check_rollout(rollout, template_view=True)
     defects = [(f.cause.value, f.turn, f.detail[:300]) for f in result.findings if not f.allowed]
     defects += [("engine_failure", -1, str(e)[:300]) for e in result.engine_failures]
     read = read_calls(lr)
-    want = [d for _, d in pairs]
+    want = [d for _, d, _ in drawn]
     misread = [] if read == want else [(want, read)]
-    return Outcome(defects, misread, [t for t, _ in pairs])
+    ambiguous = (
+        bool(misread)
+        and len(read) == len(want)
+        and all(r == w or same_render(b, message, r) for (_, w, message), r in zip(drawn, read, strict=True))
+    )
+    left = [left_in_content(b, m) for m in lr.trajectory.messages if m["role"] == "assistant"]
+    return Outcome(defects, misread, [t for t, _, _ in drawn], [x for x in left if x], ambiguous)
+
+
+def same_render(b: Built, message: dict[str, Any], read: list[tuple[str, Any]]) -> bool:
+    """Whether the template renders ``message`` with the calls ``read`` instead of its own exactly as it renders
+    ``message``: the two calls are one text (an ambiguous render)."""
+    if not all(isinstance(args, dict) for _, args in read):
+        return False
+    other = {**message, "tool_calls": assistant_message(b.profile, read)["tool_calls"]}
+    return rendered_turn(b.renderer, b.profile, other) == rendered_turn(b.renderer, b.profile, message)
+
+
+def left_in_content(b: Built, message: dict[str, Any]) -> str:
+    """The call-marker text an assistant message's content holds outside JSON strings ("" where none): what a
+    reader consumed (a section's close) is never left there (DeepSeek V3's ``<｜tool▁calls▁end｜>``)."""
+    content = message.get("content")
+    return (call_text_left(b.reader.form, content) or "") if isinstance(content, str) else ""
 
 
 # Mutations of the message the loop built from the variant's own two calls (the engine's stream is left as sampled).
@@ -332,7 +388,8 @@ def _property(b: Built, inside: bool, examples: int) -> None:
     def holds(data):
         o = one_rollout(data, b, checker, inside)
         assert not o.defects, (o.text, o.defects)
-        assert not o.misread, (o.text, o.misread)
+        assert not o.misread or o.ambiguous, (o.text, o.misread)
+        assert not o.left, (o.text, o.left)
 
     holds()
 
@@ -392,6 +449,21 @@ def test_a_misreading_reader_is_caught_by_the_property():
     @given(st.data())
     def caught(data):
         o = one_rollout(data, bad, checker, inside=False)
-        assert o.misread and o.defects, o
+        assert o.misread and o.defects and not o.ambiguous, o
 
     caught()
+
+
+def test_an_ambiguous_render_is_proven_by_rendering_both_calls():
+    """A keyed value holding the template's own text between two parameters renders as the call with the two values
+    (``same_render``: ambiguous, no reader can tell them apart); the close without the template's whitespace
+    (``"a </parameter><parameter=b>c"``) renders otherwise, and so does a changed value: neither is ambiguous."""
+    coder = "qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf:original:special"
+    (variant,) = [v for v, why in all_variants(SUITE_CASES) if v.name == coder]
+    b = _built_or_skip(variant)
+    drawn = [("calculator", {"expression": ambiguous_text(b)})]
+    message = assistant_message(b.profile, drawn)
+    assert same_render(b, message, [("calculator", {"expression": "a", "expression2": "5"})])
+    assert not same_render(b, message, [("calculator", {"expression": "a", "expression2": "6"})])
+    spaced = assistant_message(b.profile, [("calculator", {"expression": "a </parameter><parameter=b>c"})])
+    assert not same_render(b, spaced, [("calculator", {"expression": "a ", "b": "c"})])

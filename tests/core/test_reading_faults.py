@@ -10,7 +10,10 @@ loop counts it in ``tito/tool/readings_disagree``, and the turn names the losing
 - arguments not written: verl's kimi parser cuts a call at a ``<|tool_call_end|>`` inside a JSON string and reads
   the arguments as ``{}``;
 - arguments not of their declared types: verl's seed parser keeps the template's ``True``, ``None`` and Python
-  lists as strings.
+  lists as strings;
+- keyed values not written: verl's qwen3_coder parser ends a value at a ``</function>``, ``</tool_call>`` or
+  ``</parameter>`` inside it (``call_reader.keyed``: a value ends where the form goes on after its close, a string
+  with the template's whitespace around it).
 """
 
 from __future__ import annotations
@@ -217,3 +220,55 @@ def test_a_tag_right_before_a_call_stays_in_the_content(seed):
     assert text and "</seed:think><seed:tool_call>" in text.replace("\n", ""), text
     turn = seed["reader"].read(text)
     assert turn.content.rstrip().endswith("</seed:think>"), turn.content
+
+
+@pytest.fixture(scope="module")
+def coder() -> dict[str, Any]:
+    """Qwen3-Coder's template (keyed XML parameters) with verl's qwen3_coder parser."""
+    from call_reader_cases import case_renderer
+    from verl.experimental.agent_loop.tool_parser import ToolParser
+
+    r = case_renderer("qwen3/qwen3-coder-30b-a3b-instruct_ollama-gguf")
+    profile = probe_template(r)
+    reader = learn_call_reader(r, profile).reader
+    assert reader is not None
+    parser = ToolParser.get_tool_parser("qwen3_coder", r.tokenizer)
+    return {"r": r, "profile": profile, "parser": parser, "reader": reader}
+
+
+# a keyed value holding call-marker text: verl's qwen3_coder parser ends the value (and the call) at the marker
+KEYED_MARKERS = [
+    [("calculator", {"expression": "see </function> here", "count": 3})],
+    [("calculator", {"expression": "see </tool_call> here"}), ("web_search", {"expression": "Paris"})],
+    [("calculator", {"expression": "see </parameter> here", "count": 3})],
+]
+
+
+@pytest.mark.parametrize("calls", KEYED_MARKERS, ids=["function", "tool_call", "parameter"])
+def test_verls_qwen3_coder_parser_cuts_a_value_at_a_marker_inside_it_and_the_derived_reading_is_taken(coder, calls):
+    text = text_of(coder, calls)
+    alone = read(coder, text, reader=None)
+    assert calls_of(alone) != calls, alone  # verl's: the value cut at the marker
+    turn = read(coder, text)
+    assert calls_of(turn) == calls and turn.derived and turn.disagree, turn
+    assert turn.faults == (NOT_WRITTEN,), turn.faults
+    counters = _loop_counters(coder, text)
+    assert counters["tool/readings_disagree"] == 1 and counters["tool/derived_reads"] == 1, counters
+
+
+def test_verls_qwen3_coder_reading_is_taken_where_the_derived_reader_misreads(coder):
+    calls = [("calculator", {"expression": "1+2", "count": 3})]
+    turn = read(coder, text_of(coder, calls), reader=ChangesArguments(coder["reader"].form))
+    assert calls_of(turn) == calls and not turn.derived and turn.disagree, turn
+    assert turn.faults == (NOT_WRITTEN,), turn.faults
+    assert _loop_counters(coder, text_of(coder, calls))["tool/readings_disagree"] == 0
+
+
+def test_a_keyed_call_is_written_only_as_the_template_writes_its_values(coder):
+    """``keyed_writes``: the values of some cut of the text at the closes the form goes on after; a string with the
+    template's whitespace around it (a value cut at a marker inside it, or respaced, is not the text's)."""
+    reader, types = coder["reader"], parameter_types(tool_schemas(TOOLS))
+    text = text_of(coder, KEYED_MARKERS[0])
+    assert call_faults(reader, text, [("calculator", json.dumps(KEYED_MARKERS[0][0][1]))], types) == frozenset()
+    for wrong in ({"expression": "see ", "count": 3}, {"expression": " see </function> here", "count": 3}, {}):
+        assert call_faults(reader, text, [("calculator", json.dumps(wrong))], types) == {NOT_WRITTEN}, wrong

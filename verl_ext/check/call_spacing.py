@@ -22,8 +22,10 @@ import functools
 import os
 import re
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
+from verl_ext.core.call_reader import learn_call_reader
+from verl_ext.core.call_reader.leftover import call_markers
 from verl_ext.core.call_reader.literals import MARKER
 
 _MARKER_REACH = 64  # characters after a cut a marker may end within
@@ -72,6 +74,16 @@ def with_plain_tags(structure: re.Pattern[str] | None, tags: tuple[str, ...]) ->
         return structure
     alternatives = "|".join(re.escape(t) for t in sorted(plain, key=len, reverse=True))
     return re.compile(f"(?:{structure.pattern})|{alternatives}" if structure is not None else alternatives)
+
+
+def form_markers(renderer: Any, profile: Any) -> tuple[str, ...]:
+    """Every control marker the reader derived from the template writes around its calls (a section's opener and
+    close too: DeepSeek's ``<｜tool▁calls▁begin｜>`` and ``<｜tool▁calls▁end｜>``, which the per-call markers leave
+    out); none where no reader is derived. Where the tokenizer holds them as plain text they are structure to the
+    text verdict, so whitespace next to one is spacing (``'<｜tool▁calls▁begin｜>\\n<｜tool▁calls▁end｜>'`` against
+    the two written together), not a space inside sampled words."""
+    reader = learn_call_reader(renderer, profile).reader
+    return call_markers(reader.form) if reader is not None else ()
 
 
 def cuts_a_marker(head: str, texts: Sequence[str]) -> bool:

@@ -24,6 +24,7 @@ from verl_ext.check.align import Opcode, align, check_deadline
 from verl_ext.check.call_spacing import (
     cuts_a_marker,
     differing_whitespace,
+    form_markers,
     spacing_place,
     whitespace_only,
     with_plain_tags,
@@ -555,7 +556,7 @@ class _Rules:
     @functools.cached_property
     def _structure(self) -> re.Pattern[str] | None:
         """Control-token text, and the template's reasoning tags and call markers where they are plain text."""
-        markers = _call_markers(self.r, self.profile) or ()
+        markers = (*(_call_markers(self.r, self.profile) or ()), *form_markers(self.r, self.profile))
         return with_plain_tags(self.r.control_pattern, (*self._reasoning_tags, *markers))
 
     @functools.cached_property

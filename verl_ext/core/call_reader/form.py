@@ -42,6 +42,8 @@ class CallForm:
     key_pre: Chunks = ()  # NAME_KEYED: before a parameter's key, between key and value, after the value
     key_value: Chunks = ()
     value_post: Chunks = ()
+    value_close: str = ""  # NAME_KEYED: the close as the template writes it, its whitespace around ("\n</parameter>\n")
+    value_open: str = ""  # NAME_KEYED: the whitespace the template writes before a value ("\n" after "<parameter=K>")
     literals: Mapping[str, Any] = field(default_factory=dict)  # NAME_KEYED: rendered text of true/false/null
     content_wrap: tuple[Chunks, Chunks] | None = None  # text around the content before the calls (harmony)
     content_pad: str = ""  # the whitespace the template writes between the wrap's head and the content (">>>all\n")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ from typing import Any
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, NAME_KEYED, CallForm, Chunks
 from verl_ext.core.call_reader.leftover import form_text_left
-from verl_ext.core.call_reader.literals import MARKER, chunks, counted
+from verl_ext.core.call_reader.literals import MARKER, chunk_pattern, chunks, common_prefix, counted
 from verl_ext.core.call_reader.read import CallReader, anchored
 from verl_ext.core.errors import TemplateError
 from verl_ext.core.tokenizer_files import template_variables
@@ -355,11 +356,12 @@ class _Learner:
         key_pre: Chunks = ()
         key_value: Chunks = ()
         value_post: Chunks = ()
+        value_close = value_open = ""
         if encoding == NAME_KEYED:
             keyed = self.keyed()
             if isinstance(keyed, str):
                 return keyed
-            key_pre, key_value, value_post, literals, mid_chunks = keyed
+            key_pre, key_value, value_post, literals, mid_chunks, value_close, value_open = keyed
             mid = "".join(mid_chunks)
         keys = first.keys
         return CallForm(
@@ -377,15 +379,19 @@ class _Learner:
             key_pre=key_pre,
             key_value=key_value,
             value_post=value_post,
+            value_close=value_close,
+            value_open=value_open,
             literals=literals,
             content_wrap=wrap[:2] if wrap else None,
             content_pad=wrap[2] if wrap else "",
             several=pair is not None,
         )
 
-    def keyed(self) -> tuple[Chunks, Chunks, Chunks, dict[str, Any], Chunks] | str:
+    def keyed(self) -> tuple[Chunks, Chunks, Chunks, dict[str, Any], Chunks, str, str] | str:
         """Keyed parameters: the text before a key, between key and value, after a value; the template's literals
-        for true, false and null; and the text between the name and the first key."""
+        for true, false and null; the text between the name and the first key; and the close after a value as the
+        template writes it, with its whitespace (the text after both values up to the next chunk); the whitespace it
+        writes before a value."""
         two = self.render([(NAME_A, ARGS_PAIR)])
         if two is None:
             return "the template refuses a call with two parameters"
@@ -414,7 +420,10 @@ class _Learner:
                     v_end = typed.text.find(reader_post[:1] or "\n", v_start)
                     if k >= 0 and v_end > v_start:
                         literals[typed.text[v_start:v_end].strip()] = value
-        return key_pre, key_value, value_post, literals, mid
+        close = re.match(r"\s*" + r"\s*".join(map(chunk_pattern, value_post)) + r"\s*", common_prefix([between, after]))
+        opening = t[ka + 4 : va]
+        value_open = opening[len(opening.rstrip()) :]
+        return key_pre, key_value, value_post, literals, mid, close.group() if close else "", value_open
 
 
 def _locate(text: str, name: str, args: Mapping[str, Any], call_id: str, start: int) -> tuple[str, _Span] | None:

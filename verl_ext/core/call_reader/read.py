@@ -18,7 +18,17 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from verl_ext.core.call_reader.form import ID_SLOT, JSON_CALL, NAME_JSON, CallForm, Chunks, ReadCall, ReadTurn
+from verl_ext.core.call_reader.form import (
+    ID_SLOT,
+    JSON_CALL,
+    NAME_JSON,
+    NAME_KEYED,
+    CallForm,
+    Chunks,
+    ReadCall,
+    ReadTurn,
+)
+from verl_ext.core.call_reader.keyed import KeyedValues, keyed_writes
 from verl_ext.core.call_reader.literals import MARKER, chunk_pattern
 from verl_ext.core.call_reader.python_call import read_python_call
 
@@ -84,16 +94,7 @@ class CallReader:
         self.closing = re.compile(f"{strings}(?P<close>{closing})") if closing else None
         self.trail = re.compile(_optional(form.trail) + _optional(form.closer))
         self.name_mid = re.compile(r"\s*" + _NAME + _mid(form.mid))
-        self.pair = re.compile(
-            _optional(form.key_pre[:-1])
-            + (_chunk(form.key_pre[-1]) if form.key_pre else "")
-            + r"\s*(?P<key>[^\s<>=/\"']+)"
-            + r"\s*".join(["", *map(_chunk, form.key_value), ""])
-            + r"(?P<value>.*?)"
-            + r"\s*"
-            + r"\s*".join(_chunk(c) for c in form.value_post),
-            re.DOTALL,
-        )
+        self.values = KeyedValues(form)  # NAME_KEYED: parameters cut where the template closes them
         # distinctive ones only: a short chunk (Seed-OSS's '>' after a name) would take the '>' of a tag before the
         # call ('</seed:think>') from the content
         self.header_chunks = frozenset(c for c in (*form.opener, *form.lead, *form.mid) if _distinctive(c)) - {ID_SLOT}
@@ -115,7 +116,8 @@ class CallReader:
     def writes(self, text: str, name: str, arguments: Any = None) -> bool:
         """Whether ``text`` (a turn as ``read`` takes it) holds a call of ``name`` with ``arguments`` (a JSON object;
         None: any) where the form writes one: in the JSON encodings a call object (or the name after the form's lead,
-        then the object after its mid) equal to it by value; in the keyed encoding the name after the lead (the
+        then the object after its mid) equal to it by value; in the keyed encoding the name after the lead, then
+        parameters that some cut of the text at the template's closes gives as ``arguments`` (``keyed_writes``: the
         values are the template's text, not JSON); a call in Python after the form's Python lead by its name."""
         full = self.form.generation_prompt + text
         want = None if arguments is None else _canonical(arguments)
@@ -131,7 +133,10 @@ class CallReader:
             lead = anchored(self.form.lead) or _optional(self.form.lead)
             named = re.compile(f"(?:{lead})" + re.escape(name) + r"(?![\w\-])" + _mid(self.form.mid))
             for m in named.finditer(full):
-                if self.form.encoding != NAME_JSON or want in (None, _canonical(_json_at(full, m.end())[0])):
+                if self.form.encoding == NAME_KEYED and isinstance(arguments, Mapping):
+                    if keyed_writes(self.values, full, m.end(), arguments):
+                        return True
+                elif self.form.encoding != NAME_JSON or want in (None, _canonical(_json_at(full, m.end())[0])):
                     return True
         return self.python is not None and re.search(rf"(?<![\w.]){re.escape(name)}\.call\(", text) is not None
 
@@ -292,10 +297,10 @@ class CallReader:
             return ReadCall(name, text[m.end() : end].strip(), call_id), end
         args: dict[str, Any] = {}
         end = m.end()
-        while (p := self.pair.match(text, end)) is not None:
-            key = p.group("key")
-            args[key] = self._value(p.group("value"), (types.get(name) or {}).get(key))
-            end = p.end()
+        declared = types.get(name) or {}
+        for key, raw, stop in self.values.read(text, end):
+            args[key] = self._value(raw, declared.get(key))
+            end = stop
         return ReadCall(name, json.dumps(args, ensure_ascii=False), call_id), end
 
     def _value(self, raw: str, declared: str | None) -> Any:

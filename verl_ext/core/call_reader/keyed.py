@@ -1,0 +1,158 @@
+"""Keyed parameter values (``<parameter=K>\\nVALUE\\n</parameter>``) read where the template really closes them.
+
+A keyed value is raw text: nothing in it is escaped, so a value may hold the close's own marker (an agent editing
+code about tool calls writes ``"see </parameter> here"``, or ``</function>``, ``</tool_call>``). After a close the
+form goes on (the next parameter's key, the call's trail, or the turn's end), so a value ends at the first close the
+form goes on after, else at the first close: a marker the form does not go on after is the value's text. A close
+the form does go on after is one whatever whitespace is around it: a model may drop the template's newline before
+``</parameter>`` (``"1+2</parameter>"``), and that text cannot be told by its whitespace from a string holding
+``"</parameter><parameter=b>"`` (verl's qwen3_coder parser reads it as a close too).
+
+``keyed_writes`` is the fact ``faults.NOT_WRITTEN`` judges a reading's keyed call by: some way of cutting the text
+after the call's name into parameters (at any of the closes the form goes on after) gives exactly its arguments, a
+string with the template's own whitespace around it (``CallForm.value_open``, ``value_close``: where two readings
+differ, a string value is the template's text between them).
+verl's qwen3_coder parser ends a value at the first ``</function>`` or ``</tool_call>`` even inside it, and reads
+``"see "``: no cut of the text gives that, so that reading is not what the text writes. Where two cuts give two
+different calls (a value holding the template's own text between two parameters, context and all), both are
+written: the render is ambiguous, and the readings are judged by their other faults.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from verl_ext.core.call_reader.form import CallForm
+from verl_ext.core.call_reader.literals import chunk_pattern
+
+_MAX_CUTS = 64  # cuts tried per call in ``keyed_writes`` (a value with more closes than this is not enumerated)
+
+
+def _joined(chunks: tuple[str, ...]) -> str:
+    return r"\s*".join(chunk_pattern(c) for c in chunks)
+
+
+class KeyedValues:
+    """The patterns of one keyed form's parameters (compiled once per reader)."""
+
+    def __init__(self, form: CallForm) -> None:
+        self.form = form
+        pre = "".join(rf"(?:\s*{chunk_pattern(c)})?" for c in form.key_pre[:-1])
+        last = chunk_pattern(form.key_pre[-1]) if form.key_pre else ""
+        kv = r"\s*".join(["", *map(chunk_pattern, form.key_value)])
+        # a parameter's head: its key between the template's chunks, up to the whitespace before its value
+        self.head = re.compile(pre + r"\s*" + last + r"\s*(?P<key>[^\s<>=/\"']+)" + kv)
+        # a value's close, with any whitespace before it (the match starts at the first of that whitespace)
+        self.close = re.compile(r"\s*" + _joined(form.value_post)) if form.value_post else None
+        ends = [_joined(c) for c in (form.trail, form.closer) if c]
+        # after a close the form goes on: another parameter, the call's trail (or the section's close), the end
+        self.goes_on = re.compile(r"\s*(?:" + "|".join([self.head.pattern, *ends, r"\Z"]) + ")")
+        close = form.value_close
+        marker = re.search(r"\S", close)
+        self.before = close[: marker.start()] if marker else ""  # the whitespace the template writes before the close
+
+    def _closes(self, text: str, start: int) -> Iterator[re.Match[str]]:
+        return self.close.finditer(text, start) if self.close is not None else iter(())
+
+    def value_end(self, text: str, start: int) -> tuple[int, int] | None:
+        """Where the value starting at ``start`` ends and where its close ends (see the module's doc); None where
+        no close follows."""
+        first = None
+        for m in self._closes(text, start):
+            if self.goes_on.match(text, m.end()) is not None:
+                return m.start(), m.end()
+            first = first or m
+        return (first.start(), first.end()) if first is not None else None
+
+    def read(self, text: str, at: int) -> Iterator[tuple[str, str, int]]:
+        """The parameters from ``at`` on: (key, raw value with its whitespace stripped, where its close ends)."""
+        while (h := self.head.match(text, at)) is not None:
+            end = self.value_end(text, h.end())
+            if end is None:
+                return
+            yield h.group("key"), text[h.end() : end[0]].strip(), end[1]
+            at = end[1]
+
+    def written(self, raw: str | None, value: Any) -> bool:
+        """Whether ``raw`` (a value's text from its key's chunks to its close's marker) is the text of ``value``: a
+        string as the template writes it (its own whitespace, the template's before and after it); another value
+        as it reads (``reads_as``: its spacing is the model's); a value cut short (None) as any."""
+        if raw is None:
+            return True
+        if isinstance(value, str):
+            return raw == self.form.value_open + value + self.before
+        return reads_as(raw, value, self.form.literals)
+
+    def cuts(self, text: str, at: int, budget: list[int]) -> Iterator[list[tuple[str, str | None]]]:
+        """Every way to cut the text from ``at`` into parameters, each closed at a close the form goes on after
+        (raw values as written); a value no close follows (a turn cut short) is there with any value (None), or
+        left out (the derived reader's reading of it)."""
+        h = self.head.match(text, at)
+        if h is None:
+            yield []
+            return
+        closed = False
+        for m in self._closes(text, h.end()):
+            closed = True
+            if self.goes_on.match(text, m.end()) is None:
+                continue
+            budget[0] -= 1
+            if budget[0] < 0:
+                return
+            for rest in self.cuts(text, m.end(), budget):
+                yield [(h.group("key"), text[h.end() : _marker(m)]), *rest]
+        if not closed:  # cut short: both readings of the rest are its text (whole or left out)
+            yield [(h.group("key"), None)]
+            yield []
+
+
+def keyed_writes(values: KeyedValues, text: str, after_name: int, arguments: Mapping[str, Any]) -> bool:
+    """Whether some cut of ``text`` after a call's name (``after_name``: where its parameters start) into parameters
+    gives exactly ``arguments`` (each value written as the template writes it, ``KeyedValues.written``)."""
+    for cut in values.cuts(text, after_name, [_MAX_CUTS]):
+        keys = [k for k, _ in cut]
+        same_keys = len(keys) == len(arguments) and set(keys) == set(arguments)
+        if same_keys and all(values.written(raw, arguments[k]) for k, raw in cut):
+            return True
+    return False
+
+
+def reads_as(raw: str, value: Any, literals: Mapping[str, Any]) -> bool:
+    """Whether a keyed value's raw text reads as ``value``: as it is, without the template's newline on each side
+    (verl's qwen3_coder reading) or without any whitespace around it (the derived reader's); as text, as the
+    template's literal, as JSON, or as a Python literal (templates that write values with ``|string``)."""
+    one = raw[1:] if raw.startswith("\n") else raw
+    one = one[:-1] if one.endswith("\n") else one
+    want = _canonical(value)
+    for text in dict.fromkeys((raw, one, raw.strip())):
+        if isinstance(value, str):
+            if text == value:
+                return True
+            continue
+        if isinstance(value, bool) and text.lower() in ("true", "false") and (text.lower() == "true") is value:
+            return True
+        if value is None and text.lower() in ("null", "none"):
+            return True
+        for parse in (lambda t: literals[t], json.loads, ast.literal_eval):
+            try:
+                if _canonical(parse(text)) == want:
+                    return True
+            except (KeyError, ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+                continue
+    return False
+
+
+def _marker(m: re.Match[str]) -> int:
+    """Where a close's marker starts (after the whitespace its match starts with)."""
+    return m.start() + len(m.group()) - len(m.group().lstrip())
+
+
+def _canonical(value: Any) -> str:
+    try:
+        return json.dumps(value, sort_keys=True, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return repr(value)

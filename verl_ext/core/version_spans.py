@@ -48,6 +48,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from verl_ext.core.sync_labels import SyncLabel, lag, next_trained_step
+
 DISPATCH_VERSION_FIELD = "weight_version_at_dispatch"  # engine report key: version stamped when the call was sent
 STOP_VERSION_FIELD = "weight_version_at_stop"  # engine report key: version serving when the call stopped
 PROMPT_CRC_FIELD = "prompt_crc32"  # engine report key: ids_crc of the prompt ids the engine received
@@ -227,39 +229,49 @@ class Staleness:
 
 
 def served_step(version: int) -> int:
-    """The training step a version serves: verl syncs the weights after step ``k`` with ``global_steps=k`` (the first
-    sync, before step 1, carries 0), so version ``v`` serves the rollouts of step ``v + 1``."""
-    return version + 1
+    """The first training step a version can serve: label ``v`` serves the rollouts of step ``v + 1`` under every
+    trainer (``core.sync_labels``; which weights train it there is the sync convention's)."""
+    return next_trained_step(version)
 
 
-def lag_of(version: int, trained_step: int) -> int:
+def lag_of(version: int, trained_step: int, sync: SyncLabel = SyncLabel.AFTER_UPDATE) -> int | None:
     """How many weight updates lie between the weights that generated a token of ``version`` and those that step
-    ``trained_step`` trains (0: on-policy, the step's own rollout; 1: one step off policy)."""
-    return trained_step - served_step(version)
+    ``trained_step`` trains (0: on-policy; 1: one step off), under the trainer's ``sync`` convention
+    (``core.sync_labels.lag``, the one definition). None where no lag is defined: a trained step below 1 (the
+    standalone gateway's step 0: no trainer) or a negative version."""
+    if trained_step < 1 or version < 0:
+        return None
+    return lag(version, trained_step, sync)
 
 
-def staleness(call_spans: Iterable[VersionSpan], trained_step: int) -> Staleness:
-    """Token-weighted staleness of the spans' tokens when step ``trained_step`` trains on them (``lag``)."""
+def staleness(
+    call_spans: Iterable[VersionSpan], trained_step: int, sync: SyncLabel = SyncLabel.AFTER_UPDATE
+) -> Staleness:
+    """Token-weighted staleness of the spans' tokens when step ``trained_step`` trains on them (``lag_of``); tokens
+    without a version or a defined lag are ``unknown``."""
     tokens = lag_sum = max_lag = unknown = 0
     for s in call_spans:
-        if s.version is None:
+        lag_ = None if s.version is None else lag_of(s.version, trained_step, sync)
+        if lag_ is None:
             unknown += s.tokens
             continue
-        lag = lag_of(s.version, trained_step)
         tokens += s.tokens
-        lag_sum += lag * s.tokens
+        lag_sum += lag_ * s.tokens
         if s.tokens:
-            max_lag = max(max_lag, lag)
+            max_lag = max(max_lag, lag_)
     return Staleness(tokens, lag_sum, max_lag, unknown)
 
 
-def older_than(call_spans: Iterable[VersionSpan], trained_step: int, max_lag: int) -> list[tuple[int, int]]:
+def older_than(
+    call_spans: Iterable[VersionSpan], trained_step: int, max_lag: int, sync: SyncLabel = SyncLabel.AFTER_UPDATE
+) -> list[tuple[int, int]]:
     """The ``(start, end)`` output ranges whose version lags ``trained_step`` by more than ``max_lag``."""
-    return [
-        (s.start, s.end)
-        for s in call_spans
-        if s.version is not None and s.tokens and lag_of(s.version, trained_step) > max_lag
-    ]
+    out = []
+    for s in call_spans:
+        lag_ = None if s.version is None or not s.tokens else lag_of(s.version, trained_step, sync)
+        if lag_ is not None and lag_ > max_lag:
+            out.append((s.start, s.end))
+    return out
 
 
 @dataclass(frozen=True)
@@ -335,16 +347,23 @@ def attempt_spans(attempts: Sequence[Attempt]) -> list[VersionSpan]:
 
 @dataclass(frozen=True)
 class RolloutVersions:
-    """What a rollout's record says about policy versions: each engine call's attempts (in call order), and the step
-    that trains the rollout (None: not known when the rollout was recorded; the trainer's line says it). The version
-    that served a turn is its last attempt's (``served``)."""
+    """What a rollout's record says about policy versions: each engine call's attempts (in call order), the step
+    that trains the rollout (None: not known when the rollout was recorded; the trainer's line says it) and the
+    trainer's sync convention (``core.sync_labels``: what a version label counts; every lag here is read with it).
+    The version that served a turn is its last attempt's (``served``)."""
 
     calls: tuple[tuple[Attempt, ...], ...]
     trained_step: int | None = None
+    sync: SyncLabel = SyncLabel.AFTER_UPDATE
 
     @classmethod
-    def of(cls, segments_per_call: Sequence[Sequence[Mapping[str, Any]]], trained_step: int | None) -> RolloutVersions:
-        return cls(tuple(tuple(Attempt.of(s) for s in segs) for segs in segments_per_call), trained_step)
+    def of(
+        cls,
+        segments_per_call: Sequence[Sequence[Mapping[str, Any]]],
+        trained_step: int | None,
+        sync: SyncLabel = SyncLabel.AFTER_UPDATE,
+    ) -> RolloutVersions:
+        return cls(tuple(tuple(Attempt.of(s) for s in segs) for segs in segments_per_call), trained_step, sync)
 
     @property
     def served(self) -> list[int | None]:
@@ -361,24 +380,39 @@ class RolloutVersions:
         if step is None:
             return Staleness(unknown=sum(a.end - a.start for call in self.calls for a in call))
         for call in self.calls:
-            total = total + staleness(attempt_spans(call), step)
+            total = total + staleness(attempt_spans(call), step, self.sync)
         return total
 
+    def lag(self, version: int) -> int | None:
+        """The lag of a token of ``version`` against the recorded trained step (``lag_of``; None: not known)."""
+        return None if self.trained_step is None else lag_of(version, self.trained_step, self.sync)
+
     def to_json(self) -> dict[str, Any]:
-        return {"trained_step": self.trained_step, "calls": [[a.to_list() for a in call] for call in self.calls]}
+        return {
+            "trained_step": self.trained_step,
+            "sync": self.sync.value,
+            "calls": [[a.to_list() for a in call] for call in self.calls],
+        }
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> RolloutVersions:
-        """Raises ValueError (the record reader names the line) for a malformed object."""
-        if not isinstance(obj, Mapping) or set(obj) - {"trained_step", "calls"}:
-            raise ValueError("'versions' is an object with 'trained_step' and 'calls'")
+        """Raises ValueError (the record reader names the line) for a malformed object. ``sync`` is optional: a
+        record written before it was kept reads as ``after_update`` (every trainer but one_step_off_policy)."""
+        if not isinstance(obj, Mapping) or set(obj) - {"trained_step", "calls", "sync"}:
+            raise ValueError("'versions' is an object with 'trained_step', 'calls' and optionally 'sync'")
+        raw_sync = obj.get("sync", SyncLabel.AFTER_UPDATE.value)
+        if raw_sync not in {s.value for s in SyncLabel}:
+            raise ValueError(
+                f"'versions.sync' is one of {[s.value for s in SyncLabel]} (when the trainer syncs the weights "
+                f"relative to its update), got {raw_sync!r}"
+            )
         step = obj.get("trained_step")
         if step is not None and (isinstance(step, bool) or not isinstance(step, int)):
             raise ValueError(f"'versions.trained_step' is an integer or null, got {step!r}")
         calls = obj.get("calls") or []
         if not isinstance(calls, list) or not all(isinstance(c, list) for c in calls):
             raise ValueError("'versions.calls' is a list (one per engine call) of lists of attempt rows")
-        return cls(tuple(tuple(Attempt.from_list(r) for r in call) for call in calls), step)
+        return cls(tuple(tuple(Attempt.from_list(r) for r in call) for call in calls), step, SyncLabel(raw_sync))
 
 
 def stale_mask(
@@ -397,7 +431,7 @@ def stale_mask(
     out: list[int] | None = None
     masked = 0
     for start, call in zip(output_starts, versions.calls, strict=False):
-        for a, b in older_than(attempt_spans(call), versions.trained_step, max_lag):
+        for a, b in older_than(attempt_spans(call), versions.trained_step, max_lag, versions.sync):
             for p in range(start + a - response_start, min(start + b - response_start, len(mask))):
                 if p >= 0 and mask[p]:
                     out = list(mask) if out is None else out

@@ -14,6 +14,7 @@ from typing import Any
 from markupsafe import Markup, escape
 
 from verl_ext.check.record import RolloutRecord
+from verl_ext.core.sync_labels import SyncLabel
 from verl_ext.core.version_spans import Staleness, lag_of
 
 STRIP_WIDTH = 720  # px of a strip: the rollout's output tokens scaled to it
@@ -157,11 +158,11 @@ def staleness_by_step(records: Sequence[RolloutRecord]) -> StalenessByStep:
     return out
 
 
-def lag_text(version: int | None, trained_step: int | None) -> str:
-    """How stale a version is against a trained step, for a tooltip."""
-    if version is None or trained_step is None:
+def lag_text(version: int | None, trained_step: int | None, sync: SyncLabel = SyncLabel.AFTER_UPDATE) -> str:
+    """How stale a version is against a trained step under the trainer's ``sync`` convention, for a tooltip."""
+    lag = None if version is None or trained_step is None else lag_of(version, trained_step, sync)
+    if lag is None:
         return "version unknown"
-    lag = lag_of(version, trained_step)
     return "on-policy" if lag == 0 else f"{lag} version{'s' if lag != 1 else ''} behind"
 
 

@@ -7,8 +7,10 @@ step's figures that are ratios of sums are derived once per step (``async_ratios
   ``tito/async/mixed_turn_share``; ``tito/async/resumes`` and ``tito/async/resumes_per_turn``
 - ``tito/async/versioned_tokens`` (output tokens with a known version), ``tito/async/lag_token_sum`` and
   ``tito/async/staleness_mean`` (token-weighted: versions between a token's policy and the trained step's, 0 for
-  an on-policy token), ``tito/async/tokens_lag_0`` ... ``tito/async/tokens_lag_3plus``
-- ``tito/async/unstamped_tokens``: output tokens whose engine stamped no dispatch version;
+  an on-policy token, read with the trainer's sync convention the record keeps: ``RolloutVersions.lag``),
+  ``tito/async/tokens_lag_0`` ... ``tito/async/tokens_lag_3plus``
+- ``tito/async/unstamped_tokens``: output tokens whose engine stamped no dispatch version (or without a lag: no
+  trained step);
   ``tito/async/unverified_resumes``: resumes whose engine reported no prompt CRC (their prompt is not checked)
 - ``tito/async/ids_cut``: ids the id check cut before a resume (regenerated)
 - ``tito/async/masked_stale_tokens``: tokens the opt-in ``verl_ext.max_token_lag`` masked out (loss mask 0)
@@ -19,7 +21,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, MutableMapping
 
-from verl_ext.core.version_spans import RolloutVersions, lag_of, mixes_versions
+from verl_ext.core.version_spans import RolloutVersions, mixes_versions
 
 ASYNC = "async/"
 LAG_BUCKETS = 3  # tokens_lag_0 .. tokens_lag_2, then tokens_lag_3plus
@@ -45,7 +47,6 @@ def version_counters(versions: RolloutVersions | None, masked: int = 0) -> Count
         return c
     for key in _ALWAYS:  # present at 0 too: a tracker draws continuous lines
         c[f"{ASYNC}{key}"] = 0
-    step = versions.trained_step
     for call, call_spans in zip(versions.calls, versions.spans(), strict=True):
         c[f"{ASYNC}turns"] += 1
         c[f"{ASYNC}mixed_turns"] += mixes_versions(call_spans)
@@ -53,10 +54,10 @@ def version_counters(versions: RolloutVersions | None, masked: int = 0) -> Count
         c[f"{ASYNC}unverified_resumes"] += sum(a.prompt_crc is None for a in call[1:])
         c[f"{ASYNC}ids_cut"] += sum(a.ids_cut for a in call)
         for s in call_spans:
-            if s.version is None or step is None:
+            lag = None if s.version is None else versions.lag(s.version)
+            if lag is None:
                 c[f"{ASYNC}unstamped_tokens"] += s.tokens
                 continue
-            lag = lag_of(s.version, step)
             c[f"{ASYNC}versioned_tokens"] += s.tokens
             c[f"{ASYNC}lag_token_sum"] += lag * s.tokens
             bucket = str(lag) if 0 <= lag < LAG_BUCKETS else f"{LAG_BUCKETS}plus" if lag >= 0 else "negative"

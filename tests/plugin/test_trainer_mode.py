@@ -84,10 +84,11 @@ def test_mutation_the_sync_convention_is_what_shows_the_lag() -> None:
 def test_a_one_step_off_rollout_records_its_served_label_and_lag(make_loop, tmp_path) -> None:
     """verl_ext_tool_agent under one_step_off_policy's config, on the CPU engine serving the weights synced at the
     start of step 3 (label 3): the rollout is trained at step 4, one update later; the record and the metrics say
-    so; no problem."""
+    so; no problem. The version spans read the same lag (the record's versions carry the convention): staleness 1,
+    and ``max_token_lag: 0`` masks every sampled token (the after-update reading would call them on-policy)."""
     loop, server = make_loop(
         force_text=FORCED_TOOL_CALL,
-        verl_ext={"records": {"dir": str(tmp_path)}},
+        verl_ext={"records": {"dir": str(tmp_path)}, "max_token_lag": 0},
         extra=ONE_STEP_OFF_KEYS,
     )
     loop.loop.run_until_complete(server.server.set_global_steps(3))
@@ -102,3 +103,7 @@ def test_a_one_step_off_rollout_records_its_served_label_and_lag(make_loop, tmp_
     assert record["trainer"] == {"mode": ONE_STEP_OFF, "sync": "before_update", "served": 3, "lag": 1, "problem": None}
     assert metrics["tito/trainer/lagged_rollouts"] == 1 and metrics["tito/trainer/lag_sum"] == 1
     assert not any(k.startswith("tito/trainer/") and k.endswith(UNEXPECTED_LAG) for k in metrics)
+    assert record["versions"]["sync"] == "before_update" and record["versions"]["trained_step"] == 4
+    sampled = metrics["tito/async/versioned_tokens"]
+    assert sampled > 0 and metrics["tito/async/tokens_lag_1"] == sampled and metrics["tito/async/staleness_mean"] == 1
+    assert metrics["tito/async/masked_stale_tokens"] == sampled

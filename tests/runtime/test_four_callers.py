@@ -8,9 +8,12 @@ answers each call with the calculator, as the loop's tool does.
 
 Must agree: the engine calls (prompt lengths, sampled ids, logprobs, finish), the messages (roles, content, the
 calls' names and arguments), the template clock (the time each rollout started, in its prompt), ``num_turns``, the
-check's verdict, what a failed record write counts, and, between the loops, the step, data source and index.
+check's verdict, what a failed record write counts, and, between the loops, the step, data source and index, and the
+``trainer`` entry (``LiveRollout.finish`` writes it from the trainer mode and each call's weight label) with the sync
+convention the record's versions carry.
 Differ by design: tool-call ids (each loop names its own, a harness echoes the gateway's); the rollout id; the
-standalone gateway's step, data source and index (it serves no training row: step 0, ``gateway``, the session id);
+standalone gateway's step, data source and index (it serves no training row: step 0, ``gateway``, the session id;
+no trainer, so no ``trainer`` entry);
 the stock loop's messages and verdict (verl's hermes parser keeps the stop token's text in the content, which the
 check names) and its stream past what it shares with ours.
 """
@@ -86,6 +89,7 @@ def loop_of(kind: str, model_dir: Path, tokenizer: Any, records: Path) -> tuple[
     server = ScriptedServer(
         CPUGenerationServer(str(model_dir), prompt_length=512, response_length=96), Script(tokenizer)
     )
+    server.server.global_steps = 2  # the weight label every output carries (verl's global_steps)
     server.script.turns = list(TURNS)
     cls = {"tool_agent": VerlExtToolAgentLoop, "audited": AuditedToolAgentLoop}.get(kind, VerlExtGatewayAgentLoop)
     extra = {"harness": {"function": "sdk_harness:loop_row"}} if kind == "gateway_agent" else {}
@@ -209,6 +213,14 @@ def test_the_four_callers_record_the_same_rollout(runs: dict[str, dict[str, Any]
         row = (ours[kind].step, ours[kind].extra.get("data_source"), ours[kind].extra.get("index"))
         assert row == (3, "calc", 7), kind
     assert (tool_agent.step, tool_agent.extra["data_source"], tool_agent.extra["index"]) == (3, "calc", 7)
+    # the trainer entry: one object writes it for the three loops, from each call's label (the CPU engine's, set
+    # in loop_of to 2: weights after 2 updates serve step 3, on-policy under the v1 trainer's sync mode)
+    entries = {kind: ours[kind].extra.get("trainer") for kind in ("tool_agent", "audited", "gateway_agent")}
+    assert entries == {
+        kind: {"mode": "v1:sync", "sync": "after_update", "served": 2, "lag": 0, "problem": None} for kind in entries
+    }, entries
+    assert {kind: ours[kind].versions.sync.value for kind in entries} == dict.fromkeys(entries, "after_update")
+    assert "trainer" not in ours["gateway"].extra
     # by design: the standalone gateway serves no training row, and the stock loop's parser keeps the stop text
     standalone = ours["gateway"]
     assert (standalone.step, standalone.extra["data_source"], standalone.extra["index"]) == (0, "gateway", "s")

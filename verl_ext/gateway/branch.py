@@ -43,6 +43,7 @@ class _Turn:
     visible: Mapping[str, Any]  # as the client got it
     end: int  # the number of client messages once this turn's message is added
     attempts: tuple[Attempt, ...] | None = None  # the engine's attempts at the call (None: the engine says none)
+    label: Any = None  # the weight label the engine served the call on (None: it gave none)
 
 
 class Branch:
@@ -97,13 +98,15 @@ class Branch:
         message: Mapping[str, Any] | None,
         visible: Mapping[str, Any],
         attempts: tuple[Attempt, ...] | None = None,
+        label: Any = None,
     ) -> None:
         """Keep an engine call's output as sampled, with the message it parses to (and the client's view of it);
         ``message`` None for an output that is not a message (invalid engine output: the trajectory cuts it).
-        ``attempts``: the engine calls it took (a turn resumed after a weight update takes two or more)."""
-        self.rollout.keep(call, message)  # as every loop keeps a turn (verl_ext.runtime)
+        ``attempts``: the engine calls it took (a turn resumed after a weight update takes two or more); ``label``:
+        the weight label it was served on (``LiveRollout.keep``)."""
+        self.rollout.keep(call, message, label=label)  # as every loop keeps a turn (verl_ext.runtime)
         self._add_messages([visible])
-        self.turns.append(_Turn(call, message, visible, len(self.messages), attempts))
+        self.turns.append(_Turn(call, message, visible, len(self.messages), attempts, label))
 
     def versions(self, trained_step: int | None) -> RolloutVersions | None:
         """The record's versions: every turn's attempts, in call order; None where a turn's engine says none."""
@@ -139,6 +142,6 @@ class Branch:
             first = turn.end - 1  # the turn's own message
             if first > previous:
                 child.append(self.messages[previous:first])
-            child.add_turn(turn.call, turn.message, turn.visible, turn.attempts)
+            child.add_turn(turn.call, turn.message, turn.visible, turn.attempts, turn.label)
             previous = turn.end
         return previous

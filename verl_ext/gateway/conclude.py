@@ -77,7 +77,8 @@ def branch_rollout(
 ) -> FinishedRollout | None:
     """Finish the branch's rollout (``LiveRollout.finish``); None for a branch the engine never answered (nothing in
     it was sampled, so nothing in it can be trained on). ``row``: the record's step, data source and index (default:
-    step 0, the gateway, the session); ``training``: what a trainer trains of it, written as ``gateway.trains``."""
+    step 0, the gateway, the session) and, under a trainer, ``trainer`` (``LiveRollout.finish``'s: the record's
+    ``trainer`` entry); ``training``: what a trainer trains of it, written as ``gateway.trains``."""
     live = branch.rollout
     if not branch.calls:
         if live.trajectory is not None:
@@ -91,7 +92,9 @@ def branch_rollout(
     loop = "verl_ext_gateway_agent" if training is not None else "verl-ext gateway"
     extra = {"loop": loop, "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
     versions = branch.versions(row["step"])  # each turn's attempts, where the engine says them
-    finished = live.finish(response_length=response_length, step=row["step"], extra=extra, versions=versions)
+    finished = live.finish(
+        response_length=response_length, step=row["step"], extra=extra, versions=versions, trainer=row.get("trainer")
+    )
     if training is None:
         return finished
     trains = training.to_json(sum(trained_mask(branch.trajectory, finished.sample, training.turns)))

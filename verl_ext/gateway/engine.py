@@ -37,6 +37,9 @@ class Sampled:
     # the engine calls the turn took, one segment each (verl_ext.core.version_spans: the version each was sent on,
     # its place): two or more where a weight update aborted the turn and it was resumed. None: the engine does not say
     segments: tuple[Mapping[str, Any], ...] | None = None
+    # the weight label the engine served the turn on (verl's ``global_steps``, for the record's ``trainer`` entry);
+    # None: the engine gives none (the standalone gateway's engines)
+    label: Any = None
 
 
 class Engine(Protocol):

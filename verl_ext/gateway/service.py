@@ -299,10 +299,11 @@ class Gateway:
         call = turn.call
         segments = getattr(turn.output, "segments", None)  # the engine's attempts at the turn (for the versions)
         attempts = tuple(Attempt.of(seg) for seg in segments) if segments else None
+        label = getattr(turn.output, "label", None)  # the weight label it was served on (the record's trainer entry)
         if turn.parsed is None:
             # Ids the tokenizer cannot decode, NaN/inf logprobs: the trajectory keeps the turn up to the first
             # problem, the check names it, no parser sees the rest, and the branch takes no further turn.
-            branch.add_turn(call, None, {"role": "assistant", "content": ""}, attempts)
+            branch.add_turn(call, None, {"role": "assistant", "content": ""}, attempts, label)
             session.register(branch)
             branch.exhausted = True
             self.counters["invalid_engine_output"] += 1
@@ -310,7 +311,7 @@ class Gateway:
             return Completion(empty, "length", len(prompt), call.output_ids, branch.number, prepared.fork)
         parsed = turn.parsed
         visible = visible_message(parsed.message, self.markers, parsed.calls, parse)
-        branch.add_turn(call, parsed.message, visible, attempts)
+        branch.add_turn(call, parsed.message, visible, attempts, label)
         session.register(branch)
         self.counters["turns"] += 1
         self.counters["malformed_calls"] += parsed.malformed

@@ -53,7 +53,7 @@ from verl_ext.plugin.tool_calls import (
     parse_turn,
     run_tool,
 )
-from verl_ext.plugin.trainer_mode import TrainerMode, staleness_counters
+from verl_ext.plugin.trainer_mode import TrainerMode
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
 from verl_ext.telemetry.async_metrics import version_counters
@@ -133,14 +133,12 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             raise
         # step 4: finish the rollout; check it, write its record, report its metrics, apply the policy
         step = training_step(kwargs, ro.extra_fields.get("global_steps"))
-        trainer = self.trainer_mode.rollout_staleness(ro.served, step)
-        metrics_sink.count(staleness_counters(trainer))
         finished = ro.live.finish(
             response_length=self.response_length,
             step=step,
             versions=RolloutVersions(tuple(ro.attempts), trained_step=step),
+            trainer=self.trainer_mode,  # the record's trainer entry and the versions' sync convention
             extra={
-                "trainer": trainer,
                 "loop": AGENT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),
                 "index": plain_index(kwargs.get("index")),
@@ -237,8 +235,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
         if len(turn.output.segments) > 1:
             ro.resumed.append({"turn": ro.turn, "segments": [resumed_fields(s) for s in turn.output.segments]})
         merge_engine_extra_fields(ro.extra_fields, turn.output.extra_fields or {})
-        ro.served.append((turn.output.extra_fields or {}).get("global_steps"))  # the weight label of this turn
-        ro.live.keep(turn.call, turn.message)
+        ro.live.keep(turn.call, turn.message, label=(turn.output.extra_fields or {}).get("global_steps"))
         if not turn.valid:
             # Ids the tokenizer cannot decode, NaN/inf logprobs, a stop substituted after a NaN: the trajectory
             # keeps the turn up to the first problem (nothing after it trains), the check names the failure,
@@ -391,7 +388,6 @@ class _RolloutState:
     rewards: list[float] = field(default_factory=list)  # tool rewards
     resumed: list[dict[str, Any]] = field(default_factory=list)  # turns an engine resumed after an abort
     attempts: list[tuple[Attempt, ...]] = field(default_factory=list)  # each turn's engine calls (engine_turn)
-    served: list[Any] = field(default_factory=list)  # each turn's weight label, as the engine reported it
     turn: int = 0  # assistant turns kept
 
 

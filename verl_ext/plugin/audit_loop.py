@@ -24,6 +24,7 @@ from verl_ext.plugin.agent_loop import plain_index, runtime_for, training_step
 from verl_ext.plugin.loop_names import AUDIT_LOOP_NAME
 from verl_ext.plugin.options import LoopOptions
 from verl_ext.plugin.resume_client import SEGMENTS_FIELD, keep_attempts
+from verl_ext.plugin.trainer_mode import TrainerMode
 from verl_ext.runtime import LiveRollout
 
 
@@ -58,7 +59,8 @@ class _RecordingServer:
         if self.rollout is not None:
             max_tokens = int(sampling_params.get("max_tokens") or 1 << 30)
             stops = sampling_params.get("stop_token_ids") or ()
-            self.rollout.record(prompt_ids, output.token_ids, output.log_probs, max_tokens, stops)
+            label = (output.extra_fields or {}).get("global_steps")  # the weight label it was served on
+            self.rollout.record(prompt_ids, output.token_ids, output.log_probs, max_tokens, stops, label=label)
         self.made += 1
         self.last_output = output
         return output
@@ -81,6 +83,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
             self.tokenizer, self.apply_chat_template_kwargs, self.options, self.tool_parser.stop_token_ids
         )
         self._agent_data: AgentData | None = None
+        self.trainer_mode = TrainerMode.of(self.config)  # what the engine's weight label means (plugin.trainer_mode)
 
     async def _handle_pending_state(self, agent_data: AgentData, sampling_params: dict[str, Any]) -> AgentState:
         self._agent_data = agent_data  # the stock loop keeps its messages here; the check needs the final ones
@@ -115,6 +118,7 @@ class AuditedToolAgentLoop(ToolAgentLoop):
             response_length=self.response_length,
             step=step,
             versions=RolloutVersions(tuple(recorder.attempts), trained_step=step),
+            trainer=self.trainer_mode,  # the record's trainer entry and the versions' sync convention
             extra={
                 "loop": AUDIT_LOOP_NAME,
                 "data_source": kwargs.get("data_source"),

@@ -117,6 +117,7 @@ class ServerManagerEngine:
             None if out.log_probs is None else tuple(out.log_probs),
             None if out.images is None else tuple(out.images),  # the image_data verl's server manager was given
             tuple(out.segments),  # one per engine call: two or more for a turn resumed after a weight update
+            (out.extra_fields or {}).get("global_steps"),  # the weight label (the record's trainer entry)
         )
         session = _SESSION.get()
         if session is not None:
@@ -228,7 +229,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             session = worker.gateway.open(session_id)
             # each branch's record names the row it served, as verl_ext_tool_agent's records do
             row = {"data_source": kwargs.get("data_source"), "index": plain_index(kwargs.get("index"))}
-            session.row.update(step=training_step(kwargs, None), **row)
+            session.row.update(step=training_step(kwargs, None), trainer=self.trainer_mode, **row)
             base_url = f"{worker.url}/sessions/{session_id}/v1"
             result, failure = await run_harness(self.harness, base_url, session_id, kwargs)
             # v0 passes no step: it is the weight version that served the session + 1, as for the built-in loop

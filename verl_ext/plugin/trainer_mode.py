@@ -93,6 +93,10 @@ class TrainerMode:
         entry["problem"] = problem
         return entry
 
+    def staleness_counters(self, entry: Mapping[str, Any]) -> dict[str, float]:
+        """``staleness_counters`` of one of this trainer's entries (what ``LiveRollout.finish`` counts)."""
+        return staleness_counters(entry)
+
 
 def staleness_counters(entry: Mapping[str, Any]) -> dict[str, float]:
     """The rollout's counts for the step's ``tito/`` metrics: rollouts with a known lag, their summed lag, and one

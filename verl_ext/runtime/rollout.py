@@ -10,7 +10,10 @@ its check and its replay read that time). Then:
 - each turn is ``turn`` (the caller's engine and reader as hooks, ``RolloutRuntime.turn``) then ``keep``; each
   reply (tool results, a user's message) is ``reply``; a watched loop ``record``\\ s each engine call it made;
 - ``finish`` assembles the ``Rollout`` the check, the metrics and the record get (with the images a trainer gets:
-  no image cut in two), and ``num_turns`` as verl's tool_agent counts them;
+  no image cut in two), and ``num_turns`` as verl's tool_agent counts them; given the trainer that drives the loop
+  (``TrainerClock``: ``plugin.trainer_mode.TrainerMode``), the record's ``trainer`` entry from the weight label each
+  engine call was served on (``keep``/``record``'s ``label``), its ``tito/trainer/*`` counts, and the trainer's sync
+  convention in the versions, so every lag of the rollout is read one way;
 - ``conclude`` (a loop: check, record, report, enforce) or ``judge`` (the gateway: check and record only) ends it;
   what the conclusion counts (records not written, thumbnails not written) goes to the rollout's ``counters``.
 """
@@ -19,7 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from verl_ext.check.findings import CheckResult
@@ -29,6 +32,7 @@ from verl_ext.core.errors import TrajectoryError
 from verl_ext.core.image_trajectory import ImageTrajectory
 from verl_ext.core.prompt_ids import PromptIds
 from verl_ext.core.rendering import ChatRenderer
+from verl_ext.core.sync_labels import SyncLabel
 from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_parse import ParsedTurn
@@ -68,6 +72,17 @@ class Runtime(Protocol):
     def judge(self, rollout: Rollout, counters: Counter[str]) -> CheckResult: ...
 
 
+class TrainerClock(Protocol):
+    """The trainer a rollout runs under, as the record's ``trainer`` entry needs it (``plugin.trainer_mode``)."""
+
+    @property
+    def sync(self) -> SyncLabel: ...
+
+    def rollout_staleness(self, served: Sequence[Any], trained_step: int | None) -> dict[str, Any]: ...
+
+    def staleness_counters(self, entry: Mapping[str, Any]) -> Mapping[str, float]: ...
+
+
 @dataclass(frozen=True)
 class FinishedRollout:
     """A finished rollout: what the check and the record get (``rollout``), the images a trainer gets with its
@@ -95,6 +110,7 @@ class LiveRollout:
         self.first_messages: tuple[Mapping[str, Any], ...] = ()
         self.tools: list[dict[str, Any]] | None = None
         self.first_prompt = 0  # tokens in the first prompt (the response budget counts from there)
+        self.served: list[Any] = []  # per engine call, the weight label it was served on (verl's global_steps)
         self.counters: Counter[str] = Counter()  # what the rollout counted (its conclusion's failed writes too)
 
     # -- start -----------------------------------------------------------------------------------------
@@ -166,11 +182,13 @@ class LiveRollout:
         caller keeps it (``keep``) or drops it."""
         return await self.runtime.turn(self.calls, self.prompt_ids(), max_tokens, stop_ids, generate, read)
 
-    def keep(self, call: EngineCall, message: Mapping[str, Any] | None) -> None:
+    def keep(self, call: EngineCall, message: Mapping[str, Any] | None, label: Any = None) -> None:
         """Keep an engine call's output as sampled, with the message it parses to (None: an invalid output, kept up
-        to its first problem), and log the call."""
+        to its first problem), and log the call; ``label``: the weight label the engine served it on (verl's
+        ``global_steps``; None: it gave none)."""
         keep_sampled(self._trajectory("keep"), call, message)
         self.calls.append(call)
+        self.served.append(label)
 
     def reply(self, messages: Sequence[Mapping[str, Any]]) -> PromptIds:
         """Append the messages after a turn (tool results, a user's message) as context tokens; returns the next
@@ -186,10 +204,13 @@ class LiveRollout:
         logprobs: Sequence[float] | None,
         max_tokens: int,
         stop_ids: Sequence[int],
+        label: Any = None,
     ) -> EngineCall:
-        """For a watched loop: log one engine call it made, as it returned (before the loop reads its output)."""
+        """For a watched loop: log one engine call it made, as it returned (before the loop reads its output);
+        ``label`` as for ``keep``."""
         call, _ = self.runtime.engine_call(self.calls, prompt_ids, output_ids, logprobs, max_tokens, stop_ids)
         self.calls.append(call)
+        self.served.append(label)
         return call
 
     @property
@@ -207,12 +228,15 @@ class LiveRollout:
         sample: TrainerSample | None = None,
         messages: Sequence[Mapping[str, Any]] | None = None,
         versions: RolloutVersions | None = None,
+        trainer: TrainerClock | None = None,
     ) -> FinishedRollout:
         """Finish the trajectory and assemble the rollout: the trainer sample cut at ``response_length`` (before an
         image the cut would split), the messages (images as digests), the stream's kinds and repairs, the clock,
         ``step``, the engine calls' ``versions`` and the caller's ``extra`` record keys (the image view's evidence
         added). A watched loop passes its own ``sample`` and ``messages`` (its tokens are not the runtime's: no kinds,
-        no repairs)."""
+        no repairs). ``trainer``: the trainer driving the loop (None: none, as the standalone gateway): the record's
+        ``trainer`` entry, its counts in ``counters``, its sync convention in ``versions``."""
+        extra, versions = self._trainer_entry(trainer, step, extra, versions)
         if self.trajectory is None:
             if sample is None or messages is None:
                 raise TrajectoryError("finish() of a watched rollout needs the loop's sample and messages")
@@ -242,6 +266,23 @@ class LiveRollout:
             versions=versions,
         )
         return FinishedRollout(rollout, multi_modal_data, self.num_turns)
+
+    def _trainer_entry(
+        self,
+        trainer: TrainerClock | None,
+        step: int,
+        extra: Mapping[str, Any] | None,
+        versions: RolloutVersions | None,
+    ) -> tuple[Mapping[str, Any] | None, RolloutVersions | None]:
+        """The caller's ``extra`` with the ``trainer`` entry and ``versions`` with the trainer's sync convention (both
+        as given without a trainer); the entry's counts go to the rollout's counters."""
+        if trainer is None:
+            return extra, versions
+        entry = trainer.rollout_staleness(self.served, step)
+        self.counters.update(trainer.staleness_counters(entry))
+        if versions is not None:
+            versions = replace(versions, sync=trainer.sync)
+        return {**(extra or {}), "trainer": entry}, versions
 
     def _rollout(
         self,

@@ -419,3 +419,84 @@ def test_the_canary_refuses_an_sglang_engine_whose_scores_lie(
     verdict = canary(server)
     assert not verdict.accepted and reason in verdict.reason, verdict
     assert verdict.reason.startswith("re-feed audit: the scoring path of sglang is refused")
+
+
+class _UpdateDuringRequest:
+    """The stand-in's tokenizer manager with a weight update landing during the first request: verl's pause aborts
+    it (``abort_all_requests`` on the server, as verl's replica calls it), and the sync is done and the new
+    ``global_steps`` set before the server reads the output back (the worst order for a stamp read on return)."""
+
+    def __init__(self, inner: ScriptedTokenizerManager, server: Any, new_version: int) -> None:
+        self.inner, self.server, self.new_version, self.updated = inner, server, new_version, False
+
+    def generate_request(self, obj: Any, request: Any = None) -> Any:
+        return self._generate(obj)
+
+    async def _generate(self, obj: Any) -> Any:
+        async for out in self.inner.generate_request(obj):
+            if not self.updated:
+                self.updated = True
+                await self.server.abort_all_requests()
+                self.server.global_steps = self.new_version
+            yield out
+
+    async def pause_generation(self, obj: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def _resumed_turn(server_class: type) -> tuple[Any, Any]:
+    """A turn aborted after 2 ids by a weight update (version 3 -> 4) and resumed: its engine call and versions, as
+    verl_ext's loops record them from the server's reports (``segment``, ``Attempt.of``)."""
+    from verl_ext.check.inputs import EngineCall
+    from verl_ext.core.version_spans import Attempt, RolloutVersions, segment
+
+    tm = ScriptedTokenizerManager(EOS, VOCAB, [Script([10, 11, 12], abort_after=2), Script([12, 13, IM_END])])
+    server = make_server(server_class, tm, global_steps=3)
+    server.node_rank = 0
+    server.tokenizer_manager = _UpdateDuringRequest(tm, server, new_version=4)
+    first = generate(server, {**PARAMS, "max_tokens": 8})
+    second = generate(server, {**PARAMS, "max_tokens": 6}, prompt=PROMPT + list(first.token_ids))
+    segs, ids, lps = [], [], []
+    for out in (first, second):
+        segs.append(
+            segment(len(ids), out.token_ids, out.stop_reason, False, engine(out), out.extra_fields, out.log_probs)
+        )
+        ids, lps = ids + list(out.token_ids), lps + list(out.log_probs)
+    call = EngineCall.of(PROMPT, ids, lps)
+    return call, RolloutVersions(((Attempt.of(segs[0]), Attempt.of(segs[1])),), trained_step=5)
+
+
+def test_versions_are_stamped_at_dispatch_and_an_abort_stops_on_the_version_it_replaced(server_class: type) -> None:
+    """SGLang's own request path, a weight update aborting the first attempt: the attempts are sent on 3 and 4, the
+    first stops on 3 (the abort's), the prompt CRCs are reported, and the version view finds nothing."""
+    from verl_ext.check.version_view import version_findings
+
+    call, versions = _resumed_turn(server_class)
+    (attempts,) = versions.calls
+    assert [(a.version, a.version_at_stop, a.start, a.end) for a in attempts] == [(3, 3, 0, 2), (4, 4, 2, 5)]
+    findings, counts = version_findings([call], versions, lambda cause: False)
+    assert findings == [] and counts.resumes == 1
+    assert counts.unstamped_attempts == 0 and counts.unverified_resumes == 0
+
+
+def test_mutation_a_version_read_on_return_is_caught_by_the_version_view(
+    server_class: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Mutation: the dispatch version read when the output returns (verl's server's ``global_steps``): the aborted
+    attempt claims the new weights, later than the version it stopped on: ``version_stamped_on_return``."""
+    from verl_ext.check.findings import Cause
+    from verl_ext.check.version_view import version_findings
+    from verl_ext.engines import sglang_server
+
+    stamps = sglang_server._VersionStamps._stamps
+
+    def on_return(self: Any, dispatched: Any, aborts: int, stop_reason: Any, prompt_ids: list[int]) -> Any:
+        return stamps(self, self.global_steps, aborts, stop_reason, prompt_ids)
+
+    monkeypatch.setattr(sglang_server._VersionStamps, "_stamps", on_return)
+    call, versions = _resumed_turn(server_class)
+    findings, _ = version_findings([call], versions, lambda cause: False)
+    assert [f.cause for f in findings] == [Cause.VERSION_STAMPED_ON_RETURN], findings

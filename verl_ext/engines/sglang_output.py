@@ -226,9 +226,11 @@ def token_output_fields(
     max_new_tokens: int | None,
     wants_logprobs: bool,
     global_steps: Any,
+    stamps: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """verl ``TokenOutput`` fields for one SGLang output: the ids the logprobs cover (all of them when the check
-    passes), SGLang's finish type as ``stop_reason``, and the report in ``extra_fields["verl_ext_engine"]``."""
+    passes), SGLang's finish type as ``stop_reason``, and the report in ``extra_fields["verl_ext_engine"]``, with
+    the server's version ``stamps`` (``core.version_spans.engine_stamps``) added to it."""
     report, logprobs = engine_report(output, max_new_tokens)
     ids = [int(i) for i in output.get("output_ids") or []][: report.kept_ids]
     if not report.ids_match_logprobs:
@@ -249,7 +251,7 @@ def token_output_fields(
             report.prompt_tokens,
             prompt_len,
         )
-    extra: dict[str, Any] = {"global_steps": global_steps, ENGINE_FIELD: report.to_dict()}
+    extra: dict[str, Any] = {"global_steps": global_steps, ENGINE_FIELD: {**report.to_dict(), **(stamps or {})}}
     if report.cached_tokens is not None:
         extra["num_cached_tokens"] = int(report.cached_tokens)
     return {

@@ -2,6 +2,15 @@
 
 Registered by the plugin for ``actor_rollout_ref.rollout.name=sglang``; what it checks and returns is described in
 sglang_output.py. Importing this module imports verl's SGLang server, hence SGLang itself.
+
+Policy versions (``core.version_spans``). SGLang 0.5.12 knows no version of its own that verl sets (verl passes no
+``weight_version`` to SGLang's weight updates: its ``meta_info["weight_version"]`` stays ``"default"``); verl's
+server keeps the version as ``global_steps`` (``set_global_steps`` after each sync) and reads it when an output
+returns. This server stamps each request with ``engine_stamps``: ``weight_version_at_dispatch`` is ``global_steps``
+read before the request is handed to SGLang; ``weight_version_at_stop`` is, for an output aborted by
+``abort_all_requests`` (a weight update's pause), the version serving when that abort was called (the one the
+update replaces, whatever has been synced by the time the output is read back), else ``global_steps`` when the
+output returns.
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from verl_ext.core.version_spans import ABORT_REASONS, engine_stamps
 from verl_ext.engines.forced_turn import SGLANG_FORCE_ENV, forced_generation, forced_prefix, scoring_request
 from verl_ext.engines.sglang_images import (
     ImagePromptRebuildError,
@@ -40,7 +50,27 @@ def _replica_base() -> type:
     return SGLangReplica
 
 
-class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
+class _VersionStamps:
+    """The server's policy-version stamps (module docstring): what an abort saw, and a request's stamps."""
+
+    _aborts = 0  # abort_all_requests calls so far
+    _version_at_abort: Any = None  # global_steps when the last abort was called
+
+    def _note_abort(self) -> None:
+        self._version_at_abort = self.global_steps  # type: ignore[attr-defined]
+        self._aborts += 1
+
+    def _stamps(
+        self, dispatched: Any, aborts_at_dispatch: int, stop_reason: Any, prompt_ids: list[int]
+    ) -> dict[str, Any]:
+        """``engine_stamps`` of a request sent on ``dispatched`` when ``aborts_at_dispatch`` aborts had been
+        called, now that it returned with ``stop_reason``."""
+        aborted = str(stop_reason) in ABORT_REASONS and self._aborts > aborts_at_dispatch
+        stopped = self._version_at_abort if aborted else self.global_steps  # type: ignore[attr-defined]
+        return engine_stamps(dispatched, stopped, prompt_ids)
+
+
+class TokenExactSGLangServer(_VersionStamps, _server_base()):  # type: ignore[misc]
     """verl's SGLang server actor with the token-exact ``generate``; everything else inherited."""
 
     async def generate(
@@ -98,7 +128,9 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
         if images:
             request["image_data"] = images
             await prove_image_prompt(self.tokenizer_manager, GenerateReqInput(**request), mm_processor)
+        dispatched, aborts = self.global_steps, self._aborts  # the version it is sent on: read before SGLang has it
         output = await self.tokenizer_manager.generate_request(GenerateReqInput(**request), None).__anext__()
+        finish = (output.get("meta_info") or {}).get("finish_reason") or {}
         fields = token_output_fields(
             output,
             request_id=request_id,
@@ -106,6 +138,7 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
             max_new_tokens=request["sampling_params"]["max_new_tokens"],
             wants_logprobs=wants_logprobs,
             global_steps=self.global_steps,
+            stamps=self._stamps(dispatched, aborts, finish.get("type"), list(request["input_ids"])),
         )
         return TokenOutput(**fields)
 
@@ -136,6 +169,7 @@ class TokenExactSGLangServer(_server_base()):  # type: ignore[misc]
         verl's replica documents for such backends."""
         if reject_request:
             log.warning("verl_ext SGLang server: reject_request=True is not supported by SGLang 0.5.12; ignored")
+        self._note_abort()  # before SGLang returns the aborted outputs: the version they stopped on
         await super().abort_all_requests()
 
 
@@ -214,13 +248,20 @@ class _ForcedFirstTurn:
             max_model_len=self.config.max_model_len,  # type: ignore[attr-defined]
         )
         scoring = GenerateReqInput(**scoring_request(request_id, prompt_ids, forced))
+        dispatched = self.global_steps  # type: ignore[attr-defined]
         scored = await self.tokenizer_manager.generate_request(scoring, None).__anext__()  # type: ignore[attr-defined]
         budget = request["sampling_params"]["max_new_tokens"]
         output = forced_generation(scored, len(prompt_ids), forced, budget)
-        return self._forced_output(output, request_id, len(prompt_ids), budget, wants_logprobs)
+        return self._forced_output(output, request_id, prompt_ids, budget, wants_logprobs, dispatched)
 
     def _forced_output(
-        self, output: dict[str, Any], request_id: str, prompt_len: int, budget: int, wants_logprobs: bool
+        self,
+        output: dict[str, Any],
+        request_id: str,
+        prompt_ids: list[int],
+        budget: int,
+        wants_logprobs: bool,
+        dispatched: Any,
     ) -> Any:
         """verl's ``TokenOutput`` for the forced turn, as verl's own server builds one from an SGLang output."""
         from verl.workers.rollout.replica import TokenOutput
@@ -244,17 +285,24 @@ class ForcedFirstTurnTokenExactSGLangServer(_ForcedFirstTurn, TokenExactSGLangSe
     same checks and report as a sampled one."""
 
     def _forced_output(
-        self, output: dict[str, Any], request_id: str, prompt_len: int, budget: int, wants_logprobs: bool
+        self,
+        output: dict[str, Any],
+        request_id: str,
+        prompt_ids: list[int],
+        budget: int,
+        wants_logprobs: bool,
+        dispatched: Any,
     ) -> Any:
         from verl.workers.rollout.replica import TokenOutput
 
         fields = token_output_fields(
             output,
             request_id=request_id,
-            prompt_len=prompt_len,
+            prompt_len=len(prompt_ids),
             max_new_tokens=budget,
             wants_logprobs=wants_logprobs,
             global_steps=self.global_steps,
+            stamps=engine_stamps(dispatched, self.global_steps, prompt_ids),  # a forced turn is never aborted
         )
         return TokenOutput(**fields)
 

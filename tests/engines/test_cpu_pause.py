@@ -15,7 +15,7 @@ from verl_ext.core.errors import OptionsError
 from verl_ext.core.version_spans import DISPATCH_VERSION_FIELD, STOP_VERSION_FIELD
 from verl_ext.engines.cpu import CPUGenerationServer
 from verl_ext.engines.cpu_faults import parse_faults
-from verl_ext.engines.cpu_pause import ids_digest, read_truth
+from verl_ext.engines.cpu_pause import ParkPlan, ids_digest, read_truth
 from verl_ext.engines.sglang_output import ENGINE_FIELD
 
 PARAMS = {"temperature": 1.0, "logprobs": True, "ignore_eos": True, "seed": 7}
@@ -175,3 +175,14 @@ def test_a_parked_request_wakes_on_an_abort_and_resume_that_come_while_its_threa
     out, waited = asyncio.run(scenario())
     assert out.stop_reason == "aborted" and len(out.token_ids) == 2
     assert "abort_after_timeout" not in srv.fault_hits and waited < 15
+
+
+def test_a_version_whose_parked_request_ended_early_parks_the_next_one() -> None:
+    """One request per version is parked; if the one chosen stops on a stop id before its park point, the version
+    has resumed nothing yet, so the next request of that version is parked instead (else a step may see no resume)."""
+    plan = ParkPlan(tokens=4, wait_s=1.0)
+    assert plan.park_at([1, 2, 3], 0, 7) == 4
+    assert plan.park_at([1, 2, 4], 0, 7) is None  # one per version
+    plan.finished_unparked(7)
+    assert plan.park_at([1, 2, 5], 0, 7) == 4
+    assert plan.park_at([1, 2, 6], 0, 8) == 4  # another version parks its own

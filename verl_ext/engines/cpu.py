@@ -542,6 +542,8 @@ class CPUGenerationServer:
                 if not await self.gate.wait_for_abort(aborts, self._park.wait_s):
                     self.fault_hits["abort_after_timeout"] = self.fault_hits.get("abort_after_timeout", 0) + 1
             self._park.aborted(prompt_ids, result.token_ids)
+        elif park is not None:
+            self._park.finished_unparked(version)
         return result, version
 
     def _extra(self, prompt_ids: Sequence[int], version: int | None, complete: bool) -> dict[str, Any]:

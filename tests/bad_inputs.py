@@ -599,6 +599,8 @@ HTTP: list[Http] = [
     Http("responses", _responses(top_logprobs=3), 400, ("'top_logprobs' is not served",)),
     Http("responses", _responses(truncation="auto"), 400, ("truncation 'auto' is not served",)),
     Http("responses", _responses(text={"format": {"type": "json_schema"}}), 400, ("only the text format is served",)),
+    Http("responses", _responses(text={"verbosity": "low"}), 400, ("'text.verbosity' is not served",)),
+    Http("responses", _responses(text={"formt": {}}), 400, ("'text.formt'", "did you mean 'text.format'")),
     Http("responses", _responses(reasoning="high"), 400, ("'reasoning' must be an object such as", "got a string")),
     Http("responses", _responses(reasoning={"effort": "none"}), 400, ("'reasoning.effort'", "asks for no reasoning")),
     Http(

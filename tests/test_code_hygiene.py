@@ -1,6 +1,7 @@
 """The code's own contracts stay written down: at least 80% of verl_ext's public functions and classes have a
 docstring (counted by ``ast``, scripts/docstring_coverage.py), and no function is over 70 lines without a ``# long:``
-comment above it saying why it stays in one piece (scripts/long_functions.py)."""
+comment above it saying why it stays in one piece (scripts/long_functions.py), and no module of verl_ext is over 800
+lines (a file that grows past it holds several ideas: split it by idea)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 MIN_DOCSTRINGS = 80.0
 MAX_LINES = 70
+MAX_FILE_LINES = 800
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess[str]:
@@ -30,6 +32,30 @@ def test_public_definitions_are_documented():
 def test_no_function_is_over_70_lines_without_a_reason():
     done = run_script("scripts/long_functions.py", "--limit", str(MAX_LINES), "verl_ext")
     assert done.returncode == 0 and not done.stdout, f"write a '# long:' reason above, or split:\n{done.stdout}"
+
+
+def long_files(root: Path) -> list[str]:
+    """Every ``.py`` file under ``root`` over ``MAX_FILE_LINES`` lines, one line each."""
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if lines > MAX_FILE_LINES:
+            found.append(f"{path.relative_to(root.parent)}: {lines} lines")
+    return found
+
+
+def test_no_module_is_over_800_lines():
+    found = long_files(REPO / "verl_ext")
+    assert not found, f"split each by idea (at most {MAX_FILE_LINES} lines):\n" + "\n".join(found)
+
+
+def test_the_file_size_scan_finds_a_long_file(tmp_path):
+    """The check above can fail: a file one line over the limit is found, one at the limit is not."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "long.py").write_text("x = 1\n" * (MAX_FILE_LINES + 1))
+    (pkg / "at_limit.py").write_text("x = 1\n" * MAX_FILE_LINES)
+    assert long_files(pkg) == [f"pkg/long.py: {MAX_FILE_LINES + 1} lines"]
 
 
 def test_both_scripts_find_what_they_look_for(tmp_path):

@@ -20,8 +20,8 @@ from verl_ext.check.call_index import CallIndex
 from verl_ext.check.engine_view import turn_at
 from verl_ext.check.inputs import EngineCall
 from verl_ext.check.locate import Locator
+from verl_ext.check.rule_context import RuleContext
 from verl_ext.check.segments import _map_position, _map_starts
-from verl_ext.check.template_view import _Rules
 from verl_ext.core.probe import probe_template
 
 
@@ -62,7 +62,7 @@ def _stream_index_scan(ops: Sequence[Any], j: int, j_end: int) -> int | None:
     return next((i1 + (j - j1) for tag, i1, _i2, j1, j2 in ops if tag == "equal" and j1 <= j and j_end <= j2), None)
 
 
-def _prefill_dropped_scan(ctx: _Rules, i1: int, i2: int) -> str | None:
+def _prefill_dropped_scan(ctx: RuleContext, i1: int, i2: int) -> str | None:
     """The template view's reading before the index: every call, every pre-fill."""
     for turn, c in enumerate(ctx.loc.calls):
         start = c.output_start
@@ -81,7 +81,7 @@ def _prefill_dropped_scan(ctx: _Rules, i1: int, i2: int) -> str | None:
     return None
 
 
-def _known_inside_scan(ctx: _Rules, span: tuple[bool, int, int]) -> list[tuple[bool, int, int]]:
+def _known_inside_scan(ctx: RuleContext, span: tuple[bool, int, int]) -> list[tuple[bool, int, int]]:
     in_stream, a, b = span
     inside = [(s, x, y) for s, x, y in ctx._texts if s == in_stream and a <= x < y <= b and (x, y) != (a, b)]
     if not inside or not ctx.r.decode_joins:
@@ -90,7 +90,7 @@ def _known_inside_scan(ctx: _Rules, span: tuple[bool, int, int]) -> list[tuple[b
     return [piece for piece in ((in_stream, a, x), (in_stream, x, y), (in_stream, y, b)) if piece[1] < piece[2]]
 
 
-def rules_for(renderer: Any, turns: int, **how: Any) -> _Rules:
+def rules_for(renderer: Any, turns: int, **how: Any) -> RuleContext:
     """What the template view's rules read for a templated tool rollout of ``turns`` turns."""
     profile = probe_template(renderer)
     ro = templated_tool_rollout(renderer, profile, turns, **how)()
@@ -98,7 +98,7 @@ def rules_for(renderer: Any, turns: int, **how: Any) -> _Rules:
     loc = Locator.build(ro.calls, ro.messages, stream, renderer, ro.prompt_messages, ro.assistants)
     shaped = profile.tool_call_shape.conform(ro.messages)
     rendered = renderer.render(shaped, TOOLS, add_generation_prompt=False, escape=False).ids
-    return _Rules(loc, profile, renderer, ro.messages, stream, rendered, None, TOOLS)
+    return RuleContext(loc, profile, renderer, ro.messages, stream, rendered, None, TOOLS)
 
 
 HOW = {
@@ -153,9 +153,9 @@ def reads_per_turn(renderer: Any, turns: int, monkeypatch: Any) -> tuple[float, 
         return property(read)
 
     tails = [0]
-    worked_out = _Rules._prompt_tails_before
+    worked_out = RuleContext._prompt_tails_before
 
-    def tails_before(self: _Rules, turn: int | None) -> Any:
+    def tails_before(self: RuleContext, turn: int | None) -> Any:
         tails[0] += 1
         return worked_out(self, turn)
 
@@ -163,7 +163,7 @@ def reads_per_turn(renderer: Any, turns: int, monkeypatch: Any) -> tuple[float, 
     with monkeypatch.context() as m:
         m.setattr(EngineCall, "output_start", counted(start))
         m.setattr(EngineCall, "output_end", counted(end))
-        m.setattr(_Rules, "_prompt_tails_before", tails_before)
+        m.setattr(RuleContext, "_prompt_tails_before", tails_before)
         result = checker.check_rollout(rollout, template_view=True)
     assert result.ok and result.cause_counts()["reasoning_stripped"] == turns, result.cause_counts()
     return reads[0] / turns, tails[0]

@@ -14,16 +14,16 @@ from rollouts import PROMPT, TOOLS, Turn, call, naive, qwen3_answer_turn, qwen3_
 from synthetic_templates import GLM_SHAPED, OBSERVATION
 
 from verl_ext.check import Cause, ConsistencyChecker, EngineCall, TrainerSample
-from verl_ext.check.findings import CheckResult, Finding
-from verl_ext.check.locate import Locator
-from verl_ext.check.template_view import (
+from verl_ext.check.cause_rules import (
     RULES,
     Divergence,
-    _Rules,
     eos_alias,
     reasoning_stripped_with_prefill,
     turn_without_message,
 )
+from verl_ext.check.findings import CheckResult, Finding
+from verl_ext.check.locate import Locator
+from verl_ext.check.rule_context import RuleContext
 from verl_ext.core.probe import probe_template
 from verl_ext.core.rendering import ChatRenderer
 
@@ -353,13 +353,13 @@ def test_every_rule_has_a_docstring_and_a_test():
         assert f"def {name}(" in (root / path).read_text(), f"{rule.__name__}: {path} has no test {name}"
 
 
-def context(r: ChatRenderer, calls: Sequence[EngineCall], messages: list[Any]) -> _Rules:
+def context(r: ChatRenderer, calls: Sequence[EngineCall], messages: list[Any]) -> RuleContext:
     """What the rules read for a rollout whose stream is its calls' last prompt and output."""
     stream = [*calls[-1].prompt_ids, *calls[-1].output_ids]
     loc = Locator.build(calls, messages, stream, r)
     profile = probe_template(r)
     rendered = r.render(profile.tool_call_shape.conform(messages), TOOLS, add_generation_prompt=False).ids
-    return _Rules(loc, profile, r, messages, stream, rendered)
+    return RuleContext(loc, profile, r, messages, stream, rendered)
 
 
 def test_rule_eos_alias_names_only_stream_only_alias_stops(renderer_for):

@@ -1,6 +1,6 @@
 """The per-turn memos of the template view answer as the work they replace: ``message_shape`` rendered once per shape
 with stand-in call ids gives the runs the message's own ids give, on every template the reader learns and ids of
-several forms (ids in JSON, ids the template writes as text, ids it slices); ``_Rules.prefix`` extending the
+several forms (ids in JSON, ids the template writes as text, ids it slices); ``SpanTexts.prefix`` extending the
 previous prefix gives what decoding the whole prefix gives; and the whole check with both gives the findings it
 gives without them, on the bench's rollouts of several findings per turn."""
 
@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 from test_decode_memo import HOW, checked
 
 from verl_ext.check import message_shape as shapes
-from verl_ext.check import template_view
+from verl_ext.check.rule_context import RuleContext
+from verl_ext.check.span_texts import SpanTexts
 from verl_ext.core.probe import probe_template
 
 IDS = ("call00001", "call_Ab9-x", "functions.calculator:0", "123456789", "é-ü", "", "A1")
@@ -75,8 +76,7 @@ def test_an_extended_prefix_reads_as_the_whole_prefix(ends, family):
     r = case_renderer(family)
     # a stream with multi-byte characters cut across tokens, braces and spaces
     ids = r.encode('{"a": "café 🙂 中文 𝄞🦩"}, {"b": {"c": 1}} 🧿𝄞 end')
-    rules = template_view._Rules.__new__(template_view._Rules)
-    rules.r, rules.stream, rules.rendered, rules._prefixes = r, ids, ids, {}
+    rules = SpanTexts(r, ids, ids)
     for b in ends:
         b = min(b, len(ids))
         text = r.decode(ids[2:b]) if b > 2 else ""
@@ -94,7 +94,7 @@ def test_the_check_with_the_turn_memos_finds_what_it_finds_without_them(renderer
         return len(text), text.count("{") - text.count("}")
 
     with monkeypatch.context() as m:
-        m.setattr(template_view._Rules, "prefix", whole)
+        m.setattr(RuleContext, "prefix", whole)
         m.setattr(shapes, "_STAND_IN_FORMS", ())  # every message rendered with its own ids
         without = checked(r, how)
     assert with_memos == without

@@ -103,7 +103,13 @@ def _went_back(ro: SyntheticRollout, k: int, rng: random.Random) -> None:
     _rejoin(ro, k)
 
 
+def _row_dropped(ro: SyntheticRollout, k: int, rng: random.Random) -> None:
+    # every attempt of the turn lost: the record's versions hold an empty row for a call with output ids
+    ro.segments[k] = []
+
+
 MUTATIONS: dict[str, tuple[Callable[[SyntheticRollout, int, random.Random], None], Cause]] = {
+    "row_dropped": (_row_dropped, Cause.SEGMENT_DISCARDED),
     "retokenized": (_retokenized, Cause.RESUME_RETOKENIZED),
     "discarded_segment": (_discarded, Cause.SEGMENT_DISCARDED),
     "dropped_ids": (_dropped_ids, Cause.SEGMENT_DISCARDED),
@@ -143,3 +149,13 @@ def test_what_the_engine_did_not_stamp_is_counted_not_checked() -> None:
 def test_a_rollout_without_versions_has_nothing_to_compare() -> None:
     ro = make_rollout(random.Random(0))
     assert version_findings(ro.calls, None, _allowed)[0] == []
+
+
+def test_calls_the_versions_hold_no_row_for_are_named() -> None:
+    """Versions recorded with fewer rows than the rollout's engine calls: the calls past the last row had their
+    attempts dropped, never checked silently."""
+    ro, _ = _resumed(random.Random(3))
+    last = len(ro.calls) - 1
+    del ro.segments[last]
+    defects = [f for f in _view(ro)[0] if not f.allowed]
+    assert defects and {(f.cause, f.turn) for f in defects} == {(Cause.SEGMENT_DISCARDED, last)}, defects

@@ -17,7 +17,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "verl_ext"
 # module -> its process-wide caches (each was an unbounded dict before)
 CACHES = {
     "verl_ext.core.probe": ("_PROFILE_CACHE", "_NAMED_CACHE"),
-    "verl_ext.check.template_view": ("_FRAMES", "_PROMPT_TAILS"),
+    "verl_ext.check.template_marks": ("_FRAMES", "_PROMPT_TAILS", "_CALL_MARKERS"),
     "verl_ext.check.message_shape": ("_SHAPES",),
     "verl_ext.plugin.agent_loop": ("_RUNTIMES",),
     "verl_ext.plugin.gateway_loop": ("_WORKERS",),

@@ -15,7 +15,7 @@ from verl_ext.core.errors import OptionsError
 from verl_ext.core.version_spans import DISPATCH_VERSION_FIELD, STOP_VERSION_FIELD
 from verl_ext.engines.cpu import CPUGenerationServer
 from verl_ext.engines.cpu_faults import parse_faults
-from verl_ext.engines.cpu_pause import ids_digest, read_truth
+from verl_ext.engines.cpu_pause import ParkPlan, ids_digest, read_truth
 from verl_ext.engines.sglang_output import ENGINE_FIELD
 
 PARAMS = {"temperature": 1.0, "logprobs": True, "ignore_eos": True, "seed": 7}
@@ -143,3 +143,46 @@ def test_a_parked_request_wakes_on_an_abort_even_when_the_resume_follows_at_once
     out, waited = asyncio.run(scenario())
     assert out.stop_reason == "aborted" and len(out.token_ids) == 2
     assert "abort_after_timeout" not in srv.fault_hits and waited < 30
+
+
+def test_a_parked_request_wakes_on_an_abort_and_resume_that_come_while_its_thread_returns(
+    tiny_qwen3_dir, prompt, monkeypatch
+):
+    """verl's abort and resume can both run between the generation thread's return and the request's next step
+    (the loop runs them first): the abort came after the request was dispatched, so it still wakes it at once rather
+    than leaving it parked for ``wait_s`` (the abort count was read after that window, and the wait then waited for
+    a later abort)."""
+    import verl_ext.engines.cpu as cpu
+
+    srv = server(tiny_qwen3_dir, faults=[{"kind": "abort_after", "tokens": 2, "wait_s": 20}])
+    real, loops = cpu.generate_tokens, []
+
+    def generate_then_abort_and_resume(*args: Any, **kwargs: Any) -> Any:
+        out = real(*args, **kwargs)
+        loops[0].call_soon_threadsafe(lambda: (srv.gate.abort(), srv.gate.resume()))  # before the request resumes
+        return out
+
+    monkeypatch.setattr(cpu, "generate_tokens", generate_then_abort_and_resume)
+
+    async def scenario() -> tuple[Any, float]:
+        loop = asyncio.get_running_loop()
+        loops.append(loop)
+        await srv.set_global_steps(0)
+        started = loop.time()
+        out = await srv.generate(prompt, {**PARAMS, "max_tokens": 8}, "a")
+        return out, loop.time() - started
+
+    out, waited = asyncio.run(scenario())
+    assert out.stop_reason == "aborted" and len(out.token_ids) == 2
+    assert "abort_after_timeout" not in srv.fault_hits and waited < 15
+
+
+def test_a_version_whose_parked_request_ended_early_parks_the_next_one() -> None:
+    """One request per version is parked; if the one chosen stops on a stop id before its park point, the version
+    has resumed nothing yet, so the next request of that version is parked instead (else a step may see no resume)."""
+    plan = ParkPlan(tokens=4, wait_s=1.0)
+    assert plan.park_at([1, 2, 3], 0, 7) == 4
+    assert plan.park_at([1, 2, 4], 0, 7) is None  # one per version
+    plan.finished_unparked(7)
+    assert plan.park_at([1, 2, 5], 0, 7) == 4
+    assert plan.park_at([1, 2, 6], 0, 8) == 4  # another version parks its own

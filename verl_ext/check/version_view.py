@@ -42,16 +42,21 @@ def version_findings(
     calls: Sequence[EngineCall], versions: RolloutVersions | None, allowed: Callable[[Cause], bool]
 ) -> tuple[list[Finding], VersionCounts]:
     """The version view's findings and counts on a rollout's engine calls (``versions``: the attempts of each call;
-    None or fewer calls than recorded: nothing to compare, no finding)."""
+    None: nothing to compare, no finding). A call without attempts (an empty row, or past the last row) is
+    ``segment_discarded``: every loop records at least one attempt per call."""
     counts = VersionCounts()
     if versions is None:
         return [], counts
     out: list[Finding] = []
     last: int | None = None  # the latest version seen along the rollout
     crcs = _PromptCrcs()
-    for k, (call, attempts) in enumerate(zip(calls, versions.calls, strict=False)):
+    for k, call in enumerate(calls):
         crcs.add(call)
-        if not attempts:
+        attempts = versions.calls[k] if k < len(versions.calls) else ()
+        if not attempts:  # every loop records one attempt at least per call: this call's were dropped
+            whole = Attempt(None, 0, len(call.output_ids))
+            detail = f"no attempt is recorded for this engine call's {len(call.output_ids)} ids (its row was dropped)"
+            out.append(_finding(Cause.SEGMENT_DISCARDED, k, call, whole, detail, allowed))
             continue
         counts.resumes += len(attempts) - 1
         out += _placement(k, call, attempts, counts, allowed, crcs)

@@ -515,6 +515,9 @@ class CPUGenerationServer:
                     continue
                 version = self.global_steps  # stamped at dispatch: the weights cannot change while it runs
                 park = self._park.park_at(prompt_ids, len(forced), version)
+                # a parked request returns on any abort after its dispatch: one whose resume followed it before
+                # this request ran again (between the thread's return and here) still wakes it
+                aborts = self.gate.aborts
 
                 def should_stop(done: int, park: int | None = park) -> bool:
                     return self.gate.stop_requested() or (park is not None and done >= park)
@@ -532,7 +535,6 @@ class CPUGenerationServer:
                     prefix_cache=self.cache,
                     should_stop=should_stop,
                 )
-                aborts = self.gate.aborts  # a parked request waits for the next abort after this one
             break
         if result.finish_reason == ABORTED:
             if park is not None and not self.gate.stop_requested():  # parked: the model is free, wait for verl
@@ -540,6 +542,8 @@ class CPUGenerationServer:
                 if not await self.gate.wait_for_abort(aborts, self._park.wait_s):
                     self.fault_hits["abort_after_timeout"] = self.fault_hits.get("abort_after_timeout", 0) + 1
             self._park.aborted(prompt_ids, result.token_ids)
+        elif park is not None:
+            self._park.finished_unparked(version)
         return result, version
 
     def _extra(self, prompt_ids: Sequence[int], version: int | None, complete: bool) -> dict[str, Any]:

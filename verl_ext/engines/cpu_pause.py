@@ -119,6 +119,11 @@ class ParkPlan:
         self._parked_versions.add(version)
         return self.tokens
 
+    def finished_unparked(self, version: Any) -> None:
+        """A request chosen to be parked ended before its park point (a stop id came first): the next request of
+        its version may be parked instead, so each version still resumes a turn."""
+        self._parked_versions.discard(version)
+
     def aborted(self, prompt_ids: Sequence[int], token_ids: Sequence[int]) -> None:
         """Remember an aborted request's prompt + output: the request that resumes it is sent with these ids."""
         self._aborted_streams[ids_digest([*prompt_ids, *token_ids])] = True

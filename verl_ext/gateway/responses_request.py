@@ -65,6 +65,7 @@ _OTHER_APIS_NAMES = {
     "response_format": "text",
     "system": "instructions",
 }
+_TEXT_KEYS = frozenset({"format", "verbosity"})  # the Responses API's text configuration
 _REASONING_KEYS = frozenset({"effort", "summary", "generate_summary"})  # a summary asks for nothing the engine does
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
@@ -117,6 +118,14 @@ def _check_options(body: Mapping[str, Any]) -> None:
             "unsupported",
         )
     text = body.get("text")
+    if isinstance(text, Mapping):  # its every key read: a verbosity or a misspelt format is never ignored
+        refuse_unknown_fields(text, _TEXT_KEYS, "Responses text", "text.")
+        if text.get("verbosity") is not None:
+            raise bad_request(
+                "text.verbosity",
+                "'text.verbosity' is not served: the policy writes as it samples, at no verbosity level; leave it out",
+                "unsupported",
+            )
     if text is not None:
         fmt = text.get("format") if isinstance(text, Mapping) else text
         if fmt is not None and not (isinstance(fmt, Mapping) and fmt.get("type") == "text"):

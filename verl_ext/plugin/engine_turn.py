@@ -6,13 +6,16 @@ when its logprobs do not cover all its ids (it keeps the covered prefix). Either
 engine call's prompt is the turn's prompt + the ids so far, its budget what is left, and the outputs are joined
 (logprobs kept) into one turn, recorded as one engine call whose output spans the calls (``segments``: one dict
 per call, keys defined in ``verl_ext.core.version_spans``: ids and start, stop reason, the versions stamped at
-dispatch and at stop, its own logprobs, ids the id check cut). If the turn cannot be completed (the engine keeps
-aborting, or the rollout server is gone), the rollout ends with an error that says so: nothing of it reaches training.
+dispatch and at stop, its own logprobs, ids the id check cut). If the turn cannot be completed (the engine
+returns no new ids for ``STALL_TIMEOUT_S``, or the rollout server is gone), the rollout ends with an error that
+says so: nothing of it reaches training.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,7 +28,12 @@ from verl_ext.engines.sglang_output import ABORT_REASONS, ENGINE_FIELD
 
 log = logging.getLogger("verl_ext.plugin")
 
-MAX_CONTINUATIONS = 4  # engine calls after the first for one turn; each waits for the engine to resume
+# A call that adds ids is progress: a turn is continued across any number of aborts (one per weight update under
+# verl's async trainers, as verl's own resume client does), bounded by its budget since each call adds an id. Calls
+# that return no ids (a replica rejecting requests while it trains) are retried with a growing wait, as verl's client
+# retries them, until the turn has had none for STALL_TIMEOUT_S: longer than a weight update, then the rollout ends.
+STALL_TIMEOUT_S = 600.0
+_STALL_WAITS_S = (0.05, 0.1, 0.25, 0.5, 1.0)  # between calls that returned no ids; then 1 s each
 
 
 class RolloutInterrupted(VerlExtError, RuntimeError):
@@ -81,7 +89,9 @@ async def generate_turn(
     first_extra: dict[str, Any] | None = None
     out: Any = None
     sent = None if image_data is None else list(image_data)  # what every call of the turn passes, and records
-    for attempt in range(1 + MAX_CONTINUATIONS):
+    stalled = 0  # calls in a row that returned no ids
+    stalled_since = 0.0
+    while True:
         params = {**sampling_params, "max_tokens": budget - len(ids)}
         out = await _generate(server_manager, request_id, [*prompt_ids, *ids], params, len(ids), counters, sent)
         new = [int(i) for i in out.token_ids]
@@ -99,18 +109,25 @@ async def generate_turn(
         if not _incomplete(out) or len(ids) >= budget:
             break
         counters["engine/continued_calls"] += 1
+        if new:
+            stalled = 0
+        else:
+            stalled_since = time.monotonic() if stalled == 0 else stalled_since
+            stalled += 1
+            if time.monotonic() - stalled_since >= STALL_TIMEOUT_S:
+                counters["engine/interrupted_turns"] += 1
+                raise RolloutInterrupted(
+                    f"verl_ext: a turn got no new ids from the engine in {stalled} calls over {STALL_TIMEOUT_S:.0f} s "
+                    f"(last stop reason {out.stop_reason!r}, {len(ids)} of at most {budget} tokens, "
+                    f"{len(segments)} engine calls); the rollout is dropped rather than trained on a half turn. "
+                    "Check that the rollout servers resume after the weight update."
+                )
+            await asyncio.sleep(_STALL_WAITS_S[min(stalled, len(_STALL_WAITS_S)) - 1])
         log.info(
             "verl_ext: turn output incomplete (%s after %d ids); continuing it (call %d)",
             out.stop_reason,
             len(ids),
-            attempt + 2,
-        )
-    else:
-        counters["engine/interrupted_turns"] += 1
-        raise RolloutInterrupted(
-            f"verl_ext: a turn was still incomplete after {1 + MAX_CONTINUATIONS} engine calls (last stop reason "
-            f"{out.stop_reason!r}, {len(ids)} of at most {budget} tokens); the rollout is dropped rather than "
-            "trained on a half turn."
+            len(segments) + 1,
         )
     if len(segments) > 1:
         counters["engine/continued_turns"] += 1

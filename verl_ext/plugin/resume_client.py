@@ -34,6 +34,7 @@ from typing import Any
 from verl.workers.rollout.llm_server import FullyAsyncLLMServerClient, LLMServerClient
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.version_spans import SEG_RETURN_VERSION, SEG_VERSION
 from verl_ext.plugin.engine_turn import generate_turn
 
@@ -42,7 +43,7 @@ log = logging.getLogger("verl_ext.plugin")
 SEGMENTS_FIELD = "verl_ext_segments"  # TokenOutput.extra_fields key: one dict per attempt (core/version_spans.py)
 _SWAPPED = "_verl_ext_attempt_keeping_client"  # the swapped client, kept on verl's (one per worker process)
 _LIMIT_KEYS = ("max_tokens", "max_new_tokens")
-_warned: set[str] = set()  # class names warned about (a handful per process)
+_warned: LruCache[str, bool] = LruCache("resume clients warned about", 64)  # class names (a handful per process)
 
 
 class AttemptKeepingClient(FullyAsyncLLMServerClient):
@@ -112,8 +113,8 @@ def keep_attempts(server_manager: Any) -> Any:
         unknown = isinstance(server_manager, FullyAsyncLLMServerClient) and not isinstance(
             server_manager, AttemptKeepingClient
         )
-        if unknown and kind.__qualname__ not in _warned and len(_warned) < 64:
-            _warned.add(kind.__qualname__)
+        if unknown and _warned.get(kind.__qualname__) is None:
+            _warned[kind.__qualname__] = True
             log.warning(
                 "verl_ext: the rollout client %s resumes aborted requests itself; verl_ext keeps it, and its "
                 "resumes lose each attempt's report and split point (verl_ext's AttemptKeepingClient keeps them)",

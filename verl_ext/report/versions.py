@@ -190,7 +190,7 @@ def versions_section(rollouts: Sequence[Any]) -> VersionsSection | None:
 
     def rank(ref: Any) -> tuple[int, float]:
         v = ref.record.versions
-        resumes = sum(len(call) - 1 for call in v.calls)
+        resumes = sum(max(0, len(call) - 1) for call in v.calls)  # a call with no attempt row resumed nothing
         step = v.trained_step if v.trained_step is not None else ref.record.step
         return (-resumes, -v.staleness(step).mean)
 

@@ -237,8 +237,8 @@ class Cause(StrEnum):
         _DEFECT,
         "#c51b7d",
         "a resumed engine call was sent other ids than the turn's prompt + the ids sampled before the abort",
-        "A resume re-tokenized the partial output (a text round trip): resume with the ids as sampled, as "
-        "verl_ext_tool_agent's engine_turn does, not through a client that decodes and re-encodes them.",
+        "A resume re-tokenized the partial output (a text round trip): resume with the ids as sampled (verl_ext's "
+        "loops resume through plugin/engine_turn.py), not through a client that decodes and re-encodes them.",
     )
     SEGMENT_DISCARDED = (
         "segment_discarded",
@@ -246,7 +246,7 @@ class Cause(StrEnum):
         "#8c2d04",
         "a turn's output does not hold each engine call's ids where that call returned them (one dropped)",
         "A resume joined the attempts of a turn without one of them (verl's resume client rebuilds the output): "
-        "join every attempt's ids in order, as verl_ext_tool_agent's engine_turn does.",
+        "join every attempt's ids in order (verl_ext's loops join them in plugin/engine_turn.py).",
     )
     SEGMENT_LOGPROBS_MISPLACED = (
         "segment_logprobs_misplaced",

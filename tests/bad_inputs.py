@@ -10,8 +10,8 @@ input and the one-line error or refusal it must get (stable substrings of it, an
 - ``HTTP``: gateway requests on the chat-completions, Responses and Messages routes and the session endpoints,
   sent to one in-process app: status and one-line message in the route's error shape.
 
-tests/cli/test_bad_inputs.py runs the first two, tests/gateway/test_gateway_bad_inputs.py the third; both assert what every
-entry's answer must be: one line, no traceback, no Python repr of an object, a named fix.
+tests/cli/test_bad_inputs.py runs the first two, tests/gateway/test_gateway_bad_inputs.py the third; both assert what
+every entry's answer must be: one line, no traceback, no Python repr of an object, a named fix.
 """
 
 from __future__ import annotations

@@ -221,7 +221,7 @@ class SampledTurn:
         holds its calls: the template re-serializing a call the parser read (``TOOL_CALL_RESERIALIZED``), or the text
         of a call it could not read, kept as sampled (``MALFORMED_TOOL_CALL``). A rule's reading of the same text in
         other ids, and a turn-end defect, stand."""
-        if cause in _SAME_TEXT or (cause in _TURN_END_DEFECTS and d.at_end):
+        if cause in _SAME_TEXT or cause in _REASONING or (cause in _TURN_END_DEFECTS and d.at_end):
             return None
         reading = self.call_reading(part)
         if reading is None or not self.verdict(part).holds:
@@ -248,6 +248,22 @@ class SampledTurn:
             f"the template re-serializes a tool call the message holds as sampled (same name and values): it writes "
             f"{d.dr[:80]!r} where the engine sampled {d.ds[:80]!r}"
         )
+
+    def call_block_at(self, part: Segment, i1: int, i2: int, j1: int, j2: int) -> tuple[int, int] | None:
+        """The (sampled, rendered) call blocks that hold the divergence ``stream[i1:i2]`` against ``rendered[j1:j2]``
+        whole, each side inside one closed block of a call the message holds, on a turn whose message holds its
+        calls (``verdict``); None otherwise. Two divergences in the same blocks are one re-serialized call."""
+        reading = self.call_reading(part)
+        if reading is None or not self.verdict(part).holds:
+            return None
+        (_, t1, _), (_, u1, _) = self.turn_spans(part)
+        if i1 < t1 or j1 < u1:
+            return None  # the generation prompt's pre-fill: the prompt's, not a call's
+        a, b = (self.prefix(True, t1, i)[0] for i in (i1, i2))
+        ra, rb = (self.prefix(False, u1, j)[0] for j in (j1, j2))
+        ours = _holding(reading.sampled, a, b, held=True)
+        theirs = _holding(reading.rendered, ra, rb, held=False)
+        return None if ours is None or theirs is None else (ours, theirs)
 
     @functools.cached_property
     def _parameter_types(self) -> dict[str, dict[str, str]]:
@@ -280,6 +296,19 @@ _SHARED_LOOKBACK = 4  # tokens a turn's text may start before its segment: a mar
 _TURN_END_DEFECTS = frozenset({Cause.CLOSE_MISSING, Cause.AMBIGUOUS_STOP_DUPLICATED})
 # Causes that read the same text in other ids: more specific than a call block's name, and kept inside one.
 _SAME_TEXT = frozenset({Cause.BPE_REMERGE, Cause.SPECIAL_TOKEN_ESCAPED, Cause.SPECIAL_TOKEN_INJECTED, Cause.EOS_ALIAS})
+# A reasoning block the template drops or inserts: the divergence holds the block's own tags, text outside every
+# call block, so no call block explains it (and the turn's calls need not be read for it: in a rollout whose every
+# turn thinks, that read was a third of the check).
+_REASONING = frozenset({Cause.REASONING_STRIPPED, Cause.REASONING_INSERTED})
+
+
+def _holding(blocks: Sequence[Any], a: int, b: int, *, held: bool) -> int | None:
+    """The index of the closed block that holds ``[a, b)`` whole, strictly inside its edges (its lead and trail are
+    not part of the divergence), and, where ``held``, holds one of the message's calls; None where none does."""
+    for k, blk in enumerate(blocks):
+        if blk.start < a and b < blk.end and blk.closed and (blk.call is not None or not held):
+            return k
+    return None
 
 
 def _only_blocks(text: str, a: int, b: int, blocks: Sequence[Any]) -> bool:

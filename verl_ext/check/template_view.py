@@ -9,6 +9,7 @@ match wins, over what ``rule_context`` holds); a divergence inside a sampled tur
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -19,6 +20,8 @@ from verl_ext.check.locate import Locator
 from verl_ext.check.rule_context import RuleContext
 from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.template_profile import TemplateProfile
+
+Span5 = tuple[int, int, int, int, int]  # a divergence: stream [i1, i2), render [j1, j2), and its segment
 
 
 def template_findings(
@@ -51,7 +54,7 @@ def template_findings(
         check_deadline(deadline, "after rendering the conversation with special-token text escaped")
     rules = RuleContext(loc, profile, renderer, messages, stream, native, deadline, tools)
     out: list[Finding] = []
-    spans = _divergent_spans(rules, explained)
+    spans = _one_per_call(rules, _divergent_spans(rules, explained))
     # Every span's two texts in one batch, decoded once (rules and findings read them): a stripped thinking block is
     # thousands of tokens, and the batch decodes the blocks on the free cores.
     decoded = rules.texts([span for i1, i2, j1, j2, _ in spans for span in ((True, i1, i2), (False, j1, j2))])
@@ -89,12 +92,12 @@ def template_findings(
     return sorted(out, key=lambda f: (f.stream.start, f.cause.value))
 
 
-def _divergent_spans(rules: RuleContext, explained: set[int]) -> list[tuple[int, int, int, int, int]]:
+def _divergent_spans(rules: RuleContext, explained: set[int]) -> list[Span5]:
     """``(i1, i2, j1, j2, segment)`` of every divergence worth a finding: not the trailing generation prompt of a turn
     that never ran, not what follows a cut by the response length, not the END close and trailer, not what the
     turn-end findings already explained."""
     stream, native = rules.stream, rules.rendered
-    spans: list[tuple[int, int, int, int, int]] = []
+    spans: list[Span5] = []
     for (tag, i1, i2, j1, j2), seg in zip(rules.opcodes, rules.owners, strict=True):
         if tag == "equal" or i1 == rules.prompt_cut < len(stream):
             continue
@@ -110,6 +113,28 @@ def _divergent_spans(rules: RuleContext, explained: set[int]) -> list[tuple[int,
             continue
         spans.append((i1, i2, j1, j2, seg))
     return spans
+
+
+def _one_per_call(rules: RuleContext, spans: list[Span5]) -> list[Span5]:
+    """``spans`` with the divergences that lie inside one call block of a sampled turn (on both sides, the message
+    holding the turn's calls) joined into one: a call the template re-serializes is one finding, not one per space
+    its JSON writes otherwise (a compact call drew four; explaining each cost more than the render)."""
+    out: list[Span5] = []
+    block: tuple[int, int] | None = None
+    several = Counter(seg for *_, seg in spans)
+    for i1, i2, j1, j2, seg in spans:
+        part, here = rules.parts[seg], None
+        if part.sampled and several[seg] > 1:
+            call = rules.loc.calls[part.turn]
+            # inside the turn's output, off its end: a turn-end divergence is the close's, never a call's
+            if call.output_start <= i1 < i2 < call.output_end:
+                here = rules.call_block_at(part, i1, i2, j1, j2)
+        if here is not None and out and block == here and out[-1][4] == seg:
+            out[-1] = (out[-1][0], i2, out[-1][2], j2, seg)
+        else:
+            out.append((i1, i2, j1, j2, seg))
+        block = here
+    return out
 
 
 def _escaped_spots(

@@ -390,6 +390,16 @@ def _image_message(url: str) -> list[dict[str, Any]]:
 
 CALC = {"type": "function", "function": {"name": "calc", "parameters": {"type": "object", "properties": {}}}}
 CALL = {"id": "c1", "type": "function", "function": {"name": "calc", "arguments": "{}"}}
+SCHEMA = {"type": "object", "properties": {}}
+RESPONSES_TOOL = {"type": "function", "name": "calc", "parameters": SCHEMA}
+RESPONSES_CALL = {"type": "function_call", "call_id": "c1", "name": "calc", "arguments": "{}"}
+MESSAGES_TOOL = {"name": "calc", "input_schema": SCHEMA}
+
+
+def _assistant(**message: Any) -> list[dict[str, Any]]:
+    """A chat conversation whose middle turn is the assistant ``message`` (a user message answers it)."""
+    return [*TEXT, {"role": "assistant", "content": "4", **message}, {"role": "user", "content": "?"}]
+
 
 HTTP: list[Http] = [
     # the body itself
@@ -472,7 +482,44 @@ HTTP: list[Http] = [
         400,
         ("'stream_options.include_usage' must be true or false",),
     ),
+    Http(
+        "chat",
+        _chat(stream_options={"include_usge": True}),
+        400,
+        (
+            "'stream_options.include_usge' is not a key of 'stream_options'",
+            "did you mean 'stream_options.include_usage'",
+        ),
+    ),
+    Http(
+        "chat",
+        _chat(stream_options={"include_obfuscation": True}),
+        400,
+        ("'stream_options.include_obfuscation' is not served", "set it false"),
+    ),
     # chat completions: messages
+    Http(
+        "chat",
+        _chat(messages=[{"role": "user", "content": "Hi", "cache_control": {"type": "ephemeral"}}]),
+        400,
+        ("'messages[0].cache_control' is not a key of a message of role 'user'", "its keys: 'role', 'content', 'name'"),
+    ),
+    Http(
+        "chat",
+        _chat(messages=_assistant(tool_call=[CALL])),
+        400,
+        ("'messages[1].tool_call'", "did you mean 'messages[1].tool_calls'"),
+    ),
+    Http(
+        "chat",
+        _chat(messages=[*_assistant(content="", tool_calls=[CALL])[:2], {"role": "tool", "tool_use_id": "c1"}]),
+        400,
+        ("'messages[2].tool_use_id' is not a key of a message of role 'tool'", "'tool_call_id'"),
+    ),
+    Http(
+        "chat", _chat(messages=_assistant(refusal="No.")), 400, ("messages[1]", "an assistant 'refusal' is not served")
+    ),
+    Http("chat", _chat(messages=_assistant(audio={"id": "a1"})), 400, ("an assistant 'audio' is not served",)),
     Http("chat", _chat(messages=[{"role": "robot", "content": "Hi"}]), 400, ("unknown role 'robot'",)),
     Http("chat", _chat(messages=[{"content": "Hi"}]), 400, ("messages[0]", "role")),
     Http("chat", _chat(messages=["Hi"]), 400, ("messages[0]",)),
@@ -613,8 +660,70 @@ HTTP: list[Http] = [
     Http("responses", _responses(max_output_tokens=0), 400, ("'max_output_tokens' must be in [1,",)),
     Http("responses", _responses(stream=1), 400, ("'stream' must be true or false",)),
     Http("responses", _responses(include="reasoning.encrypted_content"), 400, ("'include' must be a list of strings",)),
+    Http(
+        "responses",
+        _responses(include=["reasoning.encrypted_content", "message.output_text.logprobs"]),
+        400,
+        ("include[1] 'message.output_text.logprobs' is not served", "logprobs"),
+    ),
+    Http("responses", _responses(include=["file_search_call.results"]), 400, ("include[0]", "no hosted tools")),
+    Http(
+        "responses",
+        _responses(include=["reasoning.encrypted"]),
+        400,
+        ("include[0] 'reasoning.encrypted' is not a Responses includable", "'reasoning.encrypted_content'"),
+    ),
+    Http(
+        "responses",
+        _responses(tools=[{**RESPONSES_TOOL, "strictt": True}]),
+        400,
+        ("'tools[0].strictt' is not a key of a Responses function tool", "did you mean 'tools[0].strict'"),
+    ),
+    Http(
+        "responses",
+        _responses(tools=[RESPONSES_TOOL, {**RESPONSES_TOOL, "name": "calc2", "cache_control": {}}]),
+        400,
+        ("'tools[1].cache_control'", "its keys: 'type', 'name', 'description', 'parameters', 'strict'"),
+    ),
+    Http(
+        "responses",
+        _responses(input=[{"role": "user", "content": "Hi", "name": "ann"}]),
+        400,
+        ("'input[0].name' is not a key of a Responses message item",),
+    ),
+    Http(
+        "responses",
+        _responses(input=[*TEXT, {**RESPONSES_CALL, "parsed_arguments": {}}]),
+        400,
+        ("'input[1].parsed_arguments' is not a key of a Responses function_call item",),
+    ),
+    Http(
+        "responses",
+        _responses(
+            input=[*TEXT, RESPONSES_CALL, {"type": "function_call_output", "call_id": "c1", "output": "4", "error": 1}]
+        ),
+        400,
+        ("'input[2].error' is not a key of a Responses function_call_output item",),
+    ),
+    Http(
+        "responses",
+        _responses(input=[*TEXT, {"type": "reasoning", "text": "Hmm."}, {"role": "user", "content": "?"}]),
+        400,
+        ("'input[1].text' is not a key of a Responses reasoning item", "'summary'"),
+    ),
+    Http(
+        "responses",
+        _responses(input=[*TEXT, {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA"}, *TEXT]),
+        400,
+        ("input[1]: encrypted reasoning cannot be read by the gateway",),
+    ),
     Http("responses", _responses(tools=[{"type": "web_search"}]), 400, ("'web_search' tool", "only function tools")),
-    Http("responses", _responses(tools=[CALC]), 400, ("tools[0]", "'name' must be a non-empty string")),
+    Http(
+        "responses",
+        _responses(tools=[CALC]),
+        400,
+        ("tools[0]", "'name' must be a non-empty string", "move the 'function' object's keys up"),
+    ),
     Http("responses", _responses(tool_choice="required"), 400, ("tool_choice 'required' is not served",)),
     Http("responses", _responses(input=[{"type": "item_reference", "id": "msg_1"}]), 400, ("'item_reference' item",)),
     Http("responses", _responses(input=[{"role": "robot", "content": "Hi"}]), 400, ("input[0].role must be one of",)),
@@ -718,6 +827,45 @@ HTTP: list[Http] = [
         ("'disable_parallel_tool_use' is not served",),
     ),
     Http(
+        "messages",
+        _messages(tool_choice={"type": "auto", "disable_parallel_tool_us": False}),
+        400,
+        ("'tool_choice.disable_parallel_tool_us'", "did you mean 'tool_choice.disable_parallel_tool_use'"),
+    ),
+    Http(
+        "messages",
+        _messages(tool_choice={"type": "none", "disable_parallel_tool_use": False}),
+        400,
+        ("'tool_choice.disable_parallel_tool_use' is not a key of a tool_choice of type 'none'", "its keys: 'type'"),
+    ),
+    Http(
+        "messages",
+        _messages(tools=[{**MESSAGES_TOOL, "parameters": SCHEMA}]),
+        400,
+        ("'tools[0].parameters' is not a key of a Messages API custom tool", "'input_schema'"),
+    ),
+    Http(
+        "messages", _messages(tools=[{**MESSAGES_TOOL, "defer_loading": True}]), 400, ("'defer_loading' is not served",)
+    ),
+    Http(
+        "messages",
+        _messages(tools=[{**MESSAGES_TOOL, "allowed_callers": ["code_execution_20250825"]}]),
+        400,
+        ("tools[0]: 'allowed_callers' ['code_execution_20250825'] is not served", '["direct"]'),
+    ),
+    Http(
+        "messages",
+        _messages(tools=[{**MESSAGES_TOOL, "input_examples": [{"expression": "1+1"}]}]),
+        400,
+        ("'input_examples' are not served",),
+    ),
+    Http(
+        "messages",
+        _messages(messages=[{"role": "user", "content": "Hi", "name": "ann"}]),
+        400,
+        ("'messages[0].name' is not a key of a Messages API message", "its keys: 'role', 'content'"),
+    ),
+    Http(
         "messages", _messages(stop_sequences=["Hello world"]), 400, ("stop_sequences entry 'Hello world' is 2 tokens",)
     ),
     Http("messages", _messages(stop_sequences="."), 400, ("'stop_sequences' must be a list of non-empty strings",)),
@@ -748,6 +896,7 @@ HTTP: list[Http] = [
         ("'thinking.type' 'between_tools' is not served",),
     ),
     Http("messages", _messages(thinking=True), 400, ("'thinking' must be an object",)),
+    Http("messages", _messages(thinking={"type": ["enabled"]}), 400, ("'thinking.type' ['enabled'] is not served",)),
     # sessions and paths
     Http("end", None, 404, ("unknown session 'never-opened'", "nothing was ended"), session="never-opened"),
     Http(

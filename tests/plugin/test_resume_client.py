@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,11 +49,40 @@ def config(tiny_qwen3_dir: Path) -> Any:
 
 
 @pytest.fixture(scope="module")
-def prompt_ids(tiny_qwen3_dir: Path) -> list[int]:
+def tokenizer(tiny_qwen3_dir: Path) -> Any:
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+    return AutoTokenizer.from_pretrained(str(tiny_qwen3_dir))
+
+
+@pytest.fixture(scope="module")
+def prompt_ids(tokenizer: Any) -> list[int]:
     return list(tokenizer.apply_chat_template(PROMPT, add_generation_prompt=True, tokenize=True, return_dict=False))
+
+
+@pytest.fixture
+def make_loop(config: Any, tokenizer: Any, tmp_path: Path) -> Callable[..., Any]:
+    """``make_loop(loop_class, srv, **kwargs)``: the agent loop as verl's colocated async trainer builds it, over
+    verl's resume client on the CPU engine ``srv``, on the demo tools, recording under tmp_path/records
+    (``kwargs``: the loop's own arguments, e.g. ``harness``)."""
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    def make(loop_class: type, srv: CPUGenerationServer, **kwargs: Any) -> Any:
+        return loop_class(
+            trainer_config=DictConfigWrap(config),
+            server_manager=verl_async_client(config, srv),
+            tokenizer=tokenizer,
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(config.data),
+            tools=ToolListWrap(load_tools(DEMO_TOOLS)),
+            hf_model_type="qwen3",
+            verl_ext={"records": {"dir": str(tmp_path / "records")}},
+            **kwargs,
+        )
+
+    return make
 
 
 def engine(model_dir: Path, tmp_path: Path, force_text: str | None = None) -> CPUGenerationServer:
@@ -75,6 +105,18 @@ def across_update(srv: CPUGenerationServer, work: Any) -> Any:
         return out
 
     return asyncio.run(both())
+
+
+def run_loop_across_update(loop: Any, srv: CPUGenerationServer) -> Any:
+    """One rollout of ``loop`` on PROMPT (the loop's sampling params: no token cap) while the weights update to
+    version 1 once a request is parked; its output."""
+    params = {k: v for k, v in PARAMS.items() if k not in ("max_tokens", "ignore_eos")}
+
+    async def both() -> Any:
+        out, _ = await asyncio.gather(loop.run(params, raw_prompt=PROMPT), weight_update_when_parked(srv, 1))
+        return out
+
+    return loop.loop.run_until_complete(both())
 
 
 def test_verls_resume_client_drops_the_attempts(config, prompt_ids, tiny_qwen3_dir, tmp_path) -> None:
@@ -121,34 +163,14 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("stock", [False, True], ids=["verl_ext_tool_agent", "audited_stock_loop"])
-def test_loops_record_the_resumed_turn(config, tiny_qwen3_dir, tmp_path, prompt_ids, stock: bool) -> None:
-    from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
+def test_loops_record_the_resumed_turn(make_loop, tiny_qwen3_dir, tmp_path, stock: bool) -> None:
     from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
     from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
 
     srv = engine(tiny_qwen3_dir, tmp_path, force_text=CALL)  # turn 0 forced (a tool call), turn 1 sampled: parked
-    loop = (AuditedToolAgentLoop if stock else VerlExtToolAgentLoop)(
-        trainer_config=DictConfigWrap(config),
-        server_manager=verl_async_client(config, srv),
-        tokenizer=AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)),
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap(load_tools(DEMO_TOOLS)),
-        hf_model_type="qwen3",
-        verl_ext={"records": {"dir": str(tmp_path / "records")}},
-    )
+    loop = make_loop(AuditedToolAgentLoop if stock else VerlExtToolAgentLoop, srv)
     assert isinstance(loop.server_manager, AttemptKeepingClient)
-    params = {k: v for k, v in PARAMS.items() if k not in ("max_tokens", "ignore_eos")}
-
-    async def both() -> Any:
-        out, _ = await asyncio.gather(loop.run(params, raw_prompt=PROMPT), weight_update_when_parked(srv, 1))
-        return out
-
-    out = loop.loop.run_until_complete(both())
+    out = run_loop_across_update(loop, srv)
     (record,) = _records(tmp_path / "records")
     assert record["check"]["engine_ok"], record["check"]
     (resumed,) = record["resumed_turns"]
@@ -160,39 +182,18 @@ def test_loops_record_the_resumed_turn(config, tiny_qwen3_dir, tmp_path, prompt_
 
 
 def test_a_harness_request_across_a_weight_update_is_one_engine_call_with_two_attempts(
-    config, tiny_qwen3_dir, tmp_path, monkeypatch
+    make_loop, tiny_qwen3_dir, tmp_path, monkeypatch
 ) -> None:
     """verl_ext_gateway_agent under verl's resume client: the harness's second request (after the tool result) is
     held after 3 ids, the weights are updated, the request resumes on them; the harness (the openai SDK, over HTTP)
     gets one answer, and the branch's record has that turn as one engine call of two attempts, on versions 0 and 1."""
-    from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
     from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
 
     monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "gateway"))  # the harness module
     srv = engine(tiny_qwen3_dir, tmp_path, force_text=CALL)
-    loop = VerlExtGatewayAgentLoop(
-        trainer_config=DictConfigWrap(config),
-        server_manager=verl_async_client(config, srv),
-        tokenizer=AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)),
-        processor=None,
-        dataset_cls=RLHFDataset,
-        data_config=DictConfigWrap(config.data),
-        tools=ToolListWrap(load_tools(DEMO_TOOLS)),
-        hf_model_type="qwen3",
-        verl_ext={"records": {"dir": str(tmp_path / "records")}},
-        harness={"function": "sdk_harness:loop_react"},
-    )
+    loop = make_loop(VerlExtGatewayAgentLoop, srv, harness={"function": "sdk_harness:loop_react"})
     assert isinstance(loop.server_manager, AttemptKeepingClient)
-    params = {k: v for k, v in PARAMS.items() if k not in ("max_tokens", "ignore_eos")}
-
-    async def both() -> Any:
-        out, _ = await asyncio.gather(loop.run(params, raw_prompt=PROMPT), weight_update_when_parked(srv, 1))
-        return out
-
-    out = loop.loop.run_until_complete(both())
+    out = run_loop_across_update(loop, srv)
     assert out.extra_fields["harness_result"]["turns"] == 2  # two answers: the abort never reached the harness
     (record,) = _records(tmp_path / "records")
     assert record["check"]["engine_ok"] and record["loop"] == "verl_ext_gateway_agent"

@@ -56,6 +56,19 @@ _OTHER_APIS_NAMES = {
     "input": "messages",
     "instructions": "system",
 }
+# A custom tool's keys (anthropic.types.ToolParam): cache_control changes no token; eager_input_streaming asks how a
+# streamed tool input is chunked, and the gateway streams a turn once it is sampled, each tool input in one delta.
+_TOOL_KEYS = (
+    *("type", "name", "description", "input_schema", "cache_control", "strict", "eager_input_streaming"),
+    *("defer_loading", "allowed_callers", "input_examples"),
+)
+# Each tool_choice type's keys (anthropic.types.ToolChoiceParam), ``type`` included.
+_TOOL_CHOICE_KEYS = {
+    "auto": ("type", "disable_parallel_tool_use"),
+    "any": ("type", "disable_parallel_tool_use"),
+    "tool": ("type", "name", "disable_parallel_tool_use"),
+    "none": ("type",),
+}
 _TEXT_ONLY = "only text, tool_use, tool_result and thinking blocks are served"
 _USER_BLOCKS = "only text, image and tool_result blocks are served"
 
@@ -144,22 +157,16 @@ def read_thinking(thinking: Any, max_tokens: int) -> Thinking:
             f"{json_type(thinking)}",
         )
     kind = thinking.get("type")
-    if kind not in _THINKING_KEYS:
+    if not isinstance(kind, str) or kind not in _THINKING_KEYS:
         raise bad_request(
             "thinking.type",
             f"'thinking.type' {kind!r} is not served: send 'enabled' (with 'budget_tokens'), 'adaptive' or "
             "'disabled' (whether the policy reasons is its chat template's switch), or leave 'thinking' out",
             "unsupported" if isinstance(kind, str) else "invalid_value",
         )
-    known = _THINKING_KEYS[kind]
-    extra = sorted(str(k) for k in thinking if k not in known)
-    if extra:
-        raise bad_request(
-            f"thinking.{extra[0]}",
-            f"'thinking.{extra[0]}' is not a key of a {kind!r} thinking configuration, so it would change nothing; "
-            f"its keys: {', '.join(map(repr, known))} (leave it out)",
-            "unknown_parameter",
-        )
+    refuse_unknown_fields(
+        thinking, _THINKING_KEYS[kind], "Messages API", "thinking.", what=f"a {kind!r} thinking configuration"
+    )
     display = thinking.get("display")
     if display not in (None, "summarized"):
         raise bad_request(
@@ -222,6 +229,7 @@ def _message(message: Any, index: int) -> list[dict[str, Any]]:
     where = f"messages[{index}]"
     if not isinstance(message, Mapping):
         raise bad_request(where, f"{where} must be an object with 'role' and 'content', got {json_type(message)}")
+    refuse_unknown_fields(message, ("role", "content"), "Messages API", f"{where}.", what="a Messages API message")
     role = message.get("role")
     if role not in ("user", "assistant"):
         raise bad_request(f"{where}.role", f"{where}.role must be 'user' or 'assistant', got {role!r}")
@@ -376,18 +384,51 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
         check_parameters(schema, f"{where}.input_schema")
         description = tool.get("description")
         check_description(description, f"{where}.description")
+        _check_tool_options(tool, where)
         function: dict[str, Any] = {"name": tool["name"]}
         if description is not None:
             function["description"] = description
         function["parameters"] = dict(schema)
+        if tool.get("strict") is not None:  # passed to the template as on the OpenAI routes (no constrained decoding)
+            function["strict"] = tool["strict"]
         out.append({"type": "function", "function": function})
     return tuple(out) or None
+
+
+def _check_tool_options(tool: Mapping[str, Any], where: str) -> None:
+    """A custom tool's keys (``anthropic.types.ToolParam``): what asks for a feature the gateway has not (tool
+    search, programmatic calls from code execution, input examples the template would not render) is refused."""
+    refuse_unknown_fields(tool, _TOOL_KEYS, "Messages API", f"{where}.", what="a Messages API custom tool")
+    if tool.get("defer_loading"):
+        raise bad_request(
+            f"{where}.defer_loading",
+            f"{where}: 'defer_loading' is not served: the gateway runs no tool search, every tool is in the prompt; "
+            "leave it out",
+            "unsupported",
+        )
+    if tool.get("allowed_callers") not in (None, ["direct"]):
+        raise bad_request(
+            f"{where}.allowed_callers",
+            f"{where}: 'allowed_callers' {tool['allowed_callers']!r} is not served: the gateway runs no code "
+            'execution, the model calls tools directly; send ["direct"] or leave it out',
+            "unsupported",
+        )
+    if tool.get("input_examples") not in (None, []):
+        raise bad_request(
+            f"{where}.input_examples",
+            f"{where}: 'input_examples' are not served: the chat template renders a tool's name, description and "
+            "schema only; write the examples into the description, or leave 'input_examples' out",
+            "unsupported",
+        )
 
 
 def _tool_choice(choice: Any) -> str:
     if choice is None:
         return "auto"
     kind = choice.get("type") if isinstance(choice, Mapping) else None
+    if isinstance(kind, str) and kind in _TOOL_CHOICE_KEYS:
+        what = f"a tool_choice of type {kind!r}"
+        refuse_unknown_fields(choice, _TOOL_CHOICE_KEYS[kind], "Messages API", "tool_choice.", what=what)
     if kind in ("auto", "none"):
         if choice.get("disable_parallel_tool_use"):
             raise bad_request(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, overload
 
@@ -68,6 +68,22 @@ _OTHER_APIS_NAMES = {
     "stop_sequences": "stop",
     "reasoning": "reasoning_effort",
     "thinking": "reasoning_effort",
+}
+_STREAM_OPTIONS = ("include_usage", "include_obfuscation")
+# Each role's message keys (openai.types.chat.ChatCompletionMessageParam), and the assistant's reasoning as SGLang's
+# and vLLM's servers answer it (``reasoning_content``, or ``reasoning``); a tool message's ``name`` is rendered as a
+# user's is (agent frameworks send it). An assistant's ``audio`` and ``refusal`` are refused when set: the engine
+# writes neither.
+_MESSAGE_KEYS = {
+    "system": ("role", "content", "name"),
+    "developer": ("role", "content", "name"),
+    "user": ("role", "content", "name"),
+    "assistant": (
+        *("role", "content", "name", "tool_calls", "function_call", "refusal", "audio"),
+        *("reasoning_content", "reasoning"),
+    ),
+    "tool": ("role", "content", "tool_call_id", "name"),
+    "function": ("role", "content", "name"),
 }
 SEED_RANGE = (-(2**63), 2**63 - 1)  # a 64-bit signed integer, as the API's seed is (torch's generator takes it)
 
@@ -219,6 +235,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
     stream_options = {} if stream_options is None else stream_options
     if not isinstance(stream_options, Mapping):
         raise bad_request("stream_options", f"'stream_options' must be an object, got {json_type(stream_options)}")
+    _check_stream_options(stream_options)
     tools, tool_choice, legacy = _tools_of(body)
     max_tokens, max_tokens_field = _max_tokens(body)
     return ChatRequest(
@@ -239,6 +256,21 @@ def parse_chat_request(body: Any) -> ChatRequest:
         max_tokens_field=max_tokens_field,
         reasoning_effort=body.get("reasoning_effort"),
     )
+
+
+def _check_stream_options(options: Mapping[str, Any]) -> None:
+    """``stream_options``' keys (openai.types.chat.ChatCompletionStreamOptionsParam): ``include_usage`` is read;
+    ``include_obfuscation`` (random padding on stream events, a guard against network side channels) is not served
+    and refused when true."""
+    refuse_unknown_fields(options, _STREAM_OPTIONS, "chat-completions", "stream_options.", what="'stream_options'")
+    _boolean(options, "include_obfuscation", "stream_options.include_obfuscation")
+    if options.get("include_obfuscation"):
+        raise bad_request(
+            "stream_options.include_obfuscation",
+            "'stream_options.include_obfuscation' is not served: the gateway pads no stream event (it adds no "
+            "'obfuscation' field); set it false or leave it out",
+            "unsupported",
+        )
 
 
 def _tools_of(body: Mapping[str, Any]) -> tuple[tuple[dict[str, Any], ...] | None, str, bool]:
@@ -277,26 +309,30 @@ def top_k(body: Mapping[str, Any]) -> int | None:
 
 def refuse_unknown_fields(
     body: Mapping[str, Any],
-    known: frozenset[str],
+    known: Collection[str],
     api: str,
     where: str = "",
     aliases: Mapping[str, str] | None = None,
+    *,
+    what: str | None = None,
 ) -> None:
     """400 ``unknown_parameter`` for the first (sorted) key of ``body`` not in ``known``, with the closest known
     one (``aliases``: another API's name for a field -> this API's, e.g. chat's ``stop`` for the Messages API's
     ``stop_sequences``): a misspelt option would change nothing, and nothing a request says is ignored. ``where``:
-    the object's path (``reasoning.``), "" for the body."""
+    the object's path (``reasoning.``, ``tools[0].``), "" for the body. ``what``: a nested object's name
+    (``a Responses function tool``): the refusal then lists its keys, in ``known``'s order, as the fix."""
     unknown = sorted(str(k) for k in body if k not in known)
-    if unknown:
-        close = [aliases[unknown[0]]] if aliases and unknown[0] in aliases else []
-        close = close or difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    if not unknown:
+        return
+    close = [aliases[unknown[0]]] if aliases and unknown[0] in aliases else []
+    close = close or difflib.get_close_matches(unknown[0], sorted(known), n=1)
+    if what is None:
         hint = f"; did you mean '{where}{close[0]}'?" if close else ""
-        raise bad_request(
-            f"{where}{unknown[0]}",
-            f"'{where}{unknown[0]}' is not a {api} field the gateway knows, so it would change nothing{hint} "
-            "(leave it out)",
-            "unknown_parameter",
-        )
+        message = f"is not a {api} field the gateway knows, so it would change nothing{hint}"
+    else:
+        hint = f" (did you mean '{where}{close[0]}'?)" if close else ""
+        message = f"is not a key of {what}, so it would change nothing{hint}; its keys: {', '.join(map(repr, known))}"
+    raise bad_request(f"{where}{unknown[0]}", f"'{where}{unknown[0]}' {message} (leave it out)", "unknown_parameter")
 
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
@@ -344,6 +380,7 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     role = _ROLE_ALIASES.get(message["role"], message["role"])
     if role not in ROLES:
         raise bad_request(f"{where}.role", f"{where}: unknown role {message['role']!r}; use one of {list(ROLES)}")
+    _check_message_keys(message, where)
     out: dict[str, Any] = {"role": role, "content": _content(message.get("content"), where, role)}
     if role == "assistant":
         reasoning = message.get("reasoning_content", message.get("reasoning"))
@@ -363,6 +400,23 @@ def _message(message: Any, index: int) -> dict[str, Any]:
     if isinstance(message.get("name"), str) and role in ("tool", "user", "system"):
         out["name"] = message["name"]
     return out
+
+
+def _check_message_keys(message: Mapping[str, Any], where: str) -> None:
+    """The message holds only its role's keys; an assistant's ``audio`` or ``refusal`` the engine never wrote is
+    refused rather than dropped."""
+    role = message["role"]
+    refuse_unknown_fields(
+        message, _MESSAGE_KEYS[role], "chat-completions", f"{where}.", what=f"a message of role {role!r}"
+    )
+    for key, fix in (("audio", "the engine writes text only"), ("refusal", "send the text as 'content'")):
+        if message.get(key) is not None:
+            raise bad_request(
+                f"{where}.{key}",
+                f"{where}: an assistant '{key}' is not served (the gateway never answers with one): {fix}; leave "
+                f"'{key}' out or null",
+                "unsupported",
+            )
 
 
 def _content(content: Any, where: str, role: str) -> str | list[dict[str, Any]]:

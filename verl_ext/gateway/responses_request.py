@@ -67,6 +67,33 @@ _OTHER_APIS_NAMES = {
 }
 _TEXT_KEYS = frozenset({"format", "verbosity"})  # the Responses API's text configuration
 _REASONING_KEYS = frozenset({"effort", "summary", "generate_summary"})  # a summary asks for nothing the engine does
+# ``include`` values (openai.types.responses.ResponseIncludable) served: the reasoning comes back whole, as a
+# reasoning item's reasoning_text content, which the gateway reads back when it is sent again (nothing is encrypted),
+# so a stateless client's reasoning round-trips as encrypted_content would carry it.
+_INCLUDABLE = frozenset({"reasoning.encrypted_content"})
+_NO_HOSTED_TOOLS = "the gateway runs no hosted tools, so there is nothing to include; leave it out"
+_NOT_INCLUDED = {
+    "message.output_text.logprobs": "logprobs are not served by the gateway's engine; leave it out",
+    "message.input_image.image_url": "the input is not stored, so no input image is given back; leave it out",
+    **dict.fromkeys(
+        (
+            *("file_search_call.results", "web_search_call.results", "web_search_call.action.sources"),
+            *("computer_call_output.output.image_url", "code_interpreter_call.outputs"),
+        ),
+        _NO_HOSTED_TOOLS,
+    ),
+}
+# Each served input item type's keys (openai.types.responses.ResponseInputItemParam: an easy input message, an input
+# message and an output message for ``message``): an item ``id`` or ``status`` the gateway does not need (nothing
+# is stored, and a sent item is the whole item).
+_ITEM_KEYS = {
+    "message": ("type", "role", "content", "id", "status"),
+    "reasoning": ("type", "id", "summary", "content", "encrypted_content", "status"),
+    "function_call": ("type", "id", "call_id", "name", "arguments", "status"),
+    "function_call_output": ("type", "id", "call_id", "output", "status"),
+}
+# A function tool's keys (openai.types.responses.FunctionToolParam)
+_FUNCTION_TOOL_KEYS = ("type", "name", "description", "parameters", "strict")
 _ROLES = {"user": "user", "system": "system", "developer": "system", "assistant": "assistant"}
 _TEXT_PARTS = ("input_text", "output_text", "text")
 
@@ -152,9 +179,26 @@ def _check_options(body: Mapping[str, Any]) -> None:
         )
     for key in ("stream", "store"):
         _boolean(body, key)
-    include = body.get("include")
-    if include is not None and (not isinstance(include, list) or not all(isinstance(i, str) for i in include)):
+    _check_include(body.get("include"))
+
+
+def _check_include(include: Any) -> None:
+    """Each ``include`` value is one the gateway serves (``_INCLUDABLE``), else refused with why."""
+    if include is None:
+        return
+    if not isinstance(include, list) or not all(isinstance(i, str) for i in include):
         raise bad_request("include", "'include' must be a list of strings")
+    for i, value in enumerate(include):
+        if value in _INCLUDABLE:
+            continue
+        why = _NOT_INCLUDED.get(value)
+        if why is None:
+            raise bad_request(
+                f"include[{i}]",
+                f"include[{i}] {value!r} is not a Responses includable; the API's: "
+                f"{', '.join(map(repr, sorted([*_INCLUDABLE, *_NOT_INCLUDED])))} (leave it out)",
+            )
+        raise bad_request(f"include[{i}]", f"include[{i}] {value!r} is not served: {why}", "unsupported")
 
 
 def _boolean(body: Mapping[str, Any], key: str) -> bool:
@@ -187,6 +231,7 @@ def _input(items: Any) -> list[dict[str, Any]]:
         if not isinstance(item, Mapping):
             raise bad_request(where, f"{where} must be an input item (an object), got {json_type(item)}")
         kind = item.get("type", "message")
+        _check_item_keys(item, kind, where)
         if kind == "message" or (kind is None and "role" in item):
             message = _message(item, where)
             if message["role"] != "assistant":
@@ -226,6 +271,13 @@ def _input(items: Any) -> list[dict[str, Any]]:
                 "unsupported",
             )
     return out
+
+
+def _check_item_keys(item: Mapping[str, Any], kind: Any, where: str) -> None:
+    """An item of a served type holds only that type's keys (another type is refused by its type)."""
+    if kind is None or (isinstance(kind, str) and kind in _ITEM_KEYS):
+        name = kind or "message"
+        refuse_unknown_fields(item, _ITEM_KEYS[name], "Responses", f"{where}.", what=f"a Responses {name} item")
 
 
 def _message(item: Mapping[str, Any], where: str) -> dict[str, Any]:
@@ -271,6 +323,13 @@ def _input_image(part: Mapping[str, Any], at: str) -> dict[str, Any]:
 
 def _reasoning(item: Mapping[str, Any], where: str) -> str:
     """The reasoning text of a reasoning item: its ``content`` (reasoning_text parts), else its summary's text."""
+    if item.get("encrypted_content") is not None:  # the gateway gives none: this one was encrypted elsewhere
+        raise bad_request(
+            f"{where}.encrypted_content",
+            f"{where}: encrypted reasoning cannot be read by the gateway (it encrypts none); send the reasoning as "
+            "the item's reasoning_text content, as the gateway gave it",
+            "unsupported",
+        )
     for key, kind in (("content", "reasoning_text"), ("summary", "summary_text")):
         parts = item.get(key)
         if parts in (None, []):
@@ -336,7 +395,10 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
                 "unsupported",
             )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise bad_request(f"{where}.name", f"{where}: 'name' must be a non-empty string")
+            nested = isinstance(tool.get("function"), Mapping)  # chat completions' shape
+            hint = " (a Responses function tool is flat: move the 'function' object's keys up)" if nested else ""
+            raise bad_request(f"{where}.name", f"{where}: 'name' must be a non-empty string{hint}")
+        refuse_unknown_fields(tool, _FUNCTION_TOOL_KEYS, "Responses", f"{where}.", what="a Responses function tool")
         parameters = tool.get("parameters")
         if parameters is not None:
             check_parameters(parameters, f"{where}.parameters")

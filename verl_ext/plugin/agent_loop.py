@@ -19,7 +19,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
@@ -53,7 +53,7 @@ from verl_ext.plugin.tool_calls import (
     parse_turn,
     run_tool,
 )
-from verl_ext.plugin.trainer_mode import TrainerMode
+from verl_ext.plugin.trainer_mode import TrainerMode, partial_rollout_refusal
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
 from verl_ext.telemetry.async_metrics import version_counters
@@ -110,8 +110,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     """verl's tool agent loop with token-exact trajectories: registered as ``verl_ext_tool_agent``. Options come
     from verl's config (``verl_ext:``) and the loop's own config entry (``verl_ext`` keyword); see ``LoopOptions``."""
 
+    loop_name: ClassVar[str] = AGENT_LOOP_NAME  # the name it is registered under (its errors name it)
+
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        refusal = partial_rollout_refusal(self.config, self.loop_name)  # it never trains a turn cut at an abort
+        if refusal is not None:
+            raise OptionsError(refusal)
         self.server_manager = keep_attempts(self.server_manager)  # verl's resume client: each attempt kept
         self.options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
         self.rt = runtime_for(

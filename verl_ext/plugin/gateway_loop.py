@@ -204,6 +204,8 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
     the ``harness`` key of the loop's entry over it (``HarnessOptions``), verl_ext's other options as for the
     built-in loop."""
 
+    loop_name = AGENT_NAME
+
     def __init__(self, *args: Any, harness: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.harness = HarnessOptions.from_mapping(

@@ -236,6 +236,10 @@ def test_branches_all_hands_verls_v1_worker_each_branch_with_each_turn_trained_o
     m = metrics_sink.drain()
     counted = (m["tito/gateway/samples"], m["tito/gateway/shared_tokens_masked"], m["tito/gateway/forks"])
     assert counted == (2, shared, 1)
+    # tito/async counts each engine call once, in the branch that trains it: the call the fork replayed is not
+    # counted in its parent too (LiveRollout.trainer_mask over the turns each branch trains)
+    tokens = m["tito/async/versioned_tokens"] + m["tito/async/unstamped_tokens"]
+    assert (m["tito/async/turns"], tokens) == (3, shared + own + fork_own)
     lines = [json.loads(line) for f in (tmp_path / "records").iterdir() for line in f.read_text().splitlines()]
     assert [r["gateway"]["trains"] for r in lines[1:]] == trains  # each branch's record says what it trains
 

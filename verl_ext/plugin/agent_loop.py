@@ -34,7 +34,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
-from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields, stale_mask
+from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
@@ -56,7 +56,6 @@ from verl_ext.plugin.tool_calls import (
 from verl_ext.plugin.trainer_mode import TrainerMode, partial_rollout_refusal
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
-from verl_ext.telemetry.async_metrics import version_counters
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -94,6 +93,7 @@ def runtime_for(
         thumbnails=options.records.thumbnails,
         sink=metrics_sink.report,
         who=AGENT_NAME,
+        max_token_lag=options.max_token_lag,  # applied by LiveRollout.trainer_mask, for every loop
     )
     _RUNTIMES[key] = (tokenizer, rt)
     log.info(
@@ -151,8 +151,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             },
         )
         refeed = await self._refeed(ro, finished)
-        mask, masked = self._stale_mask(finished)
-        ro.live.counters.update(version_counters(finished.rollout.versions, masked))
+        mask = ro.live.trainer_mask(finished)  # max_token_lag's mask and the tito/async counters (verl_ext.runtime)
         result = ro.live.conclude(finished)
         if refeed is not None and refeed.numerics is not None:
             write_refeed_line(self.rt, refeed, self.options.numerics)
@@ -164,16 +163,6 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             loop_fields={"turn_scores": [], "tool_rewards": ro.rewards},
             mask=mask,
             metrics=ro.metrics,
-        )
-
-    def _stale_mask(self, finished: Any) -> tuple[list[int] | None, int]:
-        """The response mask with tokens older than ``verl_ext.max_token_lag`` versions masked out (None: nothing
-        masked), after the check: the record and the engine view keep the sampled mask."""
-        rollout = finished.rollout
-        starts = [c.output_start for c in rollout.calls]
-        sample = rollout.sample
-        return stale_mask(
-            rollout.versions, starts, sample.response_mask, len(sample.prompt_ids), self.options.max_token_lag
         )
 
     # -- the rollout's steps, in order ------------------------------------------------------------

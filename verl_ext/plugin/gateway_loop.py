@@ -371,7 +371,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             "turn_scores": [],
             "tool_rewards": [],
         }
-        finished, mask = chosen.finished, chosen.trained_mask
+        finished, mask = chosen.finished, chosen.trainer_mask  # the plan's mask, max_token_lag applied
         return loop_output(finished, chosen.result, engine_fields=engine_fields, loop_fields=loop_fields, mask=mask)
 
     def _untrained(

@@ -21,11 +21,21 @@ import pytest
 from async_harness import verl_async_client, weight_update_when_parked
 from loop_harness import DEMO_TOOLS, load_tools, verl_config
 
-from verl_ext.core.version_spans import SEG_IDS, SEG_START, SEG_VERSION
+from verl_ext.core.version_spans import (
+    DISPATCH_VERSION_FIELD,
+    PROMPT_CRC_FIELD,
+    SEG_IDS,
+    SEG_START,
+    SEG_VERSION,
+    STOP_VERSION_FIELD,
+    ids_crc,
+)
 from verl_ext.engines.cpu import CPUGenerationServer
 from verl_ext.engines.cpu_pause import ids_digest, read_truth
 from verl_ext.engines.sglang_output import ENGINE_FIELD
+from verl_ext.plugin.engine_turn import ATTEMPTS_KEY
 from verl_ext.plugin.resume_client import SEGMENTS_FIELD, AttemptKeepingClient, keep_attempts
+from verl_ext.plugin.trainer_mode import resumes_aborted_requests
 
 PARAMS = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True, "ignore_eos": True, "max_tokens": 12}
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * 7"}}\n</tool_call><|im_end|>'
@@ -145,6 +155,93 @@ def test_verl_exts_client_keeps_every_attempt(config, prompt_ids, tiny_qwen3_dir
     for s in segments:  # each segment's version is the version the engine generated its ids on
         stream = [*prompt_ids, *out.token_ids[: s[SEG_START] + s[SEG_IDS]]]
         assert truth[ids_digest(stream)]["version"] == s[SEG_VERSION]
+    # the joined output's report describes the joined output: whole (the last attempt completed), sent on version 0
+    # with the turn's prompt, stopped on 1; each attempt's own report kept, the first's incomplete
+    report = out.extra_fields[ENGINE_FIELD]
+    assert report["complete"] is True, report  # the first attempt's report (complete False) before the fix
+    assert (report[DISPATCH_VERSION_FIELD], report[STOP_VERSION_FIELD]) == (0, 1)
+    assert report[PROMPT_CRC_FIELD] == ids_crc(prompt_ids)
+    assert [(r["complete"], r[DISPATCH_VERSION_FIELD]) for r in report[ATTEMPTS_KEY]] == [(False, 0), (True, 1)]
+
+
+def _partial_rollout(config: Any, enabled: bool) -> Any:
+    """``config`` with fully_async_policy's ``async_training.partial_rollout`` set (verl's own setting)."""
+    from omegaconf import OmegaConf, open_dict
+
+    out = OmegaConf.create(OmegaConf.to_container(config))
+    with open_dict(out):
+        out.async_training = {"partial_rollout": enabled}
+    return out
+
+
+def test_without_partial_rollouts_the_client_resumes_nothing_as_verls(config, prompt_ids, tiny_qwen3_dir, tmp_path):
+    """verl's ``async_training.partial_rollout: false``: verl's client hands the aborted attempt back unresumed
+    (llm_server.py: ``should_retry`` False); verl_ext's client does the same and keeps the attempt's report."""
+    off = _partial_rollout(config, False)
+    assert not resumes_aborted_requests(off) and resumes_aborted_requests(_partial_rollout(config, True))
+    assert resumes_aborted_requests(config)  # the v1 trainer has no such setting: it always resumes
+    srv = engine(tiny_qwen3_dir, tmp_path)
+    verls = across_update(
+        srv, verl_async_client(off, srv).generate("r", prompt_ids=prompt_ids, sampling_params=dict(PARAMS))
+    )
+    assert len(verls.token_ids) == 3 and verls.stop_reason == "aborted"
+    srv = engine(tiny_qwen3_dir, tmp_path)
+    client = keep_attempts(verl_async_client(off, srv))
+    out = across_update(srv, client.generate("r", prompt_ids=prompt_ids, sampling_params=dict(PARAMS)))
+    assert (out.token_ids, out.stop_reason) == (verls.token_ids, "aborted")  # 12 ids, resumed, before the fix
+    (attempt,) = out.extra_fields[SEGMENTS_FIELD]
+    assert (attempt[SEG_IDS], attempt[SEG_VERSION]) == (3, 0)
+    assert out.extra_fields[ENGINE_FIELD]["complete"] is False  # one attempt: its own report, aborted
+
+
+def test_mutation_resuming_under_partial_rollout_false_is_caught(
+    config, prompt_ids, tiny_qwen3_dir, tmp_path, monkeypatch
+):
+    """Mutation: verl_ext's client ignores ``partial_rollout: false`` (resumes as before): it hands the loop 12 ids
+    where verl's hands 3."""
+    import verl_ext.plugin.resume_client as resume_client
+
+    monkeypatch.setattr(resume_client, "resumes_aborted_requests", lambda _config: True)
+    srv = engine(tiny_qwen3_dir, tmp_path)
+    client = keep_attempts(verl_async_client(_partial_rollout(config, False), srv))
+    out = across_update(srv, client.generate("r", prompt_ids=prompt_ids, sampling_params=dict(PARAMS)))
+    assert len(out.token_ids) == 12 != 3
+
+
+@pytest.mark.parametrize("gateway", [False, True], ids=["verl_ext_tool_agent", "verl_ext_gateway_agent"])
+def test_verl_exts_loops_refuse_partial_rollout_false_naming_the_fix(config, tiny_qwen3_dir, gateway: bool) -> None:
+    """verl_ext's own loops never train a turn cut at an abort, which verl hands a loop under ``partial_rollout:
+    false``: they refuse the setting, naming it and the fix; the audited stock loop runs (verl's behaviour)."""
+    from transformers import AutoTokenizer
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_ext.core.errors import OptionsError
+    from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
+    from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
+    from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
+
+    def build(cls: Any, cfg: Any, **extra: Any) -> Any:
+        return cls(
+            trainer_config=DictConfigWrap(cfg),
+            server_manager=None,
+            tokenizer=AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)),
+            processor=None,
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(cfg.data),
+            tools=ToolListWrap(load_tools(DEMO_TOOLS)),
+            hf_model_type="qwen3",
+            **extra,
+        )
+
+    cls = VerlExtGatewayAgentLoop if gateway else VerlExtToolAgentLoop
+    extra = {"harness": {"function": "sdk_harness:loop_react"}} if gateway else {}
+    name = "verl_ext_gateway_agent" if gateway else "verl_ext_tool_agent"
+    with pytest.raises(OptionsError, match=rf"^{name} does not run with async_training\.partial_rollout=false") as e:
+        build(cls, _partial_rollout(config, False), **extra)
+    assert "Fix: async_training.partial_rollout=true" in str(e.value) and "verl_ext_audited_tool_agent" in str(e.value)
+    assert build(cls, _partial_rollout(config, True), **extra).loop_name == name  # resumed turns: it runs
+    build(AuditedToolAgentLoop, _partial_rollout(config, False))  # verl's stock loop: verl's behaviour, watched
 
 
 def test_keep_attempts_swaps_verls_client_only_and_once(config, tiny_qwen3_dir, tmp_path) -> None:

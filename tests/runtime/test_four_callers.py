@@ -66,8 +66,11 @@ def stamped(tiny_qwen3_dir: Path) -> Any:
     return tokenizer
 
 
-def loop_of(kind: str, model_dir: Path, tokenizer: Any, records: Path) -> tuple[Any, ScriptedServer]:
-    """One of verl's three agent loops of verl_ext, as verl's worker builds it, on a scripted CPU engine."""
+def loop_of(
+    kind: str, model_dir: Path, tokenizer: Any, records: Path, options: dict[str, Any] | None = None, label: int = 2
+) -> tuple[Any, ScriptedServer]:
+    """One of verl's three agent loops of verl_ext, as verl's worker builds it, on a scripted CPU engine serving
+    weight label ``label``; ``options``: verl_ext options over the records folder."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
@@ -89,7 +92,7 @@ def loop_of(kind: str, model_dir: Path, tokenizer: Any, records: Path) -> tuple[
     server = ScriptedServer(
         CPUGenerationServer(str(model_dir), prompt_length=512, response_length=96), Script(tokenizer)
     )
-    server.server.global_steps = 2  # the weight label every output carries (verl's global_steps)
+    server.server.global_steps = label  # the weight label every output carries (verl's global_steps)
     server.script.turns = list(TURNS)
     cls = {"tool_agent": VerlExtToolAgentLoop, "audited": AuditedToolAgentLoop}.get(kind, VerlExtGatewayAgentLoop)
     extra = {"harness": {"function": "sdk_harness:loop_row"}} if kind == "gateway_agent" else {}
@@ -101,7 +104,7 @@ def loop_of(kind: str, model_dir: Path, tokenizer: Any, records: Path) -> tuple[
         dataset_cls=RLHFDataset,
         data_config=DictConfigWrap(cfg.data),
         tools=ToolListWrap(load_tools(REPO / "verl_ext" / "demo" / "tools.py")),
-        verl_ext={"records": {"dir": str(records)}},
+        verl_ext={"records": {"dir": str(records)}, **(options or {})},
         **extra,
     )
     return loop, server
@@ -252,3 +255,25 @@ def test_a_record_that_cannot_be_written_counts_the_same_from_the_four_callers(
         key = "records/write_failures" if kind == "gateway" else "tito/records/write_failures"
         counted[kind] = (run["metrics"].get(key), run["num_turns"])
     assert counted == {kind: (1, 4) for kind in CALLERS}, counted
+
+
+@pytest.mark.parametrize("kind", ["tool_agent", "audited", "gateway_agent"])
+def test_the_three_loops_count_and_mask_stale_tokens_alike(tiny_qwen3_dir: Path, stamped: Any, tmp_path: Path, kind):
+    """``verl_ext.max_token_lag: 0`` with every turn served on label 1 and trained at step 3 (lag 1): each loop hands
+    verl a sample with every sampled token masked out and reports the same ``tito/async/*`` counts. One place does it
+    for the three (``LiveRollout.trainer_mask``); before, only verl_ext_tool_agent counted and masked, and the
+    audited loop and verl_ext_gateway_agent trained the stale tokens and logged no ``tito/async/`` metric."""
+    metrics_sink.drain()
+    loop, _ = loop_of(kind, tiny_qwen3_dir, stamped, tmp_path, options={"max_token_lag": 0}, label=1)
+    out = run_loop(loop, PROMPT, **ROW, harness_tools=loop_tool_schemas())
+    m = {k: v for k, v in metrics_sink.drain().items() if k.startswith("tito/async/")}
+    sampled = m.get("tito/async/versioned_tokens", 0)
+    assert sampled > 0 and m["tito/async/turns"] == 2 and m["tito/async/tokens_lag_1"] == sampled, (kind, m)
+    assert m["tito/async/masked_stale_tokens"] == sampled and m["tito/async/staleness_mean"] == 1, (kind, m)
+    assert sum(out.response_mask) == 0, (kind, out.response_mask)  # every sampled token was one version too old
+    (record,) = [
+        json.loads(x) for f in tmp_path.glob("*.jsonl") for x in f.read_text().splitlines() if '"rollout"' in x
+    ]
+    assert sum(record["loss_mask"]) == sampled  # the record keeps the sampled mask: the check judged that one
+    assert sampled == sum(len(stamped.encode(t, add_special_tokens=False)) for t in TURNS)  # the same in each loop
+    assert m["tito/async/unstamped_tokens"] == 0 and m["tito/async/resumes"] == 0, (kind, m)

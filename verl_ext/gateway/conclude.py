@@ -28,13 +28,15 @@ from verl_ext.gateway.training import BranchTraining, trained_mask
 from verl_ext.runtime import FinishedRollout
 from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
 
+STANDALONE_LOOP = "verl-ext gateway"  # the loop a record names where the session's row names none: no trainer
+
 
 @dataclass(frozen=True)
 class BranchResult:
     """One concluded branch: the finished rollout (what a trainer would get) and the check's verdict on it, and what
-    its conclusion counted (``counters``: records and thumbnails not written); with a training decision, the
-    response mask a trainer trains (the rollout's, less the turns another branch trains) and the finished
-    trajectory it was cut from."""
+    its conclusion counted (``counters``: records and thumbnails not written, and under a trainer its
+    ``tito/async/*`` counts); with a training decision, the response mask a trainer trains (the rollout's, less the
+    turns another branch trains), the finished trajectory it was cut from and the loss mask the trainer gets."""
 
     session: str
     branch: int
@@ -43,6 +45,9 @@ class BranchResult:
     trained_mask: tuple[int, ...] | None = None  # None: no trainer's decision was passed (the standalone gateway)
     trajectory: TokenTrajectory | None = field(default=None, repr=False, compare=False)
     counters: Mapping[str, int] = field(default_factory=dict)
+    # the loss mask the trainer gets: ``trained_mask`` less the tokens older than max_token_lag (LiveRollout
+    # .trainer_mask); what is trained and where (trained_tokens, the plan) is decided before it, never by it
+    trainer_mask: tuple[int, ...] | None = None
 
     @property
     def rollout(self) -> Rollout:
@@ -76,21 +81,22 @@ def branch_rollout(
     training: BranchTraining | None = None,
 ) -> FinishedRollout | None:
     """Finish the branch's rollout (``LiveRollout.finish``); None for a branch the engine never answered (nothing in
-    it was sampled, so nothing in it can be trained on). ``row``: the record's step, data source and index (default:
-    step 0, the gateway, the session) and, under a trainer, ``trainer`` (``LiveRollout.finish``'s: the record's
-    ``trainer`` entry); ``training``: what a trainer trains of it, written as ``gateway.trains``."""
+    it was sampled, so nothing in it can be trained on). ``row``: the record's step, data source, index and ``loop``
+    (default: step 0, the gateway, the session, ``STANDALONE_LOOP``) and, under a trainer, ``trainer``
+    (``LiveRollout.finish``'s: the record's ``trainer`` entry); ``training``: what a trainer trains of it, written as
+    ``gateway.trains``."""
     live = branch.rollout
     if not branch.calls:
         if live.trajectory is not None:
             live.trajectory.finish()
         return None
-    row = {"step": 0, "data_source": "gateway", "index": session_id, **(row or {})}
+    row = {"step": 0, "data_source": "gateway", "index": session_id, "loop": STANDALONE_LOOP, **(row or {})}
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
-    # the loop that wrote the record, by the name a user knows it by (the report picks its fix texts by it)
-    loop = "verl_ext_gateway_agent" if training is not None else "verl-ext gateway"
-    extra = {"loop": loop, "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
+    # the loop that wrote the record, by the name a user knows it by (the report picks its fix texts by it): the
+    # row's, so a session the in-training loop ends without a training plan (a cancelled rollout) still names it
+    extra = {"loop": row["loop"], "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
     versions = branch.versions(row["step"])  # each turn's attempts, where the engine says them
     finished = live.finish(
         response_length=response_length, step=row["step"], extra=extra, versions=versions, trainer=row.get("trainer")
@@ -115,12 +121,18 @@ def conclude_branch(
 ) -> BranchResult | None:
     """Judge one branch (``LiveRollout.judge``: check it, write its record; what that counts, a failed write, goes
     to the branch's counters and to ``counters``); None when it holds no engine call. ``training``: what a trainer
-    trains of the branch (recorded, and its mask in the result)."""
+    trains of the branch (recorded, and its mask in the result, with the loss mask ``LiveRollout.trainer_mask``
+    gives, whose ``tito/async/*`` counts go to the same counters)."""
     finished = branch_rollout(branch, session_id, ended, response_length=response_length, row=row, training=training)
     if finished is None:
         return None
     live = branch.rollout
+    mask = loss = None
+    if training is not None:  # a trainer takes it: max_token_lag's mask and tito/async over the turns it trains
+        mask = trained_mask(branch.trajectory, finished.sample, training.turns)
+        loss = tuple(live.trainer_mask(finished, mask, training.turns))
     result = live.judge(finished)
     counters.update(live.counters)
-    mask = None if training is None else trained_mask(branch.trajectory, finished.sample, training.turns)
-    return BranchResult(session_id, branch.number, finished, result, mask, branch.trajectory, dict(live.counters))
+    return BranchResult(
+        session_id, branch.number, finished, result, mask, branch.trajectory, dict(live.counters), trainer_mask=loss
+    )

@@ -19,7 +19,7 @@ import logging
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 from uuid import uuid4
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
@@ -34,7 +34,7 @@ from verl_ext.core.rendering import ChatRenderer
 from verl_ext.core.trajectory import FinishReason
 from verl_ext.core.turn_end import stop_text_id
 from verl_ext.core.turn_parse import ParsedTurn
-from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields, stale_mask
+from verl_ext.core.version_spans import Attempt, RolloutVersions, resumed_fields
 from verl_ext.engines.sglang_images import ImagePromptRebuildError
 from verl_ext.plugin import metrics_sink
 from verl_ext.plugin.engine_turn import RolloutInterrupted, generate_turn
@@ -53,10 +53,9 @@ from verl_ext.plugin.tool_calls import (
     parse_turn,
     run_tool,
 )
-from verl_ext.plugin.trainer_mode import TrainerMode
+from verl_ext.plugin.trainer_mode import TrainerMode, partial_rollout_refusal
 from verl_ext.runtime import LiveRollout, RolloutRuntime
 from verl_ext.runtime.rollout import FinishedRollout
-from verl_ext.telemetry.async_metrics import version_counters
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -94,6 +93,7 @@ def runtime_for(
         thumbnails=options.records.thumbnails,
         sink=metrics_sink.report,
         who=AGENT_NAME,
+        max_token_lag=options.max_token_lag,  # applied by LiveRollout.trainer_mask, for every loop
     )
     _RUNTIMES[key] = (tokenizer, rt)
     log.info(
@@ -110,8 +110,13 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
     """verl's tool agent loop with token-exact trajectories: registered as ``verl_ext_tool_agent``. Options come
     from verl's config (``verl_ext:``) and the loop's own config entry (``verl_ext`` keyword); see ``LoopOptions``."""
 
+    loop_name: ClassVar[str] = AGENT_LOOP_NAME  # the name it is registered under (its errors name it)
+
     def __init__(self, *args: Any, verl_ext: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        refusal = partial_rollout_refusal(self.config, self.loop_name)  # it never trains a turn cut at an abort
+        if refusal is not None:
+            raise OptionsError(refusal)
         self.server_manager = keep_attempts(self.server_manager)  # verl's resume client: each attempt kept
         self.options = LoopOptions.from_sources(self.config.get("verl_ext"), verl_ext)
         self.rt = runtime_for(
@@ -146,8 +151,7 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             },
         )
         refeed = await self._refeed(ro, finished)
-        mask, masked = self._stale_mask(finished)
-        ro.live.counters.update(version_counters(finished.rollout.versions, masked))
+        mask = ro.live.trainer_mask(finished)  # max_token_lag's mask and the tito/async counters (verl_ext.runtime)
         result = ro.live.conclude(finished)
         if refeed is not None and refeed.numerics is not None:
             write_refeed_line(self.rt, refeed, self.options.numerics)
@@ -159,16 +163,6 @@ class VerlExtToolAgentLoop(ToolAgentLoop):
             loop_fields={"turn_scores": [], "tool_rewards": ro.rewards},
             mask=mask,
             metrics=ro.metrics,
-        )
-
-    def _stale_mask(self, finished: Any) -> tuple[list[int] | None, int]:
-        """The response mask with tokens older than ``verl_ext.max_token_lag`` versions masked out (None: nothing
-        masked), after the check: the record and the engine view keep the sampled mask."""
-        rollout = finished.rollout
-        starts = [c.output_start for c in rollout.calls]
-        sample = rollout.sample
-        return stale_mask(
-            rollout.versions, starts, sample.response_mask, len(sample.prompt_ids), self.options.max_token_lag
         )
 
     # -- the rollout's steps, in order ------------------------------------------------------------

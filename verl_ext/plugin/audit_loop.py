@@ -2,7 +2,8 @@
 
 Run it before switching loops: it records every engine call of the stock loop, runs the consistency check on each
 rollout in audit-only mode (never raises; ``check.mode=off`` still turns it off) and reports the same ``tito/``
-metrics, extra fields and records as ``verl_ext_tool_agent``. The tokens the trainer gets are the stock loop's.
+metrics, extra fields and records as ``verl_ext_tool_agent``. The tokens the trainer gets are the stock loop's; its
+loss mask is the stock loop's with ``verl_ext.max_token_lag`` applied, as every verl_ext loop applies it.
 Under verl's async trainers its server manager is verl_ext's resume client (resume_client.py): a turn resumed after
 a weight update reaches the stock loop whole, as verl's client hands it over, and its attempts are recorded.
 """
@@ -93,8 +94,10 @@ class AuditedToolAgentLoop(ToolAgentLoop):
         """Run verl's loop with its server manager recorded, then check the rollout it produced (the verdict goes into
         the output's ``extra_fields``)."""
         checked = self.options.check.mode is not CheckMode.OFF
-        # the rollout starts as the stock loop renders its prompt: its template clock is pinned now
-        live = self.rt.rollout(watched=True) if checked else None
+        # the rollout starts as the stock loop renders its prompt: its template clock is pinned now. With the check
+        # off it is still watched where max_token_lag is set: the mask reads the recorded calls' versions
+        watched = checked or self.options.max_token_lag is not None
+        live = self.rt.rollout(watched=True) if watched else None
         recorder = _RecordingServer(self.server_manager, live)
         self.server_manager = recorder
         try:
@@ -128,6 +131,8 @@ class AuditedToolAgentLoop(ToolAgentLoop):
             sample=sample,
             messages=messages,
         )
+        # max_token_lag's mask over the stock loop's, and the tito/async counters, as for every loop (verl_ext.runtime)
+        output.response_mask = live.trainer_mask(finished)
         result = live.conclude(finished)
         output.extra_fields.update(finished.rollout.batch_fields(result))
         return output

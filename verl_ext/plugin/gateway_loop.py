@@ -204,6 +204,8 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
     the ``harness`` key of the loop's entry over it (``HarnessOptions``), verl_ext's other options as for the
     built-in loop."""
 
+    loop_name = AGENT_NAME
+
     def __init__(self, *args: Any, harness: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.harness = HarnessOptions.from_mapping(
@@ -229,7 +231,8 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             session = worker.gateway.open(session_id)
             # each branch's record names the row it served, as verl_ext_tool_agent's records do
             row = {"data_source": kwargs.get("data_source"), "index": plain_index(kwargs.get("index"))}
-            session.row.update(step=training_step(kwargs, None), trainer=self.trainer_mode, **row)
+            # the loop's name too: a session ended without a training plan (a cancelled rollout) is still this loop's
+            session.row.update(step=training_step(kwargs, None), trainer=self.trainer_mode, loop=self.loop_name, **row)
             base_url = f"{worker.url}/sessions/{session_id}/v1"
             result, failure = await run_harness(self.harness, base_url, session_id, kwargs)
             # v0 passes no step: it is the weight version that served the session + 1, as for the built-in loop
@@ -368,7 +371,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             "turn_scores": [],
             "tool_rewards": [],
         }
-        finished, mask = chosen.finished, chosen.trained_mask
+        finished, mask = chosen.finished, chosen.trainer_mask  # the plan's mask, max_token_lag applied
         return loop_output(finished, chosen.result, engine_fields=engine_fields, loop_fields=loop_fields, mask=mask)
 
     def _untrained(

@@ -15,7 +15,9 @@ mechanism verl_ext's loops continue aborted turns with), so every attempt is kep
 * ``generate``: the whole request, resumed as verl's client resumes it, for a loop that knows nothing of resumes
   (verl's stock ``tool_agent`` under ``verl_ext_audited_tool_agent``): one ``TokenOutput`` of the joined ids and
   logprobs whose ``extra_fields`` carry the first attempt's fields, verl's ``min/max_global_steps`` from the versions
-  the first and last attempts were sent on (where the engine stamps them) and the segments under ``SEGMENTS_FIELD``.
+  the first and last attempts were sent on (where the engine stamps them) and the segments under ``SEGMENTS_FIELD``;
+  its ``verl_ext_engine`` report is the joined output's (``engine_turn.joined_report``: each attempt's kept in it).
+  Under ``async_training.partial_rollout: false`` it resumes nothing, as verl's client does.
 
 How it is plugged in: verl gives each agent loop its server manager (v1: the trainer's ``get_llm_client()``);
 verl_ext's loops pass it through ``keep_attempts``, which swaps verl's ``FullyAsyncLLMServerClient`` (that exact
@@ -37,6 +39,7 @@ from verl.workers.rollout.replica import TokenOutput
 from verl_ext.core.bounded_cache import LruCache
 from verl_ext.core.version_spans import SEG_RETURN_VERSION, SEG_VERSION
 from verl_ext.plugin.engine_turn import generate_turn
+from verl_ext.plugin.trainer_mode import resumes_aborted_requests
 
 log = logging.getLogger("verl_ext.plugin")
 
@@ -68,7 +71,9 @@ class AttemptKeepingClient(FullyAsyncLLMServerClient):
     ) -> TokenOutput:
         """The request until it is whole (resumed after each abort), with its attempts as segments in
         ``extra_fields[SEGMENTS_FIELD]``. The budget is ``max_tokens`` (or ``max_new_tokens``), else
-        ``rollout.response_length``, over all attempts, as verl's client counts it."""
+        ``rollout.response_length``, over all attempts, as verl's client counts it. Under
+        ``async_training.partial_rollout: false`` an aborted attempt is returned as it came back, not resumed, as
+        verl's client returns it (``plugin.trainer_mode.resumes_aborted_requests``)."""
         budget = next((sampling_params[k] for k in _LIMIT_KEYS if sampling_params.get(k) is not None), None)
         budget = int(budget) if budget is not None else self._configured_response_length()
         if budget is None:
@@ -77,7 +82,10 @@ class AttemptKeepingClient(FullyAsyncLLMServerClient):
             )
         params = {k: v for k, v in sampling_params.items() if k not in _LIMIT_KEYS}
         bound = _Bound(self, kwargs)
-        turn = await generate_turn(bound, request_id, list(prompt_ids), params, budget, Counter(), image_data)
+        resume = resumes_aborted_requests(self.config)
+        turn = await generate_turn(
+            bound, request_id, list(prompt_ids), params, budget, Counter(), image_data, resume_aborts=resume
+        )
         extra = dict(turn.extra_fields)
         # verl's staleness fields from the versions the attempts were sent on, where the engine stamps them (verl's
         # own client reads each attempt's version on return); global_steps stays the last attempt's, as verl's

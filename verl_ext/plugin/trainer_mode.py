@@ -14,6 +14,12 @@ weights (``core.sync_labels``), so the engine's weight label (verl's ``global_st
 rollout's lag, with ``problem`` naming what is wrong where the labels its turns were served on do not fit the mode.
 Under ``one_step_off_policy`` nothing aborts and no sync happens while a batch generates, so every turn of a rollout
 must carry one label, and the lag is 1 (0 for step 1's batch, which the first sync serves).
+
+``resumes_aborted_requests`` reads verl's ``async_training.partial_rollout`` as verl's resume client does
+(``FullyAsyncLLMServerClient.generate``, verl/workers/rollout/llm_server.py): where it is false, an aborted request is
+handed to the loop as it came back, never resumed. verl 0.9.1 drops nothing after that (its stock loop trains the turn
+cut at the abort); verl_ext's own loops never train a half turn, so they refuse that setting
+(``partial_rollout_refusal``) and the audited stock loop gets what verl's client would give it.
 """
 
 from __future__ import annotations
@@ -96,6 +102,28 @@ class TrainerMode:
     def staleness_counters(self, entry: Mapping[str, Any]) -> dict[str, float]:
         """``staleness_counters`` of one of this trainer's entries (what ``LiveRollout.finish`` counts)."""
         return staleness_counters(entry)
+
+
+def resumes_aborted_requests(config: Mapping[str, Any]) -> bool:
+    """Whether verl's resume client resumes a request a weight update aborted under ``config`` (verl's full trainer
+    config): always, but where an ``async_training`` section (``fully_async_policy``) sets ``partial_rollout: false``
+    (its own config's default is true; the v1 trainer has no such setting and always resumes)."""
+    section = config.get("async_training")
+    return section is None or bool(section.get("partial_rollout", True))
+
+
+def partial_rollout_refusal(config: Mapping[str, Any], loop: str) -> str | None:
+    """Why ``loop`` (a verl_ext loop that builds its own turns) cannot run under ``config``, with the fix; None where
+    it can: verl's ``async_training.partial_rollout: false`` hands the loop a turn cut at the abort to train."""
+    if resumes_aborted_requests(config):
+        return None
+    return (
+        f"{loop} does not run with async_training.partial_rollout=false: under it verl hands the loop a turn cut "
+        "where a weight update aborted it, never resumed, and verl 0.9.1 trains it cut (nothing drops it); "
+        f"{loop} never trains a half turn. Fix: async_training.partial_rollout=true (the turn is resumed on the new "
+        "weights and each attempt's version recorded: docs/async.md), or run these rows under "
+        "verl_ext_audited_tool_agent, which gives verl's stock loop the aborted turn as verl does"
+    )
 
 
 def staleness_counters(entry: Mapping[str, Any]) -> dict[str, float]:

@@ -14,6 +14,9 @@ its check and its replay read that time). Then:
   (``TrainerClock``: ``plugin.trainer_mode.TrainerMode``), the record's ``trainer`` entry from the weight label each
   engine call was served on (``keep``/``record``'s ``label``), its ``tito/trainer/*`` counts, and the trainer's sync
   convention in the versions, so every lag of the rollout is read one way;
+- ``trainer_mask``, once a trainer takes the rollout (every in-training loop, before it concludes): the response mask
+  the trainer gets, with every sampled token older than the runtime's ``max_token_lag`` masked out, and the rollout's
+  ``tito/async/*`` counters (``telemetry.async_metrics``) in its ``counters``: one place for the three loops;
 - ``conclude`` (a loop: check, record, report, enforce) or ``judge`` (the gateway: check and record only) ends it;
   what the conclusion counts (records not written, thumbnails not written) goes to the rollout's ``counters``.
 """
@@ -36,9 +39,10 @@ from verl_ext.core.sync_labels import SyncLabel
 from verl_ext.core.template_profile import TemplateProfile
 from verl_ext.core.trajectory import FinishReason, TokenTrajectory
 from verl_ext.core.turn_parse import ParsedTurn
-from verl_ext.core.version_spans import RolloutVersions
+from verl_ext.core.version_spans import RolloutVersions, stale_mask
 from verl_ext.runtime.images import image_sample
 from verl_ext.runtime.turn import G, Turn, keep_sampled, turn_budget
+from verl_ext.telemetry.async_metrics import version_counters
 
 
 class Runtime(Protocol):
@@ -46,6 +50,7 @@ class Runtime(Protocol):
 
     renderer: ChatRenderer
     profile: TemplateProfile
+    max_token_lag: int | None  # verl_ext.max_token_lag: older sampled tokens get loss mask 0 (None: off)
 
     async def turn(
         self,
@@ -308,6 +313,27 @@ class LiveRollout:
             extra=extra,
             **trajectory,
         )
+
+    # -- what a trainer gets ---------------------------------------------------------------------------
+    def trainer_mask(
+        self, finished: FinishedRollout, mask: Sequence[int] | None = None, turns: Sequence[int] | None = None
+    ) -> list[int]:
+        """The response mask a trainer gets of ``finished`` (call it once, before its conclusion reports the
+        counters): ``mask`` (what the trainer trains of it; default the sample's) with 0 on every sampled token whose
+        version lags the trained step by more than the runtime's ``max_token_lag`` (``core.version_spans
+        .stale_mask``; off: ``mask`` as it is), and the rollout's ``tito/async/*`` counters in ``counters``: its
+        versions over the engine calls ``turns`` (indices; default all: a gateway branch counts the turns it trains,
+        so a call replayed into a fork counts once) and the tokens masked here. The record keeps the sampled mask."""
+        rollout, sample = finished.rollout, finished.sample
+        base = list(sample.response_mask if mask is None else mask)
+        starts = [c.output_start for c in rollout.calls]
+        lag = self.runtime.max_token_lag
+        out, masked = stale_mask(rollout.versions, starts, base, len(sample.prompt_ids), lag)
+        versions = rollout.versions
+        if versions is not None and turns is not None:
+            versions = replace(versions, calls=tuple(versions.calls[i] for i in turns))
+        self.counters.update(version_counters(versions, masked))
+        return base if out is None else out
 
     # -- conclude --------------------------------------------------------------------------------------
     def conclude(self, finished: FinishedRollout) -> CheckResult:

@@ -64,6 +64,7 @@ class RolloutRuntime:
     sink: MetricsSink | None = None  # where each concluded rollout's metrics go (None: nowhere)
     record_failures_logged: set[str] = field(default_factory=set)  # the causes already logged in this process
     thumbnails: ThumbnailWriter | None = None  # each image's thumbnail beside the records (None: off, or no records)
+    max_token_lag: int | None = None  # verl_ext.max_token_lag (LiveRollout.trainer_mask; None: off)
 
     # -- build ---------------------------------------------------------------------------------------
     @classmethod
@@ -80,12 +81,14 @@ class RolloutRuntime:
         thumbnails: bool = True,
         sink: MetricsSink | None = None,
         who: str = "verl_ext",
+        max_token_lag: int | None = None,
     ) -> RolloutRuntime:
         """Probe ``renderer``'s template (with the caller's stop ids) and build the check, the policy's enforcer and
         the record writer (``records_dir`` None: no records; one file per template profile, named
         ``{records_prefix}-{fingerprint}``: its header is right), with a thumbnail per distinct image in
         ``records_dir/thumbnails`` unless ``thumbnails`` is false (``verl_ext.telemetry.thumbnails``). Raises
-        ``TemplateError`` naming ``who`` when the template's verdict is unsupported."""
+        ``TemplateError`` naming ``who`` when the template's verdict is unsupported. ``max_token_lag``: what
+        ``LiveRollout.trainer_mask`` masks (``verl_ext.max_token_lag``; None: off)."""
         profile = probe_template(renderer, extra_stop_ids)
         if profile.verdict is Verdict.UNSUPPORTED:
             reasons = "; ".join(r.text for r in profile.reasons if r.severity is Severity.UNSUPPORTED)
@@ -106,7 +109,9 @@ class RolloutRuntime:
             if thumbnails:  # a process's thumbnails take at most what one of its record files may
                 thumbs = ThumbnailWriter(thumbnails_folder(records_dir), max_total_bytes=writer.max_bytes)
         checker = ConsistencyChecker(renderer, profile, policy)
-        return cls(renderer, profile, checker, Enforcer(policy), writer, sink, thumbnails=thumbs)
+        return cls(
+            renderer, profile, checker, Enforcer(policy), writer, sink, thumbnails=thumbs, max_token_lag=max_token_lag
+        )
 
     def with_writer(self, writer: Records | None) -> RolloutRuntime:
         """The same runtime writing its records through ``writer``."""

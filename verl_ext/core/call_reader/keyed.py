@@ -15,8 +15,9 @@ after a value none of whose closes the form goes on after (``...\\n3\\n</paramet
 text after the last parameter), the call is not the form's (``call_goes_on`` is false): the derived reader does not
 read it, counts it malformed and keeps its text in the content. verl's qwen3_coder parser reads the parameters it
 finds and drops the text between them (``a`` 1, ``b`` 2, no ``XYZ``); no cut of the text gives that reading (below),
-so it is judged ``NOT_WRITTEN`` and the derived reading, which keeps the text, is taken. A value no close follows
-at all (a turn cut short inside it) is left out of the reading, its text in the content.
+so it is judged ``NOT_WRITTEN`` and the derived reading, which keeps the text, is taken. A call that writes one key
+twice is not read either (verl's parser keeps the last value and drops the first; no cut gives a key twice). A
+value no close follows at all (a turn cut short inside it) is left out of the reading, its text in the content.
 
 ``keyed_writes`` is the fact ``faults.NOT_WRITTEN`` judges a reading's keyed call by: some way of cutting the text
 after the call's name into parameters (at any of the closes the form goes on after) gives exactly its arguments, a
@@ -27,16 +28,20 @@ verl's qwen3_coder parser ends a value at the first ``</function>`` or ``</tool_
 different calls (a value holding the template's own text between two parameters, context and all), both are
 written: the render is ambiguous, and the readings are judged by their other faults.
 
-``keyed_writes`` decides without enumerating the cuts (their number grows as 2 to the closes the form goes on
-after): it follows the arguments, and a value's text ends at the one close that gives it (a string's at the close
-after the template's text of it; another value's, a JSON or Python literal, at the one close whose text reads as
-it: a longer text holds that close's marker after a complete literal, which no literal continues with). So each
-parameter is one step, however many closes its value holds, and the answer is exact: it is never cut off.
+``keyed_writes`` decides without enumerating the cuts (up to 2 to the number of closes the form goes on after: a
+cap on them judged a value with more such closes not written). It follows the arguments, a parameter a step: a
+string's text ends at the one close after the template's text of it, found without a scan; another value's at the
+closes whose text reads as it, past the first close only where the text before it opens a string or a comment
+(``"``, ``'``, ``#``: a longer text holds that close's marker, which JSON or a Python literal holds nowhere else),
+and not before the length of its own strings. Each state (where the cut is, the arguments left) is looked at once,
+and the answer is exact, never cut off: linear in the closes, but for a non-string value holding strings, where each
+close the form goes on after past its strings' length costs one parse of the text up to it (quadratic at worst).
 """
 
 from __future__ import annotations
 
 import ast
+import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -110,15 +115,24 @@ class KeyedValues:
 
     def value_ends(self, text: str, start: int, value: Any) -> Iterator[int]:
         """Where the closes end whose value text from ``start`` is ``value`` as written (``written``), each a close
-        the form goes on after: at most one (see the module's doc); a string's is found without a scan."""
+        the form goes on after (see the module's doc); a string's is found without a scan."""
         if isinstance(value, str):
             at = start + len(self.form.value_open + value + self.before)
             m = self.marker.match(text, at) if self.marker is not None else None
             if m is not None and self.written(text[start:at], value) and self.call_goes_on(text, m.end()):
                 yield m.end()
             return
-        for m in self._closes(text, start):
-            if self.call_goes_on(text, m.end()) and self.written(text[start : _marker(m)], value):
+        closes = self._closes(text, start)
+        first = next(closes, None)
+        if first is None:
+            return
+        # a text past the first close holds its marker, which JSON or a Python literal holds only in a string or a
+        # comment (one opened before that marker); where none is, only the first close can give the value
+        opened = any(c in text[start : _marker(first)] for c in "\"'#") or any("<" in t for t in self.form.literals)
+        floor = start + _text_floor(value)  # a close inside the value's strings is passed without a parse
+        for m in itertools.chain([first], closes if opened else ()):
+            at = _marker(m)
+            if at >= floor and self.call_goes_on(text, m.end()) and self.written(text[start:at], value):
                 yield m.end()
 
     def writes(self, text: str, at: int, arguments: Mapping[str, Any]) -> bool:
@@ -184,6 +198,21 @@ def reads_as(raw: str, value: Any, literals: Mapping[str, Any]) -> bool:
 def _marker(m: re.Match[str]) -> int:
     """Where a close's marker starts (after the whitespace its match starts with)."""
     return m.start() + len(m.group()) - len(m.group().lstrip())
+
+
+def _text_floor(value: Any) -> int:
+    """The fewest characters a JSON or Python literal text of ``value`` takes: each string in it (a key or a value)
+    at least its own, one source character or more for each of its characters."""
+    try:
+        if isinstance(value, str):
+            return len(value)
+        if isinstance(value, Mapping):
+            return sum(_text_floor(k) + _text_floor(v) for k, v in value.items())
+        if isinstance(value, list | tuple):
+            return sum(_text_floor(v) for v in value)
+    except RecursionError:  # nested past the interpreter's depth: no floor (every close is parsed)
+        return 0
+    return 0
 
 
 def _canonical(value: Any) -> str:

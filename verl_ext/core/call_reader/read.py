@@ -305,6 +305,8 @@ class CallReader:
         end = m.end()
         declared = types.get(name) or {}
         for key, raw, stop in self.values.read(text, end):
+            if key in args:  # a key written twice: one reading would drop a value the model wrote (keyed's doc)
+                return None, at
             args[key] = self._value(raw, declared.get(key))
             end = stop
         if not self.values.call_goes_on(text, end):  # text in the call that is no parameter: not the form's call

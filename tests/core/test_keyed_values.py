@@ -166,8 +166,10 @@ def test_a_value_holding_many_closes_is_judged_exactly_one_step_a_parameter(code
         _Counted.compared = 0
         assert keyed_writes(values, text, at, arguments)
         assert _Counted.compared <= 2 * len(arguments), _Counted.compared  # no scan of the closes' cuts
-        for changed in ({**arguments, "count": 4}, {**arguments, "exact": False}, {"count": 3}):
+        for changed in ({**arguments, "count": 4}, {**arguments, "exact": False}, {"count": 3}, {"tags": ["v"]}):
+            _Counted.compared = 0
             assert not keyed_writes(values, text, at, changed), changed
+            assert _Counted.compared <= 2 * len(arguments), (changed, _Counted.compared)
 
 
 def test_a_python_comment_may_hold_a_close_and_both_cuts_are_written(coder):

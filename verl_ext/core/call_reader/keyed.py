@@ -31,17 +31,17 @@ written: the render is ambiguous, and the readings are judged by their other fau
 ``keyed_writes`` decides without enumerating the cuts (up to 2 to the number of closes the form goes on after: a
 cap on them judged a value with more such closes not written). It follows the arguments, a parameter a step: a
 string's text ends at the one close after the template's text of it, found without a scan; another value's at the
-closes whose text reads as it, past the first close only where the text before it opens a string or a comment
-(``"``, ``'``, ``#``: a longer text holds that close's marker, which JSON or a Python literal holds nowhere else),
-and not before the length of its own strings. Each state (where the cut is, the arguments left) is looked at once,
-and the answer is exact, never cut off: linear in the closes, but for a non-string value holding strings, where each
-close the form goes on after past its strings' length costs one parse of the text up to it (quadratic at worst).
+closes whose text reads as it, none before the length of its own strings, and none past as many closes as its
+strings hold markers unless a comment (``#``) opens before (the text up to a close holds the closes before it, and
+JSON or a Python literal holds a close's marker only in a string, where the value holds it too, or in a comment).
+Each state (where the cut is, the arguments left) is looked at once, and the answer is exact, never cut off:
+linear in the closes for strings and for values whose strings hold no close marker; for a value whose strings hold
+some, each close tried costs a parse of the text up to it.
 """
 
 from __future__ import annotations
 
 import ast
-import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping
@@ -122,16 +122,18 @@ class KeyedValues:
             if m is not None and self.written(text[start:at], value) and self.call_goes_on(text, m.end()):
                 yield m.end()
             return
-        closes = self._closes(text, start)
-        first = next(closes, None)
-        if first is None:
-            return
-        # a text past the first close holds its marker, which JSON or a Python literal holds only in a string or a
-        # comment (one opened before that marker); where none is, only the first close can give the value
-        opened = any(c in text[start : _marker(first)] for c in "\"'#") or any("<" in t for t in self.form.literals)
+        chunk = self.form.value_post[0] if self.form.value_post else ""
+        held = sum(t.count(chunk) for t in _strings(value)) if chunk else 0
+        any_count = not chunk or chunk[0].isalnum() or any(c in chunk for c in "\\\"'#")
+        any_count = any_count or any(chunk in t for t in self.form.literals)  # no bound on the closes to try
+        comment = text.find("#", start)
         floor = start + _text_floor(value)  # a close inside the value's strings is passed without a parse
-        for m in itertools.chain([first], closes if opened else ()):
+        for i, m in enumerate(self._closes(text, start)):
             at = _marker(m)
+            # the text up to the i-th close (from 0) holds i close markers, which JSON or a Python literal holds only
+            # in its strings (each one there in the value too: no escape starts with a marker) or in a comment
+            if i > held and not any_count and not 0 <= comment < at:
+                continue
             if at >= floor and self.call_goes_on(text, m.end()) and self.written(text[start:at], value):
                 yield m.end()
 
@@ -200,19 +202,24 @@ def _marker(m: re.Match[str]) -> int:
     return m.start() + len(m.group()) - len(m.group().lstrip())
 
 
+def _strings(value: Any) -> list[str]:
+    """The strings in a JSON value (its keys and its values), depth first."""
+    out, todo = [], [value]
+    while todo:
+        v = todo.pop()
+        if isinstance(v, str):
+            out.append(v)
+        elif isinstance(v, Mapping):
+            todo += [*v.keys(), *v.values()]
+        elif isinstance(v, list | tuple):
+            todo += v
+    return out
+
+
 def _text_floor(value: Any) -> int:
     """The fewest characters a JSON or Python literal text of ``value`` takes: each string in it (a key or a value)
     at least its own, one source character or more for each of its characters."""
-    try:
-        if isinstance(value, str):
-            return len(value)
-        if isinstance(value, Mapping):
-            return sum(_text_floor(k) + _text_floor(v) for k, v in value.items())
-        if isinstance(value, list | tuple):
-            return sum(_text_floor(v) for v in value)
-    except RecursionError:  # nested past the interpreter's depth: no floor (every close is parsed)
-        return 0
-    return 0
+    return sum(map(len, _strings(value)))
 
 
 def _canonical(value: Any) -> str:

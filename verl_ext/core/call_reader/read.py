@@ -92,6 +92,11 @@ class CallReader:
         # a section no call is read from ends at its trail or closer, outside JSON strings in the JSON encodings
         strings = r'"(?:[^"\\\n]|\\.)*"|' if form.encoding in (JSON_CALL, NAME_JSON) else ""
         self.closing = re.compile(f"{strings}(?P<close>{closing})") if closing else None
+        # a keyed value is raw text, so one chunk of the trail may be a value's ("see </function> here"): an unread
+        # keyed section ends at the whole trail where one follows, else at its first trail or closer chunk
+        whole = r"\s*".join(_chunk(c) for c in form.trail)
+        keyed = form.encoding == NAME_KEYED and len(form.trail) > 1
+        self.whole_trail = re.compile(f"(?P<close>{whole})") if keyed else None
         self.trail = re.compile(_optional(form.trail) + _optional(form.closer))
         self.name_mid = re.compile(r"\s*" + _NAME + _mid(form.mid))
         self.values = KeyedValues(form)  # NAME_KEYED: parameters cut where the template closes them
@@ -211,8 +216,9 @@ class CallReader:
         (closed), else to the next section or the end; in the coordinates of the text read."""
         nxt = self._find_section(text, body_at, start, False)
         limit = nxt[0] if nxt is not None and nxt[0] >= body_at else len(text)
-        found = self.closing.finditer(text, body_at, limit) if self.closing is not None else iter(())
-        m = next((x for x in found if x.group("close") is not None), None)
+        m = self.whole_trail.search(text, body_at, limit) if self.whole_trail is not None else None
+        found = self.closing.finditer(text, body_at, limit) if self.closing is not None and m is None else iter(())
+        m = m or next((x for x in found if x.group("close") is not None), None)
         return head - start, (m.end() if m else limit) - start, m is not None
 
     def _find_section(self, text: str, at: int, start: int, in_prompt: bool) -> tuple[int, int, int] | None:
@@ -299,8 +305,12 @@ class CallReader:
         end = m.end()
         declared = types.get(name) or {}
         for key, raw, stop in self.values.read(text, end):
+            if key in args:  # a key written twice: one reading would drop a value the model wrote (keyed's doc)
+                return None, at
             args[key] = self._value(raw, declared.get(key))
             end = stop
+        if not self.values.call_goes_on(text, end):  # text in the call that is no parameter: not the form's call
+            return None, at
         return ReadCall(name, json.dumps(args, ensure_ascii=False), call_id), end
 
     def _value(self, raw: str, declared: str | None) -> Any:

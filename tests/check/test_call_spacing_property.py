@@ -392,3 +392,22 @@ def test_a_tool_results_newline_written_once_more_follows_is_the_prompts_tail():
     edited = dataclasses.replace(rollout, messages=tuple(messages))
     result = checker.check_rollout(edited, template_view=True)
     assert result.defects and {f.turn for f in result.defects} == {0}, _shown(result)
+
+
+_PIECES = [*"<>[]|/_:aZ b\n｜", "<|im_start|>", "<think>", "[TOOL_CALLS]", "<｜tool▁calls▁begin｜>", "_of_", "</tool_call>"]
+
+
+@settings(max_examples=3000, deadline=None, derandomize=True)
+@given(
+    st.lists(st.sampled_from(_PIECES), max_size=8).map("".join),
+    st.lists(st.lists(st.sampled_from(_PIECES), max_size=8).map("".join), min_size=1, max_size=2),
+)
+def test_a_marker_cut_is_found_as_a_full_scan_finds_it(head, texts):
+    """``cuts_a_marker`` skips the scan where ``head`` holds no marker start without its end: the same answer as
+    scanning every marker of the joined text, on texts of marker pieces cut anywhere."""
+    from verl_ext.check.call_spacing import _MARKER_REACH, cuts_a_marker
+
+    scanned = any(
+        m.start() < len(head) < m.end() for text in texts for m in MARKER.finditer(head + text[:_MARKER_REACH])
+    )
+    assert cuts_a_marker(head, texts) == scanned

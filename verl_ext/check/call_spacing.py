@@ -89,6 +89,12 @@ def form_markers(renderer: Any, profile: Any) -> tuple[str, ...]:
 def cuts_a_marker(head: str, texts: Sequence[str]) -> bool:
     """A tag-shaped marker starts in ``head`` (text both sides share right before a cut) and ends after it in one of
     ``texts`` (each side's text from the cut on)."""
+    # An angle marker holds no '<' but its first character and no '>' but its last, a bracket one ('[TOOL_CALLS]')
+    # only capitals inside: one that ends past the cut starts at the last '<' (or '[') of ``head`` and has no end
+    # after it there. Most cuts follow a whole marker: nothing to search then.
+    lt, lb = head.rfind("<"), head.rfind("[")
+    if (lt == -1 or ">" in head[lt:]) and (lb == -1 or "]" in head[lb:]):
+        return False
     for text in texts:
         joined = head + text[:_MARKER_REACH]
         if any(m.start() < len(head) < m.end() for m in MARKER.finditer(joined)):

@@ -394,7 +394,8 @@ def test_a_tool_results_newline_written_once_more_follows_is_the_prompts_tail():
     assert result.defects and {f.turn for f in result.defects} == {0}, _shown(result)
 
 
-_PIECES = [*"<>[]|/_:aZ b\n｜", "<|im_start|>", "<think>", "[TOOL_CALLS]", "<｜tool▁calls▁begin｜>", "_of_", "</tool_call>"]
+_PIECES = [*"<>[]|/_:aZ b\n｜", "<|im_start|>", "<think>", "[TOOL_CALLS]", "<｜tool▁calls▁begin｜>", "_of_"]
+_PIECES.append("</tool_call>")
 
 
 @settings(max_examples=3000, deadline=None, derandomize=True)

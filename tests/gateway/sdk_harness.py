@@ -132,14 +132,3 @@ async def loop_failing(base_url: str, api_key: str, row: dict[str, Any]) -> None
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
     await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
     raise RuntimeError("the harness gave up")
-
-
-async def loop_one_call_then_wait(base_url: str, api_key: str, row: dict[str, Any]) -> None:
-    """A harness that makes one call, then waits until its rollout is cancelled (a trainer ending mid-rollout)."""
-    import asyncio
-
-    from openai import AsyncOpenAI
-
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
-    await asyncio.Event().wait()

@@ -50,19 +50,3 @@ def test_a_failed_record_write_is_counted_not_raised(gateway_parts: Any, tmp_pat
     (branch,) = gateway.end("s")  # before, the write's OSError came out of here
     assert branch.record_failed and branch.result.ok
     assert gateway.counters["records/write_failures"] == 1
-
-
-def test_a_session_whose_row_names_no_loop_is_the_standalone_gateways(gateway_parts: Any) -> None:
-    """The record's loop is the session row's (the in-training loop names itself there, so a rollout it ends without
-    a training plan, a cancelled one, is still its own: tests/plugin/test_gateway_loop.py); a row naming none is the
-    standalone gateway's, whatever the training plan (before, the plan alone decided the name)."""
-    from verl_ext.gateway.conclude import STANDALONE_LOOP
-    from verl_ext.gateway.training import BranchTraining
-
-    gateway = session(gateway_parts, RolloutRuntime.build(gateway_parts["renderer"]))
-    (branch,) = gateway.end("s", training={0: BranchTraining((0, 1))})
-    assert branch.rollout.extra["loop"] == STANDALONE_LOOP == "verl-ext gateway"
-    gateway = session(gateway_parts, RolloutRuntime.build(gateway_parts["renderer"]))
-    gateway.sessions["s"].row["loop"] = "verl_ext_gateway_agent"
-    (branch,) = gateway.end("s")  # no plan: as a cancelled rollout is ended
-    assert branch.rollout.extra["loop"] == "verl_ext_gateway_agent"

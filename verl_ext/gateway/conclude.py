@@ -28,8 +28,6 @@ from verl_ext.gateway.training import BranchTraining, trained_mask
 from verl_ext.runtime import FinishedRollout
 from verl_ext.runtime.rollout_runtime import WRITE_FAILURES
 
-STANDALONE_LOOP = "verl-ext gateway"  # the loop a record names where the session's row names none: no trainer
-
 
 @dataclass(frozen=True)
 class BranchResult:
@@ -81,22 +79,21 @@ def branch_rollout(
     training: BranchTraining | None = None,
 ) -> FinishedRollout | None:
     """Finish the branch's rollout (``LiveRollout.finish``); None for a branch the engine never answered (nothing in
-    it was sampled, so nothing in it can be trained on). ``row``: the record's step, data source, index and ``loop``
-    (default: step 0, the gateway, the session, ``STANDALONE_LOOP``) and, under a trainer, ``trainer``
-    (``LiveRollout.finish``'s: the record's ``trainer`` entry); ``training``: what a trainer trains of it, written as
-    ``gateway.trains``."""
+    it was sampled, so nothing in it can be trained on). ``row``: the record's step, data source and index (default:
+    step 0, the gateway, the session) and, under a trainer, ``trainer`` (``LiveRollout.finish``'s: the record's
+    ``trainer`` entry); ``training``: what a trainer trains of it, written as ``gateway.trains``."""
     live = branch.rollout
     if not branch.calls:
         if live.trajectory is not None:
             live.trajectory.finish()
         return None
-    row = {"step": 0, "data_source": "gateway", "index": session_id, "loop": STANDALONE_LOOP, **(row or {})}
+    row = {"step": 0, "data_source": "gateway", "index": session_id, **(row or {})}
     gateway: dict[str, Any] = {"session": session_id, "branch": branch.number, "ended": ended}
     if branch.fork is not None:
         gateway["fork"] = branch.fork.to_json()
-    # the loop that wrote the record, by the name a user knows it by (the report picks its fix texts by it): the
-    # row's, so a session the in-training loop ends without a training plan (a cancelled rollout) still names it
-    extra = {"loop": row["loop"], "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
+    # the loop that wrote the record, by the name a user knows it by (the report picks its fix texts by it)
+    loop = "verl_ext_gateway_agent" if training is not None else "verl-ext gateway"
+    extra = {"loop": loop, "data_source": row["data_source"], "index": row["index"], "gateway": gateway}
     versions = branch.versions(row["step"])  # each turn's attempts, where the engine says them
     finished = live.finish(
         response_length=response_length, step=row["step"], extra=extra, versions=versions, trainer=row.get("trainer")

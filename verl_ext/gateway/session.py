@@ -74,8 +74,7 @@ class Session:
         # rebuilt by ``undo``, renders the same date, so a fork replays its parent's prompt as it was sampled.
         self.clock: str | None = None
         # What each branch's record says of the data row the session serves (the in-training loop sets the row's
-        # training step, data source, index, trainer mode and its own name as the loop; the standalone gateway names
-        # the session, and the loop is its own: conclude.STANDALONE_LOOP).
+        # training step, data source, index and trainer mode; the standalone gateway names the session).
         self.row: dict[str, Any] = {"step": 0, "data_source": "gateway", "index": session_id}
         self.branches: list[Branch] = []
         self.ended: str | None = None  # why the session ended, once it has

@@ -231,8 +231,7 @@ class VerlExtGatewayAgentLoop(VerlExtToolAgentLoop):
             session = worker.gateway.open(session_id)
             # each branch's record names the row it served, as verl_ext_tool_agent's records do
             row = {"data_source": kwargs.get("data_source"), "index": plain_index(kwargs.get("index"))}
-            # the loop's name too: a session ended without a training plan (a cancelled rollout) is still this loop's
-            session.row.update(step=training_step(kwargs, None), trainer=self.trainer_mode, loop=self.loop_name, **row)
+            session.row.update(step=training_step(kwargs, None), trainer=self.trainer_mode, **row)
             base_url = f"{worker.url}/sessions/{session_id}/v1"
             result, failure = await run_harness(self.harness, base_url, session_id, kwargs)
             # v0 passes no step: it is the weight version that served the session + 1, as for the built-in loop

@@ -72,20 +72,22 @@ def prompt_ids(tokenizer: Any) -> list[int]:
 
 @pytest.fixture
 def make_loop(config: Any, tokenizer: Any, tmp_path: Path) -> Callable[..., Any]:
-    """``make_loop(loop_class, srv, **kwargs)``: the agent loop as verl's colocated async trainer builds it, over
-    verl's resume client on the CPU engine ``srv``, on the demo tools, recording under tmp_path/records
-    (``kwargs``: the loop's own arguments, e.g. ``harness``)."""
+    """``make_loop(loop_class, srv, cfg=None, **kwargs)``: the agent loop as verl's colocated async trainer builds
+    it, over verl's resume client on the CPU engine ``srv`` (none where ``srv`` is None: a loop only built), on the
+    demo tools, recording under tmp_path/records (``cfg``: another trainer config; ``kwargs``: the loop's own
+    arguments, e.g. ``harness``)."""
     from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
-    def make(loop_class: type, srv: CPUGenerationServer, **kwargs: Any) -> Any:
+    def make(loop_class: type, srv: CPUGenerationServer | None, cfg: Any = None, **kwargs: Any) -> Any:
+        cfg = config if cfg is None else cfg
         return loop_class(
-            trainer_config=DictConfigWrap(config),
-            server_manager=verl_async_client(config, srv),
+            trainer_config=DictConfigWrap(cfg),
+            server_manager=verl_async_client(cfg, srv) if srv is not None else None,
             tokenizer=tokenizer,
             processor=None,
             dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(config.data),
+            data_config=DictConfigWrap(cfg.data),
             tools=ToolListWrap(load_tools(DEMO_TOOLS)),
             hf_model_type="qwen3",
             verl_ext={"records": {"dir": str(tmp_path / "records")}},
@@ -209,30 +211,16 @@ def test_mutation_resuming_under_partial_rollout_false_is_caught(
 
 
 @pytest.mark.parametrize("gateway", [False, True], ids=["verl_ext_tool_agent", "verl_ext_gateway_agent"])
-def test_verl_exts_loops_refuse_partial_rollout_false_naming_the_fix(config, tiny_qwen3_dir, gateway: bool) -> None:
+def test_verl_exts_loops_refuse_partial_rollout_false_naming_the_fix(config, make_loop, gateway: bool) -> None:
     """verl_ext's own loops never train a turn cut at an abort, which verl hands a loop under ``partial_rollout:
     false``: they refuse the setting, naming it and the fix; the audited stock loop runs (verl's behaviour)."""
-    from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
-
     from verl_ext.core.errors import OptionsError
     from verl_ext.plugin.agent_loop import VerlExtToolAgentLoop
     from verl_ext.plugin.audit_loop import AuditedToolAgentLoop
     from verl_ext.plugin.gateway_loop import VerlExtGatewayAgentLoop
 
     def build(cls: Any, cfg: Any, **extra: Any) -> Any:
-        return cls(
-            trainer_config=DictConfigWrap(cfg),
-            server_manager=None,
-            tokenizer=AutoTokenizer.from_pretrained(str(tiny_qwen3_dir)),
-            processor=None,
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(cfg.data),
-            tools=ToolListWrap(load_tools(DEMO_TOOLS)),
-            hf_model_type="qwen3",
-            **extra,
-        )
+        return make_loop(cls, None, cfg, **extra)
 
     cls = VerlExtGatewayAgentLoop if gateway else VerlExtToolAgentLoop
     extra = {"harness": {"function": "sdk_harness:loop_react"}} if gateway else {}
